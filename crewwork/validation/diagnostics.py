@@ -1,0 +1,157 @@
+"""The diagnostics packet: what the next attempt is told about why the previous one did not succeed.
+
+A bounded, deterministic plain-text document built from the verdict and the saved evidence: the attempt
+number, the cause class with a hint of what it usually means, the failing tests with their assertion messages,
+what the attempt changed, the reviewer's comment if there was one, and the tail of the test output. It is
+stored as an artifact and handed to the agent, so it must stay readable and small whatever the test run
+printed: every section has a share of `max_chars`, and the whole is cut to `max_chars` at the end.
+"""
+
+from __future__ import annotations
+
+from crewwork.models import DiffStats
+from crewwork.validation.grading import Cause, ValidationEvidence, Verdict
+
+DEFAULT_MAX_CHARS = 16_000
+MAX_TESTS_LISTED = 30
+MAX_FILES_LISTED = 50
+TRUNCATION_MARK = "\n[… diagnostics cut to size …]\n"
+
+# What each cause usually means for the agent, in one sentence: the cause class alone is jargon.
+HINTS: dict[Cause, str] = {
+    Cause.passed: "Validation passed; the change still needs the work described below.",
+    Cause.test_failure: "Fix the code so the failing tests pass. Test files named in the validation spec are "
+    "reset to the base commit before every run, so editing them does not help.",
+    Cause.no_tests: "The test command ran no tests. Check that test discovery still works (imports, file and "
+    "function names, conftest.py).",
+    Cause.empty_diff: "The attempt left the repository unchanged. Make the change in the workspace files.",
+    Cause.patch_failed: "The attempt's diff did not apply to a clean checkout of the base commit. Keep "
+    "changes to ordinary tracked files.",
+    Cause.setup_failed: "A setup command failed before the tests ran. Check packaging and dependency files "
+    "the attempt changed.",
+    Cause.timeout: "The tests exceeded the time limit. Look for infinite loops, deadlocks or very slow code.",
+    Cause.oom: "The tests ran out of memory. Look for unbounded data structures or runaway recursion.",
+    Cause.pids: "The tests started too many processes or threads. Look for unbounded process creation.",
+    Cause.signal: "The test process was killed by a signal. Look for crashes in native code or code that "
+    "kills its own process.",
+    Cause.report_unparseable: "The test run left no trustworthy report. Do not change how the tests report "
+    "their results; see the output below for what happened.",
+    Cause.exit_mismatch: "The test command's exit code and its test report disagree. Do not change how the "
+    "tests report results or exit; fix the code so the tests genuinely pass.",
+    Cause.infrastructure: "Validation could not run for reasons outside the change; the same change may pass "
+    "on the next attempt.",
+}
+
+
+def build_diagnostics(
+    verdict: Verdict,
+    evidence: ValidationEvidence | None,
+    attempt: int,
+    diff_stats: DiffStats | None,
+    review_comment: str | None = None,
+    max_chars: int = DEFAULT_MAX_CHARS,
+) -> str:
+    """The packet for the attempt after `attempt`. Same inputs, same text; never longer than `max_chars`."""
+    max_chars = max(max_chars, 200)
+    status = "PASSED" if verdict.passed else "FAILED"
+    header = [
+        f"# Diagnostics for attempt {attempt}",
+        "",
+        f"Result: {status} (cause: {verdict.cause.value})",
+        f"Reason: {verdict.reason}",
+        f"Hint: {HINTS.get(verdict.cause, '')}",
+    ]
+    if verdict.exit_code is not None:
+        header.append(f"Exit code: {verdict.exit_code}")
+    if verdict.tests_executed or verdict.counts:
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(verdict.counts.items()) if n)
+        header.append(f"Tests executed: {verdict.tests_executed}" + (f" ({counts})" if counts else ""))
+    sections: list[str] = ["\n".join(header)]
+
+    if review_comment and review_comment.strip():
+        sections.append(_section("Reviewer's comment", _head(review_comment.strip(), max_chars // 4)))
+
+    failing = _failing_tests(verdict, budget=max_chars * 45 // 100)
+    if failing:
+        sections.append(failing)
+
+    sections.append(_section("What the attempt changed", _changes(diff_stats)))
+
+    if evidence is not None:
+        used = sum(len(s) + 2 for s in sections)
+        room = max_chars - used - 200
+        tails = [
+            (name, text)
+            for name, text in (("stdout", evidence.stdout_tail), ("stderr", evidence.stderr_tail))
+        ]
+        tails = [(n, t.strip("\n")) for n, t in tails if t.strip()]
+        for name, text in tails:
+            share = room // len(tails)
+            if share < 200:
+                break
+            sections.append(_section(f"Output tail ({name})", _tail(text, share - 60)))
+
+    text = "\n\n".join(sections) + "\n"
+    if len(text) > max_chars:
+        text = text[: max_chars - len(TRUNCATION_MARK)] + TRUNCATION_MARK
+    return text
+
+
+def _section(title: str, body: str) -> str:
+    return f"## {title}\n{body}"
+
+
+def _head(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 12, 0)] + "\n[… cut …]"
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else "[… earlier output cut …]\n" + text[-max(limit - 26, 0) :]
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def _failing_tests(verdict: Verdict, *, budget: int) -> str:
+    by_id = {t.id: t for t in verdict.tests}
+    ids = list(verdict.failing_tests)
+    # A failure without named culprits (exit mismatch with exit 0, unparseable report with terminal hints)
+    # still lists what the report saw failing.
+    ids += [t.id for t in verdict.tests if t.outcome in ("failed", "error") and t.id not in set(ids)]
+    if not ids:
+        return ""
+    lines = [f"## Failing tests ({len(ids)})"]
+    size = len(lines[0])
+    per_test = max(budget // min(len(ids), MAX_TESTS_LISTED), 120)
+    shown = 0
+    for test_id in ids[:MAX_TESTS_LISTED]:
+        result = by_id.get(test_id)
+        outcome = result.outcome if result is not None else "missing from the report"
+        entry = f"- {test_id} ({outcome})"
+        if result is not None and result.message:
+            entry += "\n" + _indent(_head(result.message, per_test - len(entry) - 8))
+        if size + len(entry) > budget and shown:
+            break
+        lines.append(entry)
+        size += len(entry) + 1
+        shown += 1
+    if shown < len(ids):
+        lines.append(f"- … and {len(ids) - shown} more")
+    return "\n".join(lines)
+
+
+def _changes(diff_stats: DiffStats | None) -> str:
+    if diff_stats is None:
+        return "(no diff statistics recorded)"
+    if not diff_stats.files_changed and not diff_stats.files:
+        return "No files changed."
+    lines = [
+        f"{diff_stats.files_changed} file(s) changed, "
+        f"+{diff_stats.insertions} -{diff_stats.deletions} lines:",
+    ]
+    files = sorted(diff_stats.files)
+    lines += [f"- {f[:300]}" for f in files[:MAX_FILES_LISTED]]
+    if len(files) > MAX_FILES_LISTED:
+        lines.append(f"- … and {len(files) - MAX_FILES_LISTED} more")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""Failure fingerprints: a short, stable name for *how* an attempt failed, for the same-cause breaker.
+
+Two attempts that fail the same way (same cause class and the same failing tests, or the same error once the
+noise that differs between runs is stripped) get the same fingerprint, even though their assertion messages,
+line numbers, temporary paths, object addresses and timings differ. A fingerprint is ``"<cause>:<12 hex>"``,
+so a person reading the attempt history still sees the cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crewwork.validation.grading import Verdict
+
+# Order matters: addresses and paths before bare numbers, or the numbers inside them would be replaced first.
+_NOISE: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+    (
+        re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
+        "<uuid>",
+    ),
+    (re.compile(r"\b[0-9a-f]{12,64}\b"), "<hash>"),
+    # An absolute or ./-relative path keeps only its file name: workspaces live in per-attempt temp dirs.
+    (re.compile(r"(?:[A-Za-z]:)?(?:\.{0,2}[\\/][\w.@+-]+)+[\\/]([\w.@+-]+)"), r"\1"),
+    (re.compile(r"\d+(?:\.\d+)?"), "N"),
+    (re.compile(r"\s+"), " "),
+)
+MAX_SIGNATURE_CHARS = 200
+
+
+def normalize_signature(text: str) -> str:
+    """An error line with the parts that change between identical failures removed."""
+    text = text.strip()
+    for pattern, replacement in _NOISE:
+        text = pattern.sub(replacement, text)
+    return text.strip().lower()[:MAX_SIGNATURE_CHARS]
+
+
+def normalize_failing_id(test_id: str) -> str:
+    """A test id as fingerprinted: parametrize ids can embed addresses or temp paths, which are stripped."""
+    test_id = test_id.strip().replace("\\", "/")
+    return re.sub(r"0x[0-9a-fA-F]+", "0x?", test_id)
+
+
+def fingerprint_parts(cause: str, failing_tests: list[str], error_signature: str | None) -> str:
+    """The canonical text that is hashed, exposed so people can see what a fingerprint stands for."""
+    if failing_tests:
+        detail = "\n".join(sorted({normalize_failing_id(t) for t in failing_tests}))
+    elif error_signature:
+        detail = normalize_signature(error_signature)
+    else:
+        detail = ""
+    return f"{cause}\n{detail}"
+
+
+def fingerprint(verdict: Verdict) -> str:
+    """``"<cause>:<12 hex>"``, equal for the same failure across attempts."""
+    cause = str(verdict.cause)  # a StrEnum, so this is its value
+    canonical = fingerprint_parts(cause, list(verdict.failing_tests), verdict.error_signature)
+    digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+    return f"{cause}:{digest}"

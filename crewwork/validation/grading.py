@@ -1,0 +1,412 @@
+"""Grading: the pure decision whether one attempt succeeded, from the evidence the platform gathered itself.
+
+The validation activity only gathers evidence (did the diff apply, what did the sandbox report, which bytes
+did the test run leave as its report) into a `ValidationEvidence`; `grade` decides. Because `grade` is a pure
+function of saved evidence, any attempt can be re-graded later, with a fixed parser or a changed rule, without
+re-running it.
+
+The rules, in the order they are applied (the first that matches decides the `Cause`):
+
+1. ``infrastructure``  the platform could not run validation (sandbox did not start, no exit code recorded).
+2. ``empty_diff``      the attempt changed nothing.
+3. ``patch_failed``    the diff did not apply to a clean checkout of the base commit.
+4. ``timeout`` / ``oom`` / ``pids`` / ``signal``  a sandbox cap ended the run (cap flags beat any report).
+5. ``setup_failed``    a setup command exited non-zero.
+6. ``report_unparseable``  no usable report: missing when one was expected, malformed, refused, or its
+   declared counts contradict its test cases.
+7. ``no_tests``        the report shows no executed test (collected nothing, or everything skipped).
+8. ``exit_mismatch``   exit code and report disagree: exit 0 with failing tests, or a non-zero exit with no
+   failing test. Neither an edited report nor a forced exit code alone can fake a pass.
+9. ``test_failure``    with ``fail_to_pass``/``pass_to_pass`` lists: a fail_to_pass test did not pass, or a
+   pass_to_pass test did not pass (missing from the report or skipped counts as not passing); without lists:
+   any failed or errored test.
+10. ``passed``         everything above held: a non-empty diff and passing tests, measured by the platform.
+
+An agent's own claim of success is never an input here.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from crewwork.models import ArtifactRef, SandboxReport, TestCaseResult, ValidationOutcome
+from crewwork.validation.fingerprint import fingerprint
+from crewwork.validation.parsers import ParsedReport, normalize_test_id, parse_report
+
+# Tests carried in a verdict (and so through Temporal): the failing ones first, then listed ones. The full
+# per-test results stay in the report artifact and can be re-graded at any time.
+MAX_VERDICT_TESTS = 200
+MAX_VERDICT_MESSAGE_CHARS = 1_500
+MAX_VERDICT_FAILING_IDS = 500
+MAX_TAIL_CHARS = 64 * 1024
+
+
+class Cause(enum.StrEnum):
+    """The closed set of verdict causes. Fingerprints and the breaker group failures by these."""
+
+    passed = "passed"
+    test_failure = "test_failure"
+    no_tests = "no_tests"
+    empty_diff = "empty_diff"
+    patch_failed = "patch_failed"
+    setup_failed = "setup_failed"
+    timeout = "timeout"
+    oom = "oom"
+    pids = "pids"
+    signal = "signal"
+    report_unparseable = "report_unparseable"
+    exit_mismatch = "exit_mismatch"
+    infrastructure = "infrastructure"
+
+
+class ValidationEvidence(BaseModel):
+    """Everything grading looks at, as gathered by the validation activity. Serialisable (bytes as base64)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
+
+    diff_nonempty: bool = Field(description="The attempt's diff changes at least one file.")
+    patch_applied: bool = Field(
+        default=True, description="The diff applied cleanly to a fresh checkout of the base commit."
+    )
+    exit_code: int | None = Field(
+        default=None, description="Exit code of the test command; None if none exists."
+    )
+    timed_out: bool = Field(default=False, description="The sandbox's wall-clock cap ended the run.")
+    oom_killed: bool = Field(default=False, description="The sandbox's memory cap killed the run.")
+    pids_limited: bool = Field(default=False, description="The sandbox's process cap was hit.")
+    killed_by_signal: int | None = Field(
+        default=None, description="Signal number that killed the test command."
+    )
+    setup_exit_code: int | None = Field(
+        default=None,
+        description="Exit code of the first failing setup command; None or 0 when setup was fine.",
+    )
+    infrastructure_error: str | None = Field(
+        default=None, description="Why the platform could not run validation at all (not the agent's fault)."
+    )
+    report: bytes | None = Field(
+        default=None, description="The raw machine-readable report the test run wrote; None if it wrote none."
+    )
+    report_format: str | None = Field(
+        default="junit",
+        description="Parser name (a key of PARSERS) for `report`. None: no report expected, so the pytest "
+        "terminal summary in `stdout_tail` is parsed instead.",
+    )
+    stdout_tail: str = Field(default="", description="Bounded tail of the test command's stdout.")
+    stderr_tail: str = Field(default="", description="Bounded tail of the test command's stderr.")
+    fail_to_pass: list[str] = Field(
+        default_factory=list, description="Test ids that must pass after the change."
+    )
+    pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
+
+    @classmethod
+    def from_sandbox(
+        cls,
+        sandbox: SandboxReport,
+        *,
+        diff_nonempty: bool,
+        patch_applied: bool = True,
+        report: bytes | None = None,
+        report_format: str | None = "junit",
+        fail_to_pass: list[str] | None = None,
+        pass_to_pass: list[str] | None = None,
+        setup_exit_code: int | None = None,
+        infrastructure_error: str | None = None,
+    ) -> ValidationEvidence:
+        """Evidence from the validation run's `SandboxReport` plus what the activity saw around it."""
+        return cls(
+            diff_nonempty=diff_nonempty,
+            patch_applied=patch_applied,
+            exit_code=sandbox.exit_code,
+            timed_out=sandbox.timed_out,
+            oom_killed=sandbox.oom_killed,
+            pids_limited=sandbox.pids_limited,
+            killed_by_signal=sandbox.killed_by_signal,
+            setup_exit_code=setup_exit_code,
+            infrastructure_error=infrastructure_error,
+            report=report,
+            report_format=report_format,
+            stdout_tail=sandbox.stdout_tail[-MAX_TAIL_CHARS:],
+            stderr_tail=sandbox.stderr_tail[-MAX_TAIL_CHARS:],
+            fail_to_pass=list(fail_to_pass or []),
+            pass_to_pass=list(pass_to_pass or []),
+        )
+
+
+class Verdict(BaseModel):
+    """The decision on one attempt, with the facts it rests on (bounded, so it can travel via Temporal)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    passed: bool = Field(description="True only when cause is `passed`.")
+    cause: Cause = Field(description="Which rule decided; see the module docstring.")
+    reason: str = Field(description="One human sentence saying why.")
+    exit_code: int | None = None
+    tests: list[TestCaseResult] = Field(
+        default_factory=list,
+        description="At most MAX_VERDICT_TESTS results, non-passing and listed tests first.",
+    )
+    tests_executed: int = Field(default=0, description="Tests that ran (passed, failed or errored).")
+    counts: dict[str, int] = Field(default_factory=dict, description="Outcome -> number of tests.")
+    failing_tests: list[str] = Field(
+        default_factory=list, description="Sorted ids of the tests that made this attempt fail."
+    )
+    error_signature: str | None = Field(
+        default=None, description="A short raw error line for failures without failing tests (fingerprinted)."
+    )
+    report_format: str | None = Field(default=None, description="Parser whose output was used, if any.")
+    fingerprint: str = Field(default="", description="Stable id of this failure mode (see fingerprint.py).")
+
+    def to_outcome(
+        self,
+        *,
+        sandbox: SandboxReport | None = None,
+        log_ref: ArtifactRef | None = None,
+        report_ref: ArtifactRef | None = None,
+        diagnostics: str | None = None,
+    ) -> ValidationOutcome:
+        """The `ValidationOutcome` the store and workflow carry."""
+        return ValidationOutcome(
+            passed=self.passed,
+            reason=self.reason,
+            cause=self.cause.value,
+            exit_code=self.exit_code,
+            tests=list(self.tests),
+            tests_executed=self.tests_executed,
+            sandbox=sandbox,
+            log_ref=log_ref,
+            report_ref=report_ref,
+            diagnostics=diagnostics,
+            fingerprint=self.fingerprint,
+        )
+
+
+def grade(evidence: ValidationEvidence) -> Verdict:
+    """Decide one attempt from its evidence. Pure and deterministic; never raises on bad evidence."""
+    verdict = _decide(evidence)
+    return verdict.model_copy(update={"fingerprint": fingerprint(verdict)})
+
+
+def _fail(cause: Cause, reason: str, **kw: object) -> Verdict:
+    return Verdict(passed=False, cause=cause, reason=reason, **kw)  # type: ignore[arg-type]
+
+
+def _last_line(*texts: str) -> str | None:
+    for text in texts:
+        for line in reversed(text.strip().splitlines()):
+            if line.strip():
+                return line.strip()[:300]
+    return None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _decide(ev: ValidationEvidence) -> Verdict:
+    signature = _last_line(ev.stderr_tail, ev.stdout_tail)
+    if ev.infrastructure_error:
+        return _fail(
+            Cause.infrastructure,
+            f"Validation could not run: {ev.infrastructure_error[:500]}",
+            error_signature=ev.infrastructure_error[:300],
+        )
+    if not ev.diff_nonempty:
+        return _fail(Cause.empty_diff, "The attempt changed no files, so there is nothing to validate.")
+    if not ev.patch_applied:
+        return _fail(
+            Cause.patch_failed,
+            "The attempt's diff did not apply to a clean checkout of the base commit.",
+            error_signature=signature,
+        )
+    # Caps first: a run that was killed tells us nothing reliable through its report or exit code.
+    if ev.timed_out:
+        return _fail(
+            Cause.timeout,
+            "The test run exceeded its wall-clock limit and was stopped.",
+            exit_code=ev.exit_code,
+        )
+    if ev.oom_killed:
+        return _fail(
+            Cause.oom, "The test run exceeded its memory limit and was killed.", exit_code=ev.exit_code
+        )
+    if ev.pids_limited:
+        return _fail(Cause.pids, "The test run hit the sandbox's process limit.", exit_code=ev.exit_code)
+    if ev.killed_by_signal is not None:
+        return _fail(
+            Cause.signal,
+            f"The test run was killed by signal {ev.killed_by_signal}.",
+            exit_code=ev.exit_code,
+            error_signature=f"signal {ev.killed_by_signal}",
+        )
+    if ev.setup_exit_code not in (None, 0):
+        return _fail(
+            Cause.setup_failed,
+            f"A setup command exited with code {ev.setup_exit_code} before the tests ran.",
+            error_signature=signature,
+        )
+    if ev.exit_code is None:
+        return _fail(Cause.infrastructure, "The test command left no exit code.", error_signature=signature)
+
+    parsed, missing_reason = _parse(ev)
+    if missing_reason is not None or not parsed.ok or parsed.inconsistent:
+        why = missing_reason or parsed.error or "the report could not be read"
+        # Whatever the terminal output shows still helps the next attempt, but it cannot make a pass.
+        hint = parsed if parsed.ok else None
+        return _fail(
+            Cause.report_unparseable,
+            f"No trustworthy test report: {why} (exit code {ev.exit_code}).",
+            exit_code=ev.exit_code,
+            error_signature=why[:300],
+            **_test_fields(hint, ev, failing=set()),
+        )
+
+    fields = _test_fields(parsed, ev, failing=set())
+    if parsed.executed == 0:
+        skipped = parsed.counts.get("skipped", 0)
+        detail = f"all {_plural(skipped, 'test')} were skipped" if skipped else "no tests were collected"
+        return _fail(
+            Cause.no_tests,
+            f"No tests ran: {detail} (exit code {ev.exit_code}).",
+            exit_code=ev.exit_code,
+            **fields,
+        )
+
+    bad = parsed.not_passing
+    if ev.exit_code == 0 and bad > 0:
+        failing = {t.id for t in parsed.tests if t.outcome in ("failed", "error")}
+        return _fail(
+            Cause.exit_mismatch,
+            f"The test command exited 0 but its report shows {_plural(bad, 'failing test')}; "
+            "the two disagree.",
+            exit_code=ev.exit_code,
+            **_test_fields(parsed, ev, failing=failing),
+        )
+    if ev.exit_code != 0 and bad == 0:
+        return _fail(
+            Cause.exit_mismatch,
+            f"The test command exited {ev.exit_code} but its report shows no failing test; the two disagree.",
+            exit_code=ev.exit_code,
+            error_signature=signature,
+            **fields,
+        )
+
+    if ev.fail_to_pass or ev.pass_to_pass:
+        results = parsed.by_id()
+        f2p_bad = _not_passing(ev.fail_to_pass, results)
+        p2p_bad = _not_passing(ev.pass_to_pass, results)
+        failing = set(f2p_bad) | set(p2p_bad)
+        if failing:
+            parts = []
+            if f2p_bad:
+                parts.append(f"{len(f2p_bad)} of {len(ev.fail_to_pass)} fail_to_pass tests did not pass")
+            if p2p_bad:
+                parts.append(f"{len(p2p_bad)} of {len(ev.pass_to_pass)} pass_to_pass tests did not pass")
+            first = sorted(failing)[0]
+            how = f2p_bad.get(first) or p2p_bad.get(first)
+            return _fail(
+                Cause.test_failure,
+                f"{'; '.join(parts).capitalize()} (first: {first}, {how}).",
+                exit_code=ev.exit_code,
+                **_test_fields(parsed, ev, failing=failing),
+            )
+        listed = len(set(ev.fail_to_pass) | set(ev.pass_to_pass))
+        return Verdict(
+            passed=True,
+            cause=Cause.passed,
+            reason=f"All {_plural(listed, 'listed test')} passed ({parsed.executed} tests ran, exit code "
+            f"{ev.exit_code}).",
+            exit_code=ev.exit_code,
+            **fields,
+        )
+
+    if bad > 0:
+        failing = {t.id for t in parsed.tests if t.outcome in ("failed", "error")}
+        return _fail(
+            Cause.test_failure,
+            f"{_plural(bad, 'test')} of {parsed.executed} failed (exit code {ev.exit_code}).",
+            exit_code=ev.exit_code,
+            **_test_fields(parsed, ev, failing=failing),
+        )
+    return Verdict(
+        passed=True,
+        cause=Cause.passed,
+        reason=f"All {_plural(parsed.executed, 'test')} passed with exit code 0.",
+        exit_code=ev.exit_code,
+        **fields,
+    )
+
+
+def _parse(ev: ValidationEvidence) -> tuple[ParsedReport, str | None]:
+    """The report to judge by, and a reason if the expected report is missing."""
+    if ev.report_format is None:
+        return parse_report("pytest_terminal", ev.stdout_tail), None
+    if ev.report is None:
+        # Still read the terminal output for the diagnostics, but a missing expected report never passes.
+        fallback = parse_report("pytest_terminal", ev.stdout_tail)
+        return fallback, f"the expected {ev.report_format} report was not written"
+    return parse_report(ev.report_format, ev.report), None
+
+
+def _not_passing(ids: list[str], results: dict[str, TestCaseResult]) -> dict[str, str]:
+    bad: dict[str, str] = {}
+    for raw in ids:
+        test_id = normalize_test_id(raw)
+        result = results.get(test_id)
+        if result is None:
+            bad[test_id] = "missing from the report"
+        elif result.outcome != "passed":
+            bad[test_id] = result.outcome
+    return bad
+
+
+class _TestFields(TypedDict, total=False):
+    tests: list[TestCaseResult]
+    tests_executed: int
+    counts: dict[str, int]
+    failing_tests: list[str]
+    report_format: str | None
+
+
+def _test_fields(parsed: ParsedReport | None, ev: ValidationEvidence, *, failing: set[str]) -> _TestFields:
+    """Bounded test facts for a verdict: failing tests first, then listed ones, then the rest."""
+    if parsed is None:
+        return {"failing_tests": sorted(failing)[:MAX_VERDICT_FAILING_IDS]}
+    results = parsed.by_id()
+    listed = [normalize_test_id(i) for i in (*ev.fail_to_pass, *ev.pass_to_pass)]
+    order: list[TestCaseResult] = []
+    seen: set[str] = set()
+
+    def take(result: TestCaseResult) -> None:
+        if result.id not in seen and len(order) < MAX_VERDICT_TESTS:
+            seen.add(result.id)
+            order.append(_bounded(result))
+
+    for test_id in sorted(failing):
+        if test_id in results:
+            take(results[test_id])
+    for result in parsed.tests:
+        if result.outcome in ("failed", "error"):
+            take(result)
+    for test_id in listed:
+        if test_id in results:
+            take(results[test_id])
+    for result in parsed.tests:
+        take(result)
+    return {
+        "tests": order,
+        "tests_executed": parsed.executed,
+        "counts": dict(parsed.counts),
+        "failing_tests": sorted(failing)[:MAX_VERDICT_FAILING_IDS],
+        "report_format": parsed.format,
+    }
+
+
+def _bounded(result: TestCaseResult) -> TestCaseResult:
+    if result.message is None or len(result.message) <= MAX_VERDICT_MESSAGE_CHARS:
+        return result
+    keep = MAX_VERDICT_MESSAGE_CHARS // 2
+    return result.model_copy(update={"message": result.message[:keep] + "\n…\n" + result.message[-keep:]})
