@@ -1,0 +1,5 @@
+import sys
+
+from crewwork.cli import main
+
+sys.exit(main())

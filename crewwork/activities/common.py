@@ -1,0 +1,104 @@
+"""Shared machinery of activities: the execution lease kept alive by heartbeats, and error translation.
+
+Each activity attempt that writes takes a fresh fencing token at its start by superseding the work item's
+execution lease: a new Temporal attempt replaces the old one at once, even while the old one still runs. A
+background task heartbeats to Temporal and renews the lease with the token; when renewal finds the lease gone
+(a newer attempt took it), the activity cancels its own work (self-fencing), and any write it still tries is
+rejected by the store anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from crewwork.store.store import Store, work_item_fence_key
+
+log = logging.getLogger("crewwork.activities")
+
+# Error types the workflow's retry policies name as non-retryable.
+BAD_INPUT = "BadInput"
+AGENT_ERROR = "AgentError"
+LANDING_CONFLICT = "LandingConflict"
+LEASE_LOST = "LeaseLost"
+NON_RETRYABLE_TYPES = [BAD_INPUT, AGENT_ERROR, "AgentConfigError", LANDING_CONFLICT]
+
+
+def bad_input(message: str) -> ApplicationError:
+    return ApplicationError(message, type=BAD_INPUT, non_retryable=True)
+
+
+@dataclass
+class ExecutionLease:
+    store: Store
+    work_item_id: str
+    ttl_s: float
+    heartbeat_every_s: float = 2.0
+    token: int = 0
+    lost: bool = False
+    details: list[Any] = field(default_factory=list)
+
+    def holder(self) -> str:
+        try:
+            info = activity.info()
+            return f"{info.activity_type}/{info.workflow_id}/{info.activity_id}#{info.attempt}"
+        except RuntimeError:
+            return "outside-activity"
+
+    def heartbeat(self, *details: Any) -> None:
+        if details:
+            self.details = list(details)
+        with contextlib.suppress(RuntimeError):
+            activity.heartbeat(*self.details)
+
+
+@contextlib.asynccontextmanager
+async def execution_lease(
+    store: Store, work_item_id: str, ttl_s: float, heartbeat_every_s: float = 2.0
+) -> AsyncIterator[ExecutionLease]:
+    lease = ExecutionLease(store, work_item_id, ttl_s, heartbeat_every_s)
+    key = work_item_fence_key(work_item_id)
+    token, _ = await store.acquire_lease(key, lease.holder(), ttl_s, supersede=True)
+    assert token is not None
+    lease.token = token
+    work = asyncio.current_task()
+
+    async def keep_alive() -> None:
+        while True:
+            await asyncio.sleep(heartbeat_every_s)
+            lease.heartbeat()
+            try:
+                renewed = await store.renew_lease(key, token, ttl_s)
+            except Exception as exc:  # a database blip must not kill the work; the next renewal retries
+                log.warning("lease renewal failed for %s: %s", key, exc)
+                continue
+            if not renewed:
+                lease.lost = True
+                log.warning("lease %s token %s superseded: stopping this attempt's work", key, token)
+                if work is not None:
+                    work.cancel("lease lost")
+                return
+
+    keeper = asyncio.create_task(keep_alive())
+    try:
+        yield lease
+    except asyncio.CancelledError:
+        if lease.lost:
+            raise ApplicationError(
+                f"execution lease of {work_item_id} was superseded (token {token}); this attempt stopped itself",
+                type=LEASE_LOST,
+            ) from None
+        raise
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await keeper
+        with contextlib.suppress(Exception):
+            await store.release_lease(key, token=token)

@@ -1,0 +1,354 @@
+"""Agent-pool and validate-pool activities: run the agent in its own worktree, then judge the change.
+
+The agent runs in a fresh worktree per activity attempt (named by its fencing token), so a zombie attempt still
+writing files cannot touch the worktree of the attempt that superseded it. The platform captures the diff itself.
+
+Validation never runs in the agent's worktree: it starts from a clean checkout of the base commit, applies the
+captured diff, resets the spec's test files to the base commit (a change must not weaken the tests that judge it),
+runs the command in a fresh sandbox, and grades the saved evidence with a pure function.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from crewwork import gitops
+from crewwork.activities.common import AGENT_ERROR, bad_input, execution_lease
+from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
+from crewwork.agents.registry import get_agent_class
+from crewwork.config import Settings
+from crewwork.contracts import AgentStepInput, ValidateInput
+from crewwork.models import (
+    AgentOutcome,
+    ArtifactRef,
+    SandboxSpec,
+    ValidationOutcome,
+    WorkItemKind,
+    WorkItemState,
+)
+from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
+from crewwork.store.store import Store
+from crewwork.store.tables import Artifact
+from crewwork.validation.diagnostics import build_diagnostics
+from crewwork.validation.grading import ValidationEvidence, grade
+
+log = logging.getLogger("crewwork.activities.execute")
+
+REPORT_DIR = gitops.PLATFORM_DIR
+
+
+def _ref(a: Artifact) -> ArtifactRef:
+    return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
+
+
+def pick_sandbox(spec: SandboxSpec | None, settings: Settings) -> Sandbox:
+    from crewwork.sandbox.registry import best_available, get_sandbox
+
+    name = (spec.backend if spec and spec.backend else None) or settings.sandbox_backend
+    if name is None:
+        name, _why = best_available()
+    if name == "local" and not settings.allow_unsafe_sandbox:
+        raise bad_input(
+            "sandbox backend `local` has no isolation and is refused unless the operator sets "
+            "CREWWORK_ALLOW_UNSAFE_SANDBOX=true"
+        )
+    try:
+        return get_sandbox(name, allow_unsafe=settings.allow_unsafe_sandbox)
+    except ValueError as exc:
+        raise bad_input(str(exc)) from exc
+
+
+def sandbox_limits(spec: SandboxSpec | None, timeout_s: float | None) -> SandboxLimits:
+    from crewwork.sandbox.config import SandboxSettings, resolve_limits
+
+    try:
+        return resolve_limits(spec, SandboxSettings(), timeout_s=timeout_s)
+    except ValueError as exc:
+        raise bad_input(str(exc)) from exc
+
+
+class ExecuteActivities:
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    async def _save(
+        self, work_item_id: str, tenant_id: str, name: str, data: bytes, ctype: str
+    ) -> ArtifactRef:
+        if len(data) > self.settings.max_artifact_bytes:
+            keep = self.settings.max_artifact_bytes - 200
+            data = data[:keep] + f"\n[truncated: {len(data)} bytes in all]\n".encode()
+        art = await self.store.put_artifact(
+            work_item_id=work_item_id,
+            tenant_id=tenant_id,
+            name=name,
+            data=data,
+            content_type=ctype,
+            max_bytes=self.settings.max_artifact_bytes,
+        )
+        return _ref(art)
+
+    async def _artifact_bytes(self, artifact_id: str) -> bytes:
+        async with self.store.session() as s:
+            data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
+        if data is None:
+            raise bad_input(f"artifact {artifact_id} is missing")
+        return bytes(data)
+
+    # ------------------------------------------------------------------ agent
+
+    @activity.defn(name="run_agent")
+    async def run_agent(self, inp: AgentStepInput) -> AgentOutcome:
+        info = activity.info()
+        spec = inp.spec
+        try:
+            agent_cls = get_agent_class(spec.agent.name)
+            agent_cls.validate_config(spec.kind, spec.agent.config)
+        except AgentConfigError as exc:
+            raise bad_input(str(exc)) from exc
+        async with execution_lease(self.store, inp.work_item_id, self.settings.lease_ttl_s) as lease:
+            w = await self.store.set_state(
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                token=lease.token,
+                state=WorkItemState.running,
+                reason=f"attempt {inp.attempt}: agent {spec.agent.name} running",
+                writer=f"run_agent#{info.attempt}",
+                event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
+            )
+            if w.stale:
+                return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, stale=True, error="superseded")
+            workspace: Path | None = None
+            repo = Path(inp.repo_path) if inp.repo_path else None
+            if spec.kind != WorkItemKind.task:
+                assert repo is not None and inp.base_commit
+                workspace = (
+                    self.settings.resolved_worktree_dir()
+                    / inp.work_item_id
+                    / f"attempt-{inp.attempt}-t{lease.token}"
+                )
+                await gitops.add_worktree(repo, workspace, inp.base_commit)
+            sandbox = None
+            limits = None
+            try:
+                sandbox = pick_sandbox(spec.sandbox, self.settings)
+                limits = sandbox_limits(spec.sandbox, None)
+            except ApplicationError:
+                if agent_cls.name != "scripted":
+                    raise
+            started = time.monotonic()
+
+            async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:
+                return await self._save(inp.work_item_id, inp.tenant_id, name, data, ctype)
+
+            ctx = AgentContext(
+                work_item_id=inp.work_item_id,
+                attempt=inp.attempt,
+                activity_attempt=info.attempt,
+                kind=spec.kind,
+                config=spec.agent.config,
+                instruction=spec.instruction,
+                input=spec.input,
+                workspace=workspace,
+                diagnostics=inp.diagnostics,
+                review_comment=inp.review_comment,
+                sandbox=sandbox,
+                limits=limits,
+                heartbeat=lease.heartbeat,
+                resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
+                save_artifact=save,
+            )
+            try:
+                try:
+                    result = await agent_cls().run(ctx)
+                except AgentError as exc:
+                    return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, error=str(exc))
+                except AgentInfraError as exc:
+                    delay = None
+                    if exc.retry_after_s:
+                        from datetime import timedelta
+
+                        delay = timedelta(seconds=min(exc.retry_after_s, 600))
+                    raise ApplicationError(str(exc), type="AgentInfraError", next_retry_delay=delay) from exc
+                except SandboxError as exc:
+                    raise ApplicationError(f"sandbox failure: {exc}", type="SandboxError") from exc
+                outcome = AgentOutcome(
+                    agent=agent_cls.name,
+                    mock=agent_cls.mock,
+                    output=result.output,
+                    claims=result.claims,
+                    tokens_used=result.tokens_used,
+                    cost_usd=result.cost_usd,
+                )
+                if result.transcript:
+                    outcome.transcript_ref = await save(
+                        f"attempt-{inp.attempt}-transcript.txt", result.transcript.encode(), "text/plain"
+                    )
+                if workspace is not None and inp.base_commit:
+                    diff, stats = await gitops.capture_diff(workspace, inp.base_commit)
+                    outcome.diff_stats = stats
+                    outcome.diff_ref = await save(f"attempt-{inp.attempt}.diff", diff.encode(), "text/x-diff")
+                log.info(
+                    "agent %s finished attempt %s of %s in %.2fs",
+                    agent_cls.name,
+                    inp.attempt,
+                    inp.work_item_id,
+                    time.monotonic() - started,
+                )
+                return outcome
+            finally:
+                if workspace is not None and repo is not None:
+                    await gitops.remove_worktree(repo, workspace)
+
+    # ------------------------------------------------------------------ validation
+
+    @activity.defn(name="validate_change")
+    async def validate_change(self, inp: ValidateInput) -> ValidationOutcome:
+        info = activity.info()
+        async with execution_lease(self.store, inp.work_item_id, self.settings.lease_ttl_s) as lease:
+            w = await self.store.set_state(
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                token=lease.token,
+                state=WorkItemState.validating,
+                reason=f"attempt {inp.attempt}: validating",
+                writer=f"validate_change#{info.attempt}",
+                event_data={"attempt": inp.attempt},
+            )
+            if w.stale:
+                return ValidationOutcome(
+                    passed=False, reason="superseded", cause="infrastructure", stale=True
+                )
+            return await self._validate(inp, lease.token, lease.heartbeat)
+
+    async def _validate(self, inp: ValidateInput, token: int, heartbeat: Any) -> ValidationOutcome:
+        spec = inp.validation
+        diff = (await self._artifact_bytes(inp.diff_ref.id)).decode() if inp.diff_ref else ""
+        ev: dict[str, Any] = {
+            "diff_nonempty": bool(diff.strip()),
+            "patch_applied": True,
+            "fail_to_pass": spec.fail_to_pass,
+            "pass_to_pass": spec.pass_to_pass,
+        }
+        outcome_extra: dict[str, Any] = {}
+        if not diff.strip():
+            evidence = ValidationEvidence(**ev)
+            return self._judge(inp, evidence, outcome_extra)
+        repo = Path(inp.repo_path)
+        ws = self.settings.resolved_worktree_dir() / inp.work_item_id / f"validate-{inp.attempt}-t{token}"
+        await gitops.add_worktree(repo, ws, inp.base_commit)
+        try:
+            ok, err = await gitops.apply_diff(ws, diff)
+            if not ok:
+                evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
+                return self._judge(inp, evidence, outcome_extra)
+            restored = await gitops.reset_paths(ws, inp.base_commit, spec.test_files)
+            if restored:
+                outcome_extra["reset_test_files"] = restored
+            sandbox = pick_sandbox(inp.sandbox, self.settings)
+            limits = sandbox_limits(inp.sandbox, spec.timeout_s)
+            report_path = ws / spec.junit_path if spec.junit_path else None
+            if report_path is not None:
+                # The diff cannot ship a ready-made report: whatever is there now is not evidence.
+                report_path.unlink(missing_ok=True)
+                report_path.parent.mkdir(parents=True, exist_ok=True)
+            heartbeat()
+            for i, cmd in enumerate(spec.setup):
+                setup = await sandbox.run(cmd, workspace=ws, limits=limits)
+                heartbeat()
+                if not setup.ok:
+                    log_ref = await self._save(
+                        inp.work_item_id,
+                        inp.tenant_id,
+                        f"attempt-{inp.attempt}-setup-{i}.log",
+                        setup.stdout + b"\n--- stderr ---\n" + setup.stderr,
+                        "text/plain",
+                    )
+                    outcome_extra["log_ref"] = log_ref
+                    evidence = ValidationEvidence(
+                        **ev,
+                        setup_exit_code=setup.exit_code,
+                        timed_out=setup.timed_out,
+                        oom_killed=setup.oom_killed,
+                        pids_limited=setup.pids_limited,
+                        stdout_tail=setup.report(4000).stdout_tail,
+                        stderr_tail=setup.report(4000).stderr_tail,
+                    )
+                    return self._judge(inp, evidence, outcome_extra, sandbox_report=setup.report(4000))
+            run = await sandbox.run(spec.command, workspace=ws, limits=limits)
+            heartbeat()
+            rep = run.report(8000)
+            outcome_extra["log_ref"] = await self._save(
+                inp.work_item_id,
+                inp.tenant_id,
+                f"attempt-{inp.attempt}-validation.log",
+                b"$ "
+                + " ".join(spec.command).encode()
+                + b"\n"
+                + run.stdout
+                + b"\n--- stderr ---\n"
+                + run.stderr,
+                "text/plain",
+            )
+            report_bytes = None
+            if report_path is not None and report_path.is_file():
+                report_bytes = report_path.read_bytes()[: 16 * 1024 * 1024]
+                outcome_extra["report_ref"] = await self._save(
+                    inp.work_item_id,
+                    inp.tenant_id,
+                    f"attempt-{inp.attempt}-junit.xml",
+                    report_bytes,
+                    "application/xml",
+                )
+            evidence = ValidationEvidence(
+                **ev,
+                exit_code=run.exit_code,
+                timed_out=run.timed_out,
+                oom_killed=run.oom_killed,
+                pids_limited=run.pids_limited,
+                killed_by_signal=run.killed_by_signal,
+                report=report_bytes,
+                report_format="junit" if report_bytes is not None else None,
+                stdout_tail=rep.stdout_tail,
+                stderr_tail=rep.stderr_tail,
+            )
+            return self._judge(inp, evidence, outcome_extra, sandbox_report=rep)
+        finally:
+            await gitops.remove_worktree(repo, ws)
+
+    def _judge(
+        self,
+        inp: ValidateInput,
+        evidence: ValidationEvidence,
+        extra: dict[str, Any],
+        sandbox_report: Any = None,
+    ) -> ValidationOutcome:
+        verdict = grade(evidence)
+        diagnostics = None
+        if not verdict.passed:
+            diagnostics = build_diagnostics(
+                verdict, evidence, inp.attempt, inp.diff_stats, review_comment=inp.review_comment
+            )
+        return ValidationOutcome(
+            passed=verdict.passed,
+            reason=verdict.reason,
+            cause=str(verdict.cause),
+            exit_code=verdict.exit_code,
+            tests=verdict.tests,
+            tests_executed=verdict.tests_executed,
+            sandbox=sandbox_report,
+            log_ref=extra.get("log_ref"),
+            report_ref=extra.get("report_ref"),
+            diagnostics=diagnostics,
+            fingerprint=verdict.fingerprint or None,
+        )
+
+
+__all__ = ["AGENT_ERROR", "ExecuteActivities"]

@@ -1,0 +1,85 @@
+"""The agent plugin interface.
+
+An agent receives an `AgentContext` (the instruction or input, the attempt's private workspace, the diagnostics of
+the previous attempt, a sandbox to run commands in) and returns an `AgentRunResult`. The platform, not the agent,
+captures the diff and judges the change: whatever an agent says about its own success is stored as `claims` only.
+
+Adding an agent is one new module with a subclass of `Agent` and one line in `crewwork.agents.registry`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from crewwork.models import WorkItemKind
+
+if TYPE_CHECKING:
+    from crewwork.sandbox.base import Sandbox, SandboxLimits
+
+
+class AgentConfigError(ValueError):
+    """The agent's configuration in a submission is invalid (rejected before any workflow starts)."""
+
+
+class AgentError(RuntimeError):
+    """The agent failed in a way that retrying the same attempt will not fix (non-retryable)."""
+
+
+class AgentInfraError(RuntimeError):
+    """A transient failure (provider outage, connection error): retried by the activity retry policy."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class AgentContext:
+    work_item_id: str
+    attempt: int
+    """Repair-loop attempt number, from 1."""
+    activity_attempt: int
+    """Temporal's attempt number of the activity running this agent, from 1 (retries of the same step)."""
+    kind: WorkItemKind
+    config: dict[str, Any]
+    instruction: str | None = None
+    input: dict[str, Any] | None = None
+    workspace: Path | None = None
+    """The attempt's own fresh git worktree (code changes only). Nothing else on the host is the agent's."""
+    diagnostics: str | None = None
+    """The previous attempt's diagnostics packet (failing tests, output tail, cause), if any."""
+    review_comment: str | None = None
+    sandbox: Sandbox | None = None
+    limits: SandboxLimits | None = None
+    heartbeat: Callable[..., None] = lambda *details: None
+    """Report liveness (and resumable progress) to Temporal. Call it at least every few seconds."""
+    resume_details: Any | None = None
+    """Details of the last heartbeat of a previous Temporal attempt of this activity, to resume from."""
+    save_artifact: Callable[[str, bytes, str], Awaitable[Any]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AgentRunResult:
+    output: dict[str, Any] | None = None
+    claims: str | None = None
+    transcript: str | None = None
+    tokens_used: int = 0
+    cost_usd: float = 0.0
+
+
+class Agent(abc.ABC):
+    name: ClassVar[str]
+    mock: ClassVar[bool] = False
+    """True for agents whose results are scripted, not produced by a model or a real agent program."""
+
+    @classmethod
+    def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:  # noqa: B027
+        """Raise AgentConfigError when `config` cannot work; called at submission time."""
+
+    @abc.abstractmethod
+    async def run(self, ctx: AgentContext) -> AgentRunResult: ...

@@ -1,0 +1,155 @@
+"""The deterministic scripted agent: applies, per attempt, the change its config gives. Always labelled mock.
+
+Config (a work item's `agent.config`):
+
+```json
+{
+  "attempts": [
+    {"files": {"calc.py": "def add(a, b):\n    return a - b\n"}},
+    {"diff": "--- a/calc.py\n+++ b/calc.py\n..."},
+    {"output": {"answer": 42}, "delay_s": 0.1}
+  ],
+  "output": {"answer": 42},
+  "delay_s": 0
+}
+```
+
+Attempt k uses `attempts[k-1]` (the last entry repeats when there are more attempts than entries); top-level
+`output`/`delay_s`/`files`/`diff` are the default. A `task` returns `output`; a code change writes `files`
+(whole-file contents; `null` deletes) and/or applies `diff` in the attempt's workspace.
+
+**Fault injection, for tests only** (documented in docs/reliability.md). Each step may also carry, keyed by the
+Temporal activity attempt it fires on (`on_activity_attempt`, default 1):
+- `"fail": "message"`  raise an infrastructure error (retried by the activity retry policy);
+- `"stall_s": N`       block for N seconds without heartbeating, then carry on and try to write normally;
+- `"crash": true`      hard-exit the worker process (`os._exit`), as if it was killed.
+- `"error": "message"` raise a non-retryable agent error (the attempt fails, the loop goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from crewwork.agents.base import (
+    Agent,
+    AgentConfigError,
+    AgentContext,
+    AgentError,
+    AgentInfraError,
+    AgentRunResult,
+)
+from crewwork.models import WorkItemKind
+
+_STEP_KEYS = {
+    "files",
+    "diff",
+    "output",
+    "delay_s",
+    "claims",
+    "fail",
+    "stall_s",
+    "crash",
+    "error",
+    "on_activity_attempt",
+    "tokens",
+}
+
+
+class ScriptedAgent(Agent):
+    name = "scripted"
+    mock = True
+
+    @classmethod
+    def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:
+        unknown = set(config) - _STEP_KEYS - {"attempts"}
+        if unknown:
+            raise AgentConfigError(f"scripted agent: unknown config keys {sorted(unknown)}")
+        steps = config.get("attempts", [])
+        if not isinstance(steps, list):
+            raise AgentConfigError("scripted agent: `attempts` must be a list of steps")
+        for i, step in enumerate([config, *steps]):
+            if not isinstance(step, dict):
+                raise AgentConfigError(f"scripted agent: attempts[{i - 1}] must be an object")
+            bad = set(step) - _STEP_KEYS - ({"attempts"} if i == 0 else set())
+            if bad:
+                raise AgentConfigError(f"scripted agent: attempts[{i - 1}] has unknown keys {sorted(bad)}")
+            files = step.get("files")
+            if files is not None:
+                if not isinstance(files, dict):
+                    raise AgentConfigError(
+                        "scripted agent: `files` maps relative paths to contents (or null)"
+                    )
+                for p in files:
+                    _safe_rel(p)
+            if "diff" in step and not isinstance(step["diff"], str):
+                raise AgentConfigError("scripted agent: `diff` must be a unified diff string")
+            delay = step.get("delay_s", 0)
+            if not isinstance(delay, int | float) or delay < 0 or delay > 3600:
+                raise AgentConfigError("scripted agent: `delay_s` must be between 0 and 3600")
+
+    @staticmethod
+    def step_for(config: dict[str, Any], attempt: int) -> dict[str, Any]:
+        base = {k: v for k, v in config.items() if k != "attempts"}
+        steps = config.get("attempts") or []
+        if steps:
+            base.update(steps[min(attempt, len(steps)) - 1])
+        return base
+
+    async def run(self, ctx: AgentContext) -> AgentRunResult:
+        step = self.step_for(ctx.config, ctx.attempt)
+        fires = ctx.activity_attempt == int(step.get("on_activity_attempt", 1))
+        if fires and step.get("crash"):
+            os._exit(137)
+        if fires and step.get("fail"):
+            raise AgentInfraError(f"scripted fault: {step['fail']}")
+        if fires and step.get("stall_s"):
+            # Deliberately block the event loop's view of progress: no heartbeats while stalled.
+            await asyncio.to_thread(time.sleep, float(step["stall_s"]))
+        if step.get("error"):
+            raise AgentError(f"scripted error: {step['error']}")
+        delay = float(step.get("delay_s", 0))
+        if delay:
+            end = time.monotonic() + delay
+            while (left := end - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, 1.0))
+                ctx.heartbeat()
+        if ctx.kind != WorkItemKind.task:
+            if ctx.workspace is None:
+                raise AgentError("scripted agent: a code change needs a workspace")
+            await self._apply_step(ctx.workspace, step)
+        return AgentRunResult(
+            output=step.get("output") if ctx.kind == WorkItemKind.task else None,
+            claims=step.get("claims", "scripted change applied (mock agent)"),
+            transcript=f"scripted agent, attempt {ctx.attempt}: applied step keys {sorted(step)}",
+            tokens_used=int(step.get("tokens", 0)),
+        )
+
+    async def _apply_step(self, ws: Path, step: dict[str, Any]) -> None:
+        for rel, content in (step.get("files") or {}).items():
+            target = ws / _safe_rel(rel)
+            if content is None:
+                target.unlink(missing_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content)
+        if step.get("diff"):
+            from crewwork.gitops import git
+
+            res = await git(
+                "apply", "--whitespace=nowarn", "-", cwd=ws, check=False, input_bytes=step["diff"].encode()
+            )
+            if res.code != 0:
+                raise AgentError(f"scripted agent: configured diff does not apply: {res.err.strip()}")
+
+
+def _safe_rel(p: str) -> Path:
+    path = Path(p)
+    if path.is_absolute() or ".." in path.parts or not p or p.startswith(".git/") or p == ".git":
+        raise AgentConfigError(
+            f"scripted agent: file path {p!r} must be relative and stay inside the repository"
+        )
+    return path

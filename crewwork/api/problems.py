@@ -1,0 +1,62 @@
+"""Errors as HTTP problems with one stable shape (RFC 9457 style) and a machine-readable `code`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class Problem(BaseModel):
+    type: str = "about:blank"
+    title: str
+    status: int
+    code: str
+    detail: str
+    errors: list[dict[str, Any]] | None = None
+
+
+class ProblemError(Exception):
+    def __init__(self, status: int, code: str, detail: str, title: str | None = None,
+                 errors: list[dict[str, Any]] | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+        self.title = title or code.replace("_", " ")
+        self.errors = errors
+        self.headers = headers
+
+
+def problem_response(p: ProblemError) -> JSONResponse:
+    body = Problem(type=f"https://crewwork.dev/problems/{p.code}", title=p.title, status=p.status, code=p.code,
+                   detail=p.detail, errors=p.errors)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=p.status,
+                        media_type="application/problem+json", headers=p.headers)
+
+
+async def problem_handler(_req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ProblemError)
+    return problem_response(exc)
+
+
+async def validation_handler(_req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = []
+    for e in exc.errors():
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        errors.append({"field": loc, "message": e.get("msg", ""), "type": e.get("type", "")})
+    detail = "; ".join(f"{x['field'] or 'body'}: {x['message']}" for x in errors[:5])
+    return problem_response(ProblemError(422, "invalid_request", detail, errors=jsonable_encoder(errors)))
+
+
+async def http_handler(_req: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
+    return problem_response(ProblemError(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers",
+                                                                                                  None)))

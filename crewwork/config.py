@@ -1,0 +1,106 @@
+"""Runtime configuration, entirely from environment variables (prefix `CREWWORK_`).
+
+Every knob has its unit in its name and a description; `crewwork config` prints them all. Defaults are the
+embedded single-host setup: SQLite in the data directory and the Temporal dev server on localhost.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path(".crewwork")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="ignore")
+
+    data_dir: Path = Field(
+        default=DEFAULT_DATA_DIR,
+        description="Directory for the embedded SQLite store, the Temporal dev-server file, worktrees and logs.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description=(
+            "SQLAlchemy async URL of the store, e.g. postgresql+asyncpg://user@host/db. "
+            "Default: sqlite+aiosqlite in the data directory."
+        ),
+    )
+    db_pool_size: int = Field(default=10, ge=1, description="Connections kept per process (PostgreSQL).")
+    temporal_address: str = Field(default="127.0.0.1:7233", description="host:port of the Temporal frontend.")
+    temporal_namespace: str = Field(default="default", description="Temporal namespace.")
+    temporal_ui_url: str = Field(
+        default="http://127.0.0.1:8233", description="Base URL of the Temporal Web UI, for links."
+    )
+    temporal_tls: bool = Field(default=False, description="Connect to Temporal with TLS.")
+    temporal_tls_cert_path: Path | None = Field(default=None, description="Client certificate (mTLS), PEM.")
+    temporal_tls_key_path: Path | None = Field(default=None, description="Client private key (mTLS), PEM.")
+    temporal_tls_ca_path: Path | None = Field(default=None, description="CA bundle for the server, PEM.")
+    temporal_api_key: str | None = Field(default=None, description="API key for Temporal Cloud.")
+    task_queue_prefix: str = Field(
+        default="crewwork", description="Task queues are PREFIX-control|agent|validate."
+    )
+    api_host: str = Field(default="127.0.0.1", description="Address the API binds to.")
+    api_port: int = Field(default=8080, description="Port the API binds to.")
+    api_url: str = Field(default="http://127.0.0.1:8080", description="Where the CLI finds the API.")
+    api_key: str | None = Field(default=None, description="Bearer key the CLI sends to the API.")
+    repo_roots: str = Field(
+        default="",
+        description=(
+            "Colon-separated directories that submitted repository paths must lie under. "
+            "Empty: any absolute path (single-user development)."
+        ),
+    )
+    worktree_dir: Path | None = Field(
+        default=None, description="Where attempt worktrees go (default DATA/worktrees)."
+    )
+    sandbox_backend: str | None = Field(
+        default=None, description="Sandbox backend for this pool (default: the best isolating one available)."
+    )
+    allow_unsafe_sandbox: bool = Field(
+        default=False, description="Permit the `local` backend (no isolation). Development only."
+    )
+    max_attempts_ceiling: int = Field(
+        default=100, ge=1, description="Operator ceiling on budget.max_attempts."
+    )
+    max_wall_clock_s_ceiling: float = Field(
+        default=6 * 3600, gt=0, description="Ceiling on budget wall clock."
+    )
+    max_tokens_ceiling: int = Field(default=5_000_000, gt=0, description="Ceiling on budget.max_tokens.")
+    max_cost_usd_ceiling: float = Field(default=100.0, gt=0, description="Ceiling on budget.max_cost_usd.")
+    max_artifact_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="Largest artifact stored.")
+    lease_ttl_s: float = Field(default=60.0, gt=0, description="Lease lifetime; heartbeats renew it.")
+    control_concurrency: int = Field(
+        default=100, ge=1, description="Max concurrent activities, control pool."
+    )
+    agent_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, agent pool.")
+    validate_concurrency: int = Field(
+        default=2, ge=1, description="Max concurrent activities, validate pool."
+    )
+    log_level: str = Field(default="INFO", description="Python log level.")
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{(self.data_dir / 'crewwork.db').resolve()}"
+
+    def resolved_worktree_dir(self) -> Path:
+        return (self.worktree_dir or self.data_dir / "worktrees").resolve()
+
+    def task_queue(self, pool: str) -> str:
+        return f"{self.task_queue_prefix}-{pool}"
+
+    def repo_root_list(self) -> list[Path]:
+        return [Path(p).resolve() for p in self.repo_roots.split(":") if p.strip()]
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return Settings()
+
+
+def reset_settings_cache() -> None:
+    get_settings.cache_clear()

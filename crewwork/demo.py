@@ -1,0 +1,210 @@
+"""`crewwork demo`: one code-change work item end to end on the embedded defaults.
+
+Creates a small git repository whose test fails, starts the embedded stack (Temporal dev server, SQLite store,
+API, one process per pool), submits a work item through the HTTP API whose scripted (mock) agent makes a wrong
+change on attempt 1 and the right one on attempt 2, approves it as the reviewer, and prints what happened.
+Exit status 0 only if the work item succeeded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from crewwork.temporal.devserver import free_port
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+WRONG = "def add(a, b):\n    return abs(a) + abs(b)\n"
+RIGHT = "def add(a, b):\n    return a + b\n"
+TEST = '''from calc import add
+
+
+def test_adds_positive_numbers():
+    assert add(2, 3) == 5
+
+
+def test_adds_negative_numbers():
+    assert add(-1, 1) == 0
+'''
+
+TERMINAL = ("succeeded", "failed", "rejected", "cancelled", "dead")
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def make_sample_repo(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "calc.py").write_text(BUGGY)
+    (path / "tests").mkdir(exist_ok=True)
+    (path / "tests" / "test_calc.py").write_text(TEST)
+    (path / "conftest.py").write_text("")  # makes the repository root importable for pytest
+    env = {"GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@localhost", "GIT_COMMITTER_NAME": "demo",
+           "GIT_COMMITTER_EMAIL": "demo@localhost", "GIT_CONFIG_GLOBAL": "/dev/null", "PATH": "/usr/bin:/bin"}
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "-m", "calculator with a bug"]):
+        subprocess.run(cmd, cwd=path, check=True, env=env)
+
+
+def demo_work_item(repo: Path, sandbox: str) -> dict[str, Any]:
+    return {
+        "kind": "code_change",
+        "repo": {"url": str(repo), "ref": "main"},
+        "instruction": "Fix add() in calc.py so that the tests in tests/test_calc.py pass.",
+        "validation": {
+            "command": ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=.crewwork/junit.xml"],
+            "junit_path": ".crewwork/junit.xml",
+            "timeout_s": 120,
+            "test_files": ["tests/test_calc.py"],
+        },
+        "agent": {"name": "scripted", "config": {"attempts": [{"files": {"calc.py": WRONG}},
+                                                              {"files": {"calc.py": RIGHT}}]}},
+        "budget": {"max_attempts": 3},
+        "review": {"required": True},
+        "sandbox": {"backend": sandbox},
+        "labels": {"source": "demo"},
+        "idempotency_key": "demo-1",
+    }
+
+
+def choose_sandbox() -> tuple[str, bool]:
+    """The best isolating backend available, or the local one (unsafe) for the demo's own trusted sample."""
+    try:
+        from crewwork.sandbox.registry import best_available
+
+        name, why = best_available()
+    except Exception as exc:  # noqa: BLE001
+        name, why = "local", f"sandbox discovery failed: {exc}"
+    if name == "local":
+        _say(
+            "! No isolating sandbox is available here (" + why + ").\n"
+            "  Install one to run untrusted code: `apt-get install bubblewrap` (fast, daemonless) or Docker with\n"
+            "  gVisor (see docs/sandbox.md). The demo runs its own trusted sample with the `local` backend,\n"
+            "  which has NO isolation (labelled unsafe)."
+        )
+        return name, True
+    _say(f"sandbox: {name} ({why})")
+    return name, False
+
+
+def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
+    from crewwork.stack import Stack
+
+    started = time.monotonic()
+    tmp = None
+    if data_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="crewwork-demo-")
+        data_dir = Path(tmp.name)
+    data_dir = data_dir.resolve()
+    repo = data_dir / "sample-repo"
+    sandbox, unsafe = choose_sandbox()
+    _say(f"1/5 creating a sample repository with a failing test at {repo}")
+    make_sample_repo(repo)
+    temporal_port = free_port()
+    ui_port = free_port()
+    stack = Stack(
+        data_dir=data_dir / "state",
+        temporal_port=temporal_port,
+        ui_port=ui_port,
+        api_port=free_port(),
+        extra_env={"CREWWORK_ALLOW_UNSAFE_SANDBOX": "true" if unsafe else "false",
+                   "CREWWORK_SANDBOX_BACKEND": sandbox,
+                   "CREWWORK_DATABASE_URL": f"sqlite+aiosqlite:///{data_dir / 'state' / 'crewwork.db'}"},
+        database_url=f"sqlite+aiosqlite:///{data_dir / 'state' / 'crewwork.db'}",
+        on_event=lambda m: _say(f"    {m}"),
+    )
+    _say("2/5 starting the embedded stack (Temporal dev server, SQLite store, API, control/agent/validate pools)")
+    try:
+        stack.start()
+        return _drive(stack, repo, sandbox, started)
+    except Exception as exc:  # noqa: BLE001
+        _say(f"demo failed: {exc}")
+        _say(f"logs are in {stack.data_dir / 'logs'}")
+        keep = True
+        return 1
+    finally:
+        _say("stopping the stack")
+        stack.stop()
+        if tmp is not None:
+            if keep:
+                _say(f"kept {data_dir}")
+            else:
+                tmp.cleanup()
+
+
+def _drive(stack: Any, repo: Path, sandbox: str, started: float) -> int:
+    api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=30)
+    _say("3/5 submitting the work item through the API (scripted mock agent: wrong fix first, then the right one)")
+    r = api.post("/v1/work-items", json=demo_work_item(repo, sandbox))
+    if r.status_code >= 400:
+        _say(f"submission rejected: {r.text}")
+        return 1
+    wid = r.json()["id"]
+    _say(f"    work item {wid}")
+    _say("4/5 following it (Temporal runs: admit -> attempt [agent -> validate -> record] -> review -> land)")
+    last = ""
+    approved = False
+    deadline = time.monotonic() + 300
+    item: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        item = api.get(f"/v1/work-items/{wid}").json()
+        line = f"{item['state']}: {item['reason']}"
+        if line != last:
+            _say(f"    [{time.monotonic() - started:5.1f}s] {line}")
+            last = line
+        if item["state"] == "awaiting_review" and not approved:
+            _say("    reviewer: approving the validated change")
+            rr = api.post(f"/v1/work-items/{wid}/review", json={"action": "approve", "reviewer": "demo"})
+            if rr.status_code >= 400:
+                _say(f"    review failed: {rr.text}")
+                return 1
+            approved = True
+        if item["state"] in TERMINAL:
+            break
+        time.sleep(0.3)
+    else:
+        _say("the work item did not finish within 300 s")
+        return 1
+    item = api.get(f"/v1/work-items/{wid}", params={"live": False}).json()
+    _say("5/5 summary")
+    _print_summary(api, item, repo, sandbox)
+    _say(f"demo wall time: {time.monotonic() - started:.1f}s")
+    return 0 if item["state"] == "succeeded" else 1
+
+
+def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox: str) -> None:
+    from crewwork.cli import render_item
+
+    print()
+    print(render_item(item))
+    print(f"sandbox     {sandbox}" + ("  (UNSAFE: no isolation)" if sandbox == "local" else ""))
+    print("\nevidence per attempt (measured by the platform, not claimed by the agent):")
+    for a in item.get("attempts") or []:
+        val = a.get("validation") or {}
+        print(f"  attempt {a['number']}: verdict={a['verdict']} cause={a.get('cause')} exit={val.get('exit_code')}")
+        for t in val.get("tests") or []:
+            msg = f"  ({(t.get('message') or '').splitlines()[0][:90]})" if t.get("message") else ""
+            print(f"      {t['outcome']:7} {t['id']}{msg}")
+    attempts = item.get("attempts") or []
+    if attempts:
+        diff_ref = ((attempts[-1].get("agent") or {}).get("diff_ref") or {})
+        if diff_ref.get("id"):
+            diff = api.get(f"/v1/work-items/{item['id']}/artifacts/{diff_ref['id']}").text
+            print("\nthe landed change:\n" + "\n".join("    " + ln for ln in diff.splitlines()))
+    if item.get("delivery_branch"):
+        log = subprocess.run(
+            ["git", "log", "--oneline", "-n", "2", item["delivery_branch"]], cwd=repo, capture_output=True, text=True
+        ).stdout
+        print(f"\ngit log {item['delivery_branch']}:\n" + "\n".join("    " + ln for ln in log.splitlines()))
+    print(f"\nTemporal UI: {item['links']['temporal_ui']}  (available while a stack runs; try `crewwork dev`)")
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo())

@@ -1,0 +1,322 @@
+"""Domain models: the work item as submitted, its states, and the values workflows and activities exchange.
+
+Everything here is a pydantic model so that Temporal's pydantic data converter can carry it, and so that a
+submission is validated field by field (unknown fields are rejected) before any workflow starts.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Hard ceilings on what a submission may carry. Large content belongs in the repository or the artifact store.
+MAX_INSTRUCTION_CHARS = 20_000
+MAX_INPUT_JSON_BYTES = 256 * 1024
+MAX_LABELS = 32
+MAX_VALIDATION_ARGS = 64
+
+
+class Strict(BaseModel):
+    """Base for submitted documents: unknown fields are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkItemKind(enum.StrEnum):
+    task = "task"
+    code_change = "code_change"
+    hotfix = "hotfix"
+
+
+class WorkItemState(enum.StrEnum):
+    submitted = "submitted"
+    admitted = "admitted"
+    running = "running"
+    validating = "validating"
+    awaiting_review = "awaiting_review"
+    landing = "landing"
+    succeeded = "succeeded"
+    failed = "failed"
+    rejected = "rejected"
+    cancelled = "cancelled"
+    dead = "dead"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {
+        WorkItemState.succeeded,
+        WorkItemState.failed,
+        WorkItemState.rejected,
+        WorkItemState.cancelled,
+        WorkItemState.dead,
+    }
+)
+
+
+class RepoSpec(Strict):
+    url: str = Field(
+        description="A local path or file:// URL of a git repository.", min_length=1, max_length=4096
+    )
+    ref: str = Field(
+        default="HEAD", description="Branch, tag or commit to start from.", min_length=1, max_length=256
+    )
+
+    @field_validator("ref")
+    @classmethod
+    def _ref_is_plain(cls, v: str) -> str:
+        if v.startswith("-") or any(c in v for c in " \t\n\r\x00~^:?*[\\") and v != "HEAD":
+            raise ValueError(f"ref {v!r} is not a valid git ref name")
+        return v
+
+
+class ValidationSpec(Strict):
+    command: list[str] = Field(
+        description="argv of the test command, run in a fresh sandbox at the workspace root.",
+        min_length=1,
+        max_length=MAX_VALIDATION_ARGS,
+    )
+    timeout_s: float = Field(
+        default=300.0, gt=0, le=3600, description="Wall-clock limit of one validation run."
+    )
+    junit_path: str | None = Field(
+        default=None,
+        description="Workspace-relative path of a JUnit XML report the command writes (parsed as evidence).",
+        max_length=512,
+    )
+    fail_to_pass: list[str] = Field(
+        default_factory=list, description="Test ids that must pass after the change."
+    )
+    pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
+    test_files: list[str] = Field(
+        default_factory=list,
+        description="Workspace-relative test files reset to the base commit before validation.",
+    )
+    setup: list[list[str]] = Field(default_factory=list, description="Setup commands (argv lists) run first.")
+
+    @field_validator("command")
+    @classmethod
+    def _non_empty_args(cls, v: list[str]) -> list[str]:
+        if not v[0].strip():
+            raise ValueError("validation.command[0] must name a program")
+        return v
+
+
+class AgentSpec(Strict):
+    name: str = Field(
+        default="scripted", min_length=1, max_length=64, description="Registered agent plugin name."
+    )
+    config: dict[str, Any] = Field(default_factory=dict, description="Agent-specific configuration.")
+
+
+class BudgetSpec(Strict):
+    max_attempts: int = Field(
+        default=3, ge=1, le=1000, description="Attempts (agent run + validation) at most."
+    )
+    max_wall_clock_s: float | None = Field(
+        default=None, gt=0, description="Total wall-clock seconds for attempts."
+    )
+    max_tokens: int | None = Field(default=None, gt=0, description="Model tokens across all attempts.")
+    max_cost_usd: float | None = Field(default=None, gt=0, description="Model cost across all attempts.")
+
+
+class ReviewSpec(Strict):
+    required: bool = Field(default=False, description="Wait for a person to approve before landing.")
+    timeout_s: float | None = Field(default=None, gt=0, description="End the item if nobody reviews in time.")
+
+
+class SandboxSpec(Strict):
+    backend: str | None = Field(default=None, description="Sandbox backend; the pool default when omitted.")
+    memory_mb: int | None = Field(default=None, gt=0)
+    pids: int | None = Field(default=None, gt=0)
+    cpus: float | None = Field(default=None, gt=0)
+
+
+class WorkItemSpec(Strict):
+    """A work item exactly as a client submits it (JSON)."""
+
+    kind: WorkItemKind
+    input: dict[str, Any] | None = Field(default=None, description="Input payload of a `task`.")
+    repo: RepoSpec | None = None
+    instruction: str | None = Field(default=None, max_length=MAX_INSTRUCTION_CHARS)
+    validation: ValidationSpec | None = None
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    review: ReviewSpec = Field(default_factory=ReviewSpec)
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    target_branch: str | None = Field(
+        default=None, max_length=256, description="Branch the change is meant for (workspace lease key)."
+    )
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("labels")
+    @classmethod
+    def _bounded_labels(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_LABELS:
+            raise ValueError(f"at most {MAX_LABELS} labels")
+        for k, val in v.items():
+            if not k or len(k) > 63 or len(val) > 256:
+                raise ValueError("label keys are 1-63 characters and values at most 256")
+        return v
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> WorkItemSpec:
+        if self.kind == WorkItemKind.task:
+            if self.input is None:
+                raise ValueError("a `task` work item needs `input` (an object, may be empty)")
+            import json
+
+            if len(json.dumps(self.input)) > MAX_INPUT_JSON_BYTES:
+                raise ValueError(f"`input` is larger than {MAX_INPUT_JSON_BYTES} bytes as JSON")
+        else:
+            if self.repo is None:
+                raise ValueError(f"a `{self.kind.value}` work item needs `repo`")
+            if not self.instruction:
+                raise ValueError(f"a `{self.kind.value}` work item needs `instruction`")
+            if self.validation is None:
+                raise ValueError(f"a `{self.kind.value}` work item needs `validation`")
+        return self
+
+
+# ---------------------------------------------------------------- workflow and activity values
+
+
+class WorkItemInput(BaseModel):
+    """What the workflow starts with. The spec is already validated and resolved (base commit pinned)."""
+
+    work_item_id: str
+    tenant_id: str
+    spec: WorkItemSpec
+    repo_path: str | None = None
+    base_commit: str | None = None
+    # Carried over by continue-as-new in long repair loops.
+    carry: LoopCarry | None = None
+
+
+class LoopCarry(BaseModel):
+    next_attempt: int = 1
+    diagnostics_ref: str | None = None
+    review_comment: str | None = None
+    started_at_s: float | None = None
+    tokens_used: int = 0
+    cost_usd: float = 0.0
+
+
+class ArtifactRef(BaseModel):
+    id: str
+    name: str
+    size: int
+    sha256: str
+    content_type: str = "text/plain"
+
+
+class SandboxReport(BaseModel):
+    """The sandbox result as evidence (the full logs are artifacts)."""
+
+    backend: str
+    isolated: bool
+    exit_code: int | None
+    duration_s: float
+    timed_out: bool = False
+    oom_killed: bool = False
+    pids_limited: bool = False
+    killed_by_signal: int | None = None
+    peak_memory_bytes: int | None = None
+    enforcement: str = ""
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+
+class AgentOutcome(BaseModel):
+    """What an agent run produced. `claims` are the agent's own words and are never evidence."""
+
+    agent: str
+    mock: bool
+    output: dict[str, Any] | None = None
+    diff_ref: ArtifactRef | None = None
+    diff_stats: DiffStats | None = None
+    claims: str | None = None
+    transcript_ref: ArtifactRef | None = None
+    sandbox: SandboxReport | None = None
+    tokens_used: int = 0
+    cost_usd: float = 0.0
+    error: str | None = None
+    stale: bool = False
+
+
+class DiffStats(BaseModel):
+    files_changed: int = 0
+    insertions: int = 0
+    deletions: int = 0
+    files: list[str] = Field(default_factory=list)
+
+
+class TestCaseResult(BaseModel):
+    __test__ = False  # not a pytest class
+    id: str
+    outcome: Literal["passed", "failed", "error", "skipped"]
+    message: str | None = None
+
+
+class ValidationOutcome(BaseModel):
+    passed: bool
+    reason: str
+    cause: str  # "passed" | "test_failure" | "timeout" | "oom" | "pids" | "empty_diff" | "patch_failed" | ...
+    exit_code: int | None = None
+    tests: list[TestCaseResult] = Field(default_factory=list)
+    tests_executed: int = 0
+    sandbox: SandboxReport | None = None
+    log_ref: ArtifactRef | None = None
+    report_ref: ArtifactRef | None = None
+    diagnostics: str | None = None
+    fingerprint: str | None = None
+    stale: bool = False
+
+
+class AttemptSummary(BaseModel):
+    number: int
+    agent: AgentOutcome | None = None
+    validation: ValidationOutcome | None = None
+    verdict: str = "pending"  # "passed" | "failed" | "error"
+    reason: str = ""
+
+
+class WorkItemStatus(BaseModel):
+    """Live status, answered by the workflow query."""
+
+    work_item_id: str
+    state: WorkItemState
+    attempt: int = 0
+    max_attempts: int = 0
+    detail: str = ""
+    attempts: list[AttemptSummary] = Field(default_factory=list)
+    delivery_branch: str | None = None
+    landed_commit: str | None = None
+
+
+class WorkItemResult(BaseModel):
+    work_item_id: str
+    state: WorkItemState
+    reason: str
+    attempts: list[AttemptSummary] = Field(default_factory=list)
+    output: dict[str, Any] | None = None
+    delivery_branch: str | None = None
+    landed_commit: str | None = None
+    mock: bool = False
+
+
+class ReviewDecision(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["approve", "reject", "request_changes"]
+    comment: str | None = Field(default=None, max_length=20_000)
+    reviewer: str | None = Field(default=None, max_length=200)
+
+
+WorkItemInput.model_rebuild()
+AgentOutcome.model_rebuild()

@@ -1,0 +1,163 @@
+"""Submitting, inspecting, reviewing and cancelling work items: the one place the API and CLI go through.
+
+The API never changes a work item's state itself: it validates a submission, inserts the row, and starts,
+updates or cancels the workflow, which is the single authority on progress.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError
+
+from crewwork import gitops
+from crewwork.agents.base import AgentConfigError
+from crewwork.agents.registry import get_agent_class
+from crewwork.config import Settings
+from crewwork.models import ReviewDecision, WorkItemInput, WorkItemKind, WorkItemSpec, WorkItemStatus
+from crewwork.store.store import Store
+from crewwork.store.tables import WorkItem
+from crewwork.workflows.work_item import SA_KIND, SA_REPO, SA_STATE, SA_TENANT, WorkItemWorkflow
+
+log = logging.getLogger("crewwork.service")
+
+
+class SubmissionRejected(ValueError):
+    """The submission is invalid; nothing was stored and no workflow started."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ReviewRejected(ValueError):
+    pass
+
+
+class WorkflowUnavailable(RuntimeError):
+    pass
+
+
+@dataclass
+class Submitted:
+    row: WorkItem
+    created: bool
+
+
+class WorkItemService:
+    def __init__(self, store: Store, client: Client | None, settings: Settings) -> None:
+        self.store = store
+        self.client = client
+        self.settings = settings
+
+    def _client(self) -> Client:
+        if self.client is None:
+            raise WorkflowUnavailable("not connected to Temporal")
+        return self.client
+
+    async def check(self, spec: WorkItemSpec) -> tuple[Path | None, str | None]:
+        """Everything that can be checked before anything is stored. Returns (repo path, base commit)."""
+        try:
+            get_agent_class(spec.agent.name).validate_config(spec.kind, spec.agent.config)
+        except AgentConfigError as exc:
+            raise SubmissionRejected(str(exc), "agent") from exc
+        if spec.kind == WorkItemKind.task:
+            if spec.validation is not None:
+                raise SubmissionRejected(
+                    "validation of `task` work items is not supported yet; use kind `code_change`", "validation"
+                )
+            return None, None
+        assert spec.repo is not None
+        try:
+            repo = gitops.repo_path_from_url(spec.repo.url, self.settings.repo_root_list())
+            commit = await gitops.resolve_commit(repo, spec.repo.ref)
+        except gitops.RepoRejected as exc:
+            raise SubmissionRejected(str(exc), "repo") from exc
+        if spec.sandbox.backend == "local" and not self.settings.allow_unsafe_sandbox:
+            raise SubmissionRejected(
+                "sandbox.backend `local` has no isolation; the operator has not allowed it", "sandbox"
+            )
+        return repo, commit
+
+    async def submit(self, tenant_id: str, spec: WorkItemSpec) -> Submitted:
+        repo, commit = await self.check(spec)
+        row, created = await self.store.create_work_item(
+            tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=str(repo) if repo else None
+        )
+        # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
+        # already running for this id is the same work item: not an error.
+        await self._start(row, spec)
+        return Submitted(row=row, created=created)
+
+    async def _start(self, row: WorkItem, spec: WorkItemSpec) -> None:
+        client = self._client()
+        inp = WorkItemInput(
+            work_item_id=row.id, tenant_id=row.tenant_id, spec=spec, repo_path=row.repo_url,
+            base_commit=row.base_commit,
+        )
+        pairs = [
+            SA_STATE.value_set("submitted"),
+            SA_KIND.value_set(spec.kind.value),
+            SA_TENANT.value_set(row.tenant_id),
+        ]
+        if row.repo_url:
+            pairs.append(SA_REPO.value_set(row.repo_url[-250:]))
+        try:
+            await client.start_workflow(
+                WorkItemWorkflow.run,
+                inp,
+                id=row.workflow_id,
+                task_queue=self.settings.task_queue("control"),
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=TypedSearchAttributes(pairs) if self.settings_search_attributes else None,
+            )
+        except WorkflowAlreadyStartedError:
+            pass
+
+    @property
+    def settings_search_attributes(self) -> bool:
+        return _env_flag("CREWWORK_SEARCH_ATTRIBUTES", True)
+
+    def handle(self, row: WorkItem) -> WorkflowHandle[Any, Any]:
+        return self._client().get_workflow_handle(row.workflow_id)
+
+    async def live_status(self, row: WorkItem) -> WorkItemStatus | None:
+        try:
+            return await self.handle(row).query(WorkItemWorkflow.status)
+        except (RPCError, WorkflowUnavailable) as exc:
+            log.debug("status query for %s failed: %s", row.id, exc)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a query on a finished/continued workflow may fail; DB is enough
+            log.debug("status query for %s failed: %s", row.id, exc)
+            return None
+
+    async def review(self, row: WorkItem, decision: ReviewDecision) -> str:
+        try:
+            return str(await self.handle(row).execute_update(WorkItemWorkflow.review, decision))
+        except WorkflowUpdateFailedError as exc:
+            cause = exc.cause
+            msg = getattr(cause, "message", None) or str(cause or exc)
+            raise ReviewRejected(msg) from exc
+        except RPCError as exc:
+            raise ReviewRejected(f"the work item's workflow is not running: {exc.message}") from exc
+
+    async def cancel(self, row: WorkItem) -> None:
+        try:
+            await self.handle(row).cancel()
+        except RPCError as exc:
+            raise WorkflowUnavailable(f"could not cancel: {exc.message}") from exc
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    import os
+
+    v = os.environ.get(name)
+    if v is None:
+        return default
+    return v.strip().lower() in ("1", "true", "yes", "on")

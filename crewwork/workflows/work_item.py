@@ -1,0 +1,529 @@
+"""WorkItemWorkflow: the lifecycle of one work item, and the single authority on its progress.
+
+admit -> (code changes: wait for the workspace lease) -> attempt loop [agent -> validate -> record] ->
+optional review -> land on `crewwork/<id>` -> finish -> release and clean up.
+
+Deterministic code only: no I/O, no clock, no randomness. Everything that touches the world is an activity, routed
+to its pool's task queue. Long loops continue-as-new with their state carried over, and the same-cause breaker is
+fed from the persisted attempt history, so neither a restart nor continue-as-new resets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from crewwork.contracts import (
+        AdmitInput,
+        AgentStepInput,
+        CleanupInput,
+        FinishInput,
+        LandInput,
+        RecordInput,
+        ReleaseInput,
+        SetStateInput,
+        ValidateInput,
+        WorkspaceLeaseInput,
+    )
+    from crewwork.models import (
+        AgentOutcome,
+        AttemptSummary,
+        LoopCarry,
+        ReviewDecision,
+        ValidationOutcome,
+        WorkItemInput,
+        WorkItemKind,
+        WorkItemResult,
+        WorkItemState,
+        WorkItemStatus,
+    )
+
+# ---------------------------------------------------------------- timeouts and retry policies (docs/reliability.md)
+
+NON_RETRYABLE = ["BadInput", "AgentError", "AgentConfigError", "LandingConflict", "StaleWrite"]
+
+CONTROL_TIMEOUT = timedelta(seconds=30)
+CONTROL_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=8,
+    non_retryable_error_types=NON_RETRYABLE,
+)
+AGENT_START_TO_CLOSE = timedelta(minutes=30)
+AGENT_HEARTBEAT = timedelta(seconds=10)
+AGENT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+    non_retryable_error_types=NON_RETRYABLE,
+)
+VALIDATE_MARGIN = timedelta(minutes=2)
+VALIDATE_HEARTBEAT = timedelta(seconds=10)
+VALIDATE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+    non_retryable_error_types=NON_RETRYABLE,
+)
+WORKSPACE_POLL = timedelta(seconds=2)
+WORKSPACE_POLL_MAX = timedelta(seconds=30)
+WORKSPACE_LEASE_TTL_S = 600.0
+
+SA_STATE = SearchAttributeKey.for_keyword("CrewworkState")
+SA_KIND = SearchAttributeKey.for_keyword("CrewworkKind")
+SA_TENANT = SearchAttributeKey.for_keyword("CrewworkTenant")
+SA_REPO = SearchAttributeKey.for_keyword("CrewworkRepo")
+
+
+class _Dead(Exception):
+    """Infrastructure retries are exhausted: the item ends `dead` with the last error."""
+
+
+@workflow.defn(name="WorkItemWorkflow")
+class WorkItemWorkflow:
+    def __init__(self) -> None:
+        self._status: WorkItemStatus | None = None
+        self._review: ReviewDecision | None = None
+        self._awaiting_review = False
+        self._queues: dict[str, str] = {}
+        self._continuing = False
+
+    # ------------------------------------------------------------------ interface
+
+    @workflow.query
+    def status(self) -> WorkItemStatus:
+        assert self._status is not None
+        return self._status
+
+    @workflow.update
+    async def review(self, decision: ReviewDecision) -> str:
+        self._review = decision
+        self._awaiting_review = False
+        return f"review recorded: {decision.action}"
+
+    @review.validator
+    def _validate_review(self, decision: ReviewDecision) -> None:
+        if not self._awaiting_review or self._review is not None:
+            state = self._status.state.value if self._status else "starting"
+            raise ValueError(f"this work item is not awaiting review (state: {state})")
+        if decision.action == "request_changes" and not (decision.comment or "").strip():
+            raise ValueError("request_changes needs a comment for the agent")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @workflow.run
+    async def run(self, inp: WorkItemInput) -> WorkItemResult:
+        spec = inp.spec
+        prefix = workflow.info().task_queue.rsplit("-", 1)[0]
+        self._queues = {p: f"{prefix}-{p}" for p in ("control", "agent", "validate")}
+        carry = inp.carry or LoopCarry()
+        self._status = WorkItemStatus(
+            work_item_id=inp.work_item_id,
+            state=WorkItemState.admitted,
+            attempt=carry.next_attempt - 1,
+            max_attempts=spec.budget.max_attempts,
+        )
+        ws_key: str | None = None
+        ws_token: int | None = None
+        try:
+            admit = await self._control("admit", AdmitInput(work_item_id=inp.work_item_id,
+                                                            tenant_id=inp.tenant_id, spec=spec))
+            if not admit.admitted:
+                return await self._finish(inp, WorkItemState.failed, f"not admitted: {admit.reason}")
+            self._set(WorkItemState.admitted, "admitted")
+            if spec.kind == WorkItemKind.task:
+                return await self._run_task(inp, carry)
+            assert spec.repo is not None and inp.repo_path and inp.base_commit
+            ws_key = f"ws:{inp.repo_path}#{spec.target_branch or spec.repo.ref}"
+            ws_token = await self._acquire_workspace(inp, ws_key)
+            return await self._run_code_change(inp, carry, admit.past_fingerprints, ws_key, ws_token)
+        except asyncio.CancelledError:
+            # Cancellation: record it and release what we hold; these activities run after the cancel was
+            # delivered, so they are not cancelled themselves.
+            await self._safe_finish(inp, WorkItemState.cancelled, "cancelled by request")
+            raise
+        except _Dead as exc:
+            return await self._finish(inp, WorkItemState.dead, str(exc))
+        finally:
+            if ws_key is not None and not self._continuing:
+                await self._release(inp, ws_key, ws_token)
+            if not self._continuing and spec.kind != WorkItemKind.task:
+                await self._cleanup(inp)
+
+    async def _run_task(self, inp: WorkItemInput, carry: LoopCarry) -> WorkItemResult:
+        spec = inp.spec
+        last_error = ""
+        for attempt in range(carry.next_attempt, spec.budget.max_attempts + 1):
+            self._set(WorkItemState.running, f"attempt {attempt}", attempt=attempt)
+            outcome = await self._agent(inp, attempt, None, None)
+            if outcome.stale:
+                raise _Dead("superseded by a newer writer")
+            verdict = "passed" if outcome.error is None else "failed"
+            reason = "agent returned its output" if outcome.error is None else f"agent error: {outcome.error}"
+            await self._record(inp, attempt, verdict, reason, None if verdict == "passed" else "agent_error",
+                               None, outcome, None)
+            if outcome.error is None:
+                return await self._finish(inp, WorkItemState.succeeded, "task completed", output=outcome.output,
+                                          mock=outcome.mock)
+            last_error = outcome.error
+        return await self._finish(
+            inp, WorkItemState.failed, f"budget: {spec.budget.max_attempts} attempts used; last: {last_error}"
+        )
+
+    async def _run_code_change(
+        self,
+        inp: WorkItemInput,
+        carry: LoopCarry,
+        past_fingerprints: list[str | None],
+        ws_key: str,
+        ws_token: int | None,
+    ) -> WorkItemResult:
+        spec = inp.spec
+        assert spec.validation is not None and inp.repo_path and inp.base_commit
+        diagnostics = carry.diagnostics_ref
+        review_comment = carry.review_comment
+        fingerprints = list(past_fingerprints)
+        passed: tuple[AgentOutcome, ValidationOutcome] | None = None
+        attempt = carry.next_attempt
+        mock = False
+        while passed is None:
+            if attempt > spec.budget.max_attempts:
+                return await self._finish(
+                    inp, WorkItemState.failed,
+                    f"budget: all {spec.budget.max_attempts} attempts used without passing validation",
+                    mock=mock,
+                )
+            breaker = _breaker_tripped(fingerprints, k=3)
+            if breaker:
+                return await self._finish(inp, WorkItemState.failed, f"breaker: {breaker}", mock=mock)
+            if workflow.info().is_continue_as_new_suggested():
+                self._continuing = True
+                workflow.continue_as_new(
+                    WorkItemInput(
+                        work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, spec=spec,
+                        repo_path=inp.repo_path, base_commit=inp.base_commit,
+                        carry=LoopCarry(next_attempt=attempt, diagnostics_ref=diagnostics,
+                                        review_comment=review_comment),
+                    )
+                )
+            self._set(WorkItemState.running, f"attempt {attempt}: agent running", attempt=attempt)
+            outcome = await self._agent(inp, attempt, diagnostics, review_comment)
+            mock = mock or outcome.mock
+            if outcome.stale:
+                raise _Dead("superseded by a newer writer")
+            if outcome.error is not None:
+                rec = await self._record(inp, attempt, "failed", f"agent error: {outcome.error}", "agent_error",
+                                         "agent_error", outcome, None)
+                fingerprints = rec
+                diagnostics = f"Attempt {attempt} failed: the agent reported an error: {outcome.error}"
+                attempt += 1
+                continue
+            self._set(WorkItemState.validating, f"attempt {attempt}: validating", attempt=attempt)
+            validation = await self._validate(inp, attempt, outcome, review_comment)
+            if validation.stale:
+                raise _Dead("superseded by a newer writer")
+            verdict = "passed" if validation.passed else "failed"
+            fingerprints = await self._record(
+                inp, attempt, verdict, validation.reason, validation.cause, validation.fingerprint, outcome,
+                validation,
+            )
+            if validation.passed:
+                passed = (outcome, validation)
+                break
+            diagnostics = validation.diagnostics or validation.reason
+            review_comment = None
+            attempt += 1
+        agent_out, _val = passed
+        if spec.review.required:
+            decision = await self._await_review(inp, spec.review.timeout_s)
+            if decision is None:
+                return await self._finish(inp, WorkItemState.failed, "review timed out", mock=mock)
+            if decision.action == "reject":
+                return await self._finish(
+                    inp, WorkItemState.rejected, f"rejected by reviewer: {decision.comment or ''}".strip(), mock=mock
+                )
+            if decision.action == "request_changes":
+                self._review = None
+                if attempt + 1 > spec.budget.max_attempts:
+                    return await self._finish(
+                        inp, WorkItemState.failed, "changes requested but the attempt budget is spent", mock=mock
+                    )
+                return await self._run_code_change(
+                    inp,
+                    LoopCarry(next_attempt=attempt + 1, diagnostics_ref=None,
+                              review_comment=decision.comment),
+                    fingerprints, ws_key, ws_token,
+                )
+        assert agent_out.diff_ref is not None
+        self._set(WorkItemState.landing, "landing", attempt=attempt)
+        landed = await self._control(
+            "land_change",
+            LandInput(
+                work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, repo_path=inp.repo_path,
+                base_commit=inp.base_commit, diff_ref=agent_out.diff_ref,
+                message=_commit_message(inp, attempt), workspace_key=ws_key, workspace_token=ws_token,
+            ),
+        )
+        self._status.delivery_branch = landed.branch  # type: ignore[union-attr]
+        self._status.landed_commit = landed.commit  # type: ignore[union-attr]
+        return await self._finish(
+            inp, WorkItemState.succeeded, f"validated on attempt {attempt} and landed on {landed.branch}",
+            branch=landed.branch, commit=landed.commit, mock=mock,
+        )
+
+    # ------------------------------------------------------------------ steps
+
+    async def _control(self, name: str, arg: object, result_type: type | None = None) -> Any:
+        try:
+            return await workflow.execute_activity(
+                name,
+                arg,
+                task_queue=self._queues["control"],
+                start_to_close_timeout=CONTROL_TIMEOUT,
+                retry_policy=CONTROL_RETRY,
+                result_type=result_type or _RESULT_TYPES[name],
+            )
+        except ActivityError as exc:
+            raise _Dead(f"{name} failed after retries: {_cause(exc)}") from exc
+
+    async def _agent(
+        self, inp: WorkItemInput, attempt: int, diagnostics: str | None, review_comment: str | None
+    ) -> AgentOutcome:
+        try:
+            return await workflow.execute_activity(
+                "run_agent",
+                AgentStepInput(
+                    work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, attempt=attempt, spec=inp.spec,
+                    repo_path=inp.repo_path, base_commit=inp.base_commit, diagnostics=diagnostics,
+                    review_comment=review_comment,
+                ),
+                task_queue=self._queues["agent"],
+                start_to_close_timeout=AGENT_START_TO_CLOSE,
+                heartbeat_timeout=AGENT_HEARTBEAT,
+                retry_policy=AGENT_RETRY,
+                result_type=AgentOutcome,
+            )
+        except ActivityError as exc:
+            if _is_non_retryable(exc, "BadInput"):
+                raise _Dead(f"bad input: {_cause(exc)}") from exc
+            raise _Dead(f"agent step failed after {AGENT_RETRY.maximum_attempts} tries: {_cause(exc)}") from exc
+
+    async def _validate(
+        self, inp: WorkItemInput, attempt: int, outcome: AgentOutcome, review_comment: str | None
+    ) -> ValidationOutcome:
+        spec = inp.spec
+        assert spec.validation is not None and inp.repo_path and inp.base_commit
+        try:
+            return await workflow.execute_activity(
+                "validate_change",
+                ValidateInput(
+                    work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, attempt=attempt,
+                    repo_path=inp.repo_path, base_commit=inp.base_commit, validation=spec.validation,
+                    sandbox=spec.sandbox, diff_ref=outcome.diff_ref, diff_stats=outcome.diff_stats,
+                    review_comment=review_comment,
+                ),
+                task_queue=self._queues["validate"],
+                start_to_close_timeout=timedelta(
+                    seconds=spec.validation.timeout_s * (1 + len(spec.validation.setup))
+                ) + VALIDATE_MARGIN,
+                heartbeat_timeout=VALIDATE_HEARTBEAT,
+                retry_policy=VALIDATE_RETRY,
+                result_type=ValidationOutcome,
+            )
+        except ActivityError as exc:
+            raise _Dead(f"validation failed after {VALIDATE_RETRY.maximum_attempts} tries: {_cause(exc)}") from exc
+
+    async def _record(
+        self,
+        inp: WorkItemInput,
+        attempt: int,
+        verdict: str,
+        reason: str,
+        cause: str | None,
+        fingerprint: str | None,
+        agent: AgentOutcome | None,
+        validation: ValidationOutcome | None,
+    ) -> list[str | None]:
+        summary = AttemptSummary(number=attempt, agent=agent, validation=validation, verdict=verdict, reason=reason)
+        assert self._status is not None
+        self._status.attempts = [a for a in self._status.attempts if a.number != attempt] + [_slim(summary)]
+        res = await self._control(
+            "record_attempt",
+            RecordInput(
+                work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, attempt=attempt, verdict=verdict,
+                reason=reason, cause=cause, fingerprint=fingerprint, agent=agent, validation=validation,
+            ),
+        )
+        if res.stale:
+            raise _Dead("attempt record superseded by a newer writer")
+        return list(res.fingerprints)
+
+    async def _acquire_workspace(self, inp: WorkItemInput, key: str) -> int | None:
+        """Wait durably (timers in the workflow, not polling in an activity) until the workspace is free."""
+        delay = WORKSPACE_POLL
+        announced = False
+        while True:
+            res = await self._control(
+                "acquire_workspace",
+                WorkspaceLeaseInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, key=key,
+                                    ttl_s=WORKSPACE_LEASE_TTL_S),
+            )
+            if res.token is not None:
+                return int(res.token)
+            if not announced:
+                self._set(WorkItemState.admitted, f"waiting for workspace held by {res.holder}")
+                announced = True
+            await workflow.sleep(delay)
+            delay = min(delay * 2, WORKSPACE_POLL_MAX)
+
+    async def _await_review(self, inp: WorkItemInput, timeout_s: float | None) -> ReviewDecision | None:
+        self._review = None
+        self._awaiting_review = True
+        self._set(WorkItemState.awaiting_review, "awaiting review")
+        await self._control(
+            "set_state",
+            SetStateInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id,
+                          state=WorkItemState.awaiting_review, reason="validated; awaiting review"),
+        )
+        try:
+            await workflow.wait_condition(
+                lambda: self._review is not None,
+                timeout=timedelta(seconds=timeout_s) if timeout_s else None,
+            )
+        except TimeoutError:
+            self._awaiting_review = False
+            return None
+        self._awaiting_review = False
+        return self._review
+
+    async def _finish(
+        self,
+        inp: WorkItemInput,
+        state: WorkItemState,
+        reason: str,
+        *,
+        output: dict | None = None,
+        branch: str | None = None,
+        commit: str | None = None,
+        mock: bool = False,
+    ) -> WorkItemResult:
+        assert self._status is not None
+        result = WorkItemResult(
+            work_item_id=inp.work_item_id, state=state, reason=reason, attempts=self._status.attempts,
+            output=output, delivery_branch=branch, landed_commit=commit, mock=mock,
+        )
+        self._set(state, reason)
+        await self._control("finish", FinishInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id,
+                                                  result=result))
+        return result
+
+    async def _safe_finish(self, inp: WorkItemInput, state: WorkItemState, reason: str) -> None:
+        try:
+            await self._finish(inp, state, reason)
+        except _Dead:
+            workflow.logger.warning("could not record %s for %s", state, inp.work_item_id)
+
+    async def _release(self, inp: WorkItemInput, key: str, token: int | None) -> None:
+        try:
+            await self._control("release_workspace", ReleaseInput(work_item_id=inp.work_item_id,
+                                                                  tenant_id=inp.tenant_id, key=key, token=token))
+        except _Dead:
+            workflow.logger.warning("could not release %s; it expires on its own", key)
+
+    async def _cleanup(self, inp: WorkItemInput) -> None:
+        try:
+            await self._control("cleanup", CleanupInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id,
+                                                        repo_path=inp.repo_path))
+        except _Dead:
+            workflow.logger.warning("cleanup of %s failed", inp.work_item_id)
+
+    def _set(self, state: WorkItemState, detail: str, attempt: int | None = None) -> None:
+        assert self._status is not None
+        self._status.state = state
+        self._status.detail = detail
+        if attempt is not None:
+            self._status.attempt = attempt
+        if _search_attributes_enabled():
+            try:
+                workflow.upsert_search_attributes([SA_STATE.value_set(state.value)])
+            except Exception:  # noqa: BLE001 - an unregistered attribute must not fail the work item
+                pass
+
+
+def _search_attributes_enabled() -> bool:
+    # Upserting an attribute the namespace does not know fails the workflow task; only do it when the typed
+    # attributes are present (registered at start by the API/dev server).
+    return SA_STATE.name in {k.name for k in workflow.info().typed_search_attributes}
+
+
+def _breaker_tripped(fingerprints: list[str | None], k: int) -> str | None:
+    tail = fingerprints[-k:]
+    if len(tail) == k and tail[0] is not None and all(f == tail[0] for f in tail):
+        return f"the last {k} attempts failed the same way ({tail[0]})"
+    return None
+
+
+def _slim(summary: AttemptSummary) -> AttemptSummary:
+    """The status query keeps summaries small: no test lists or diagnostics."""
+    s = summary.model_copy(deep=True)
+    if s.validation is not None:
+        s.validation.tests = s.validation.tests[:20]
+        s.validation.diagnostics = None
+    return s
+
+
+def _commit_message(inp: WorkItemInput, attempt: int) -> str:
+    title = (inp.spec.instruction or "change").strip().splitlines()[0][:72]
+    return (
+        f"{title}\n\ncrewwork work item {inp.work_item_id}, validated on attempt {attempt}.\n"
+        f"Crewwork-Work-Item: {inp.work_item_id}\n"
+    )
+
+
+def _cause(exc: BaseException) -> str:
+    cur: BaseException | None = exc
+    msg = str(exc)
+    while cur is not None:
+        if isinstance(cur, ApplicationError):
+            return f"{cur.type or 'error'}: {cur.message}"
+        msg = str(cur) or msg
+        cur = cur.__cause__
+    return msg
+
+
+def _is_non_retryable(exc: BaseException, type_: str) -> bool:
+    cur: BaseException | None = exc
+    while cur is not None:
+        if isinstance(cur, ApplicationError) and cur.type == type_:
+            return True
+        cur = cur.__cause__
+    return False
+
+
+def _result_types() -> dict[str, type]:
+    from crewwork.contracts import AdmitResult, LandResult, RecordResult, WorkspaceLeaseResult, WriteOutcome
+
+    return {
+        "admit": AdmitResult,
+        "set_state": WriteOutcome,
+        "acquire_workspace": WorkspaceLeaseResult,
+        "release_workspace": bool,
+        "record_attempt": RecordResult,
+        "land_change": LandResult,
+        "finish": WriteOutcome,
+        "cleanup": type(None),
+    }
+
+
+with workflow.unsafe.imports_passed_through():
+    _RESULT_TYPES = _result_types()
+
