@@ -1,0 +1,585 @@
+"""The model agent: a small, bounded edit loop against an OpenAI-compatible chat-completions endpoint.
+
+One run (one repair-loop attempt):
+
+1. Build the prompt: the instruction, the reviewer's comment, the previous attempt's diagnostics, a listing of
+   the repository and the contents of a bounded selection of files (files named in the instruction,
+   diagnostics or review comment, the modules those import, then — only when nothing was named — the first
+   files of the listing, all within `max_context_files` / `max_context_chars`).
+2. Ask the model (workload "edit") for SEARCH/REPLACE blocks (`crewwork.agents.edits` defines the format).
+3. Apply them all-or-nothing. If the response is malformed or does not apply, send the error back and ask
+   again, at most `max_edit_rounds` calls in all. The first response that applies ends the run.
+
+A `task` work item is one "chat" call whose answer becomes ``output["text"]``.
+
+**Resumability.** After every model call the agent heartbeats ``{"agent": "model", "responses": [...], ...}``
+(and repeats the same details while waiting on a slow call, so a liveness heartbeat never erases progress).
+When a later Temporal attempt of the same activity starts with those details in ``ctx.resume_details``, the
+recorded responses are replayed, in order, onto the fresh workspace instead of calling the model again, and
+the loop goes on from there. The details are checked against the work item, the attempt and a hash of the
+prompt, so a response is never replayed into a different conversation.
+
+**Accounting.** ``tokens_used``/``cost_usd`` count every call of this attempt, replayed ones included (they
+were paid for by the earlier Temporal attempt). A failing run raises with the same figures attached to the
+exception (``tokens_used``, ``cost_usd``, ``transcript``) so a failed attempt's spend still reaches the
+budget.
+
+**Errors.** Provider errors keep their class (`ProviderUnavailable` is an `AgentInfraError`, retryable;
+`ProviderRejected` an `AgentError`), budget exhaustion and "no applicable edit after N rounds" are
+`AgentError`s. Nothing here ever turns a provider failure into a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import subprocess
+from collections.abc import Awaitable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from crewwork.agents.base import (
+    Agent,
+    AgentConfigError,
+    AgentContext,
+    AgentError,
+    AgentInfraError,
+    AgentRunResult,
+)
+from crewwork.agents.edits import (
+    DIVIDER_MARK,
+    REPLACE_MARK,
+    SEARCH_MARK,
+    EditApplyError,
+    EditError,
+    apply_edit_text,
+    resolve_in_workspace,
+)
+from crewwork.models import WorkItemKind
+from crewwork.transport import (
+    ChatResult,
+    EndpointConfig,
+    ModelClient,
+    TransportConfig,
+    TransportSettingsError,
+    merge_configs,
+    operator_config,
+)
+
+T = TypeVar("T")
+
+RESUME_FORMAT = 1
+
+
+class ModelAgentConfig(BaseModel):
+    """The model agent's part of a work item's ``agent.config``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
+    """Extra endpoints for this work item, merged over the operator's ``CREWWORK_MODEL_ENDPOINTS``."""
+    routes: dict[str, list[str]] = Field(default_factory=dict)
+    """Workload -> ordered endpoint names, overriding the operator's routes for this work item."""
+    workload: str = "edit"
+    """Route used for code changes (a `task` always uses "chat")."""
+    max_edit_rounds: int = Field(default=3, ge=1, le=10)
+    """Model calls per attempt at most: the first ask plus re-asks after a malformed or unappliable edit."""
+    max_tokens: int | None = Field(default=None, gt=0)
+    """Token budget of this attempt (prompt + completion, all calls); exceeding it ends the attempt."""
+    max_cost_usd: float | None = Field(default=None, gt=0)
+    """Cost budget of this attempt in USD (needs prices on the endpoints)."""
+    max_output_tokens: int | None = Field(default=None, gt=0)
+    """Cap on one completion, sent as ``max_tokens``; overrides the endpoint's own cap."""
+    context_files: list[str] = Field(default_factory=list, max_length=50)
+    """Repo-relative files always shown to the model, before any it is pointed at."""
+    max_context_files: int = Field(default=8, ge=0, le=100)
+    """Files whose contents go into the prompt, at most."""
+    max_file_chars: int = Field(default=24_000, ge=100)
+    """Characters of one file in the prompt; a longer file is shown truncated (and marked so)."""
+    max_context_chars: int = Field(default=120_000, ge=1000)
+    """Characters of all file contents in the prompt together."""
+    max_listing_entries: int = Field(default=300, ge=0, le=10_000)
+    """Repository paths listed in the prompt, at most."""
+    instructions: str | None = Field(default=None, max_length=20_000)
+    """Extra guidance appended to the system prompt (house style, constraints)."""
+    heartbeat_interval_s: float = Field(default=5.0, gt=0, le=60)
+    """Seconds between liveness heartbeats while waiting on a model call."""
+
+    @classmethod
+    def from_agent_config(cls, config: Mapping[str, Any]) -> ModelAgentConfig:
+        """Parse a work item's agent config. A nested ``"model"`` object (as the command agent's config
+        carries for its fallback) takes precedence."""
+        data = config.get("model") if isinstance(config.get("model"), Mapping) else config
+        return cls.model_validate(dict(data or {}))
+
+    def transport(self) -> TransportConfig:
+        return TransportConfig(endpoints=dict(self.endpoints), routes=dict(self.routes))
+
+
+SYSTEM_PROMPT = f"""You are a careful software engineer editing a git repository to complete a task.
+Reply with edits in this exact format, one block per change:
+
+path/to/file.py
+{SEARCH_MARK}
+exact lines copied from the current file
+{DIVIDER_MARK}
+the lines that replace them
+{REPLACE_MARK}
+
+Rules:
+- Put the file path (relative to the repository root) alone on the line before {SEARCH_MARK}.
+- The SEARCH lines must match the current file exactly, including indentation, and occur exactly once;
+  include enough surrounding lines to make them unique. Keep SEARCH short.
+- To create a new file, leave the SEARCH section empty.
+- Several blocks may touch the same file; they apply in order.
+- Do not edit files under .git. Do not weaken or delete tests to make them pass.
+- Text outside blocks is allowed but ignored; keep it to a sentence or two.
+"""
+
+_PATH_TOKEN = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.[A-Za-z0-9]{1,8})(?![\w/-])")
+_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
+
+
+class ModelAgent(Agent):
+    """Edits the workspace by asking an OpenAI-compatible model for SEARCH/REPLACE blocks."""
+
+    name = "model"
+    mock = False
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self._env = os.environ if env is None else env
+
+    @classmethod
+    def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:
+        try:
+            cfg = ModelAgentConfig.from_agent_config(config)
+        except ValidationError as e:
+            raise AgentConfigError(f"model agent config: {_brief(e)}") from None
+        unknown = [n for names in cfg.routes.values() for n in names if n not in cfg.endpoints]
+        # Routes may name operator endpoints, which only the agent worker knows; check names' shape only.
+        for n in unknown:
+            if not n or len(n) > 64:
+                raise AgentConfigError(f"model agent config: bad endpoint name {n!r} in routes")
+
+    async def run(self, ctx: AgentContext) -> AgentRunResult:
+        try:
+            cfg = ModelAgentConfig.from_agent_config(ctx.config)
+            transport = merge_configs(operator_config(self._env), cfg.transport())
+            workload = "chat" if ctx.kind == WorkItemKind.task else cfg.workload
+            transport.route(workload)  # fail early, with the configuration message, on a missing route
+        except ValidationError as e:
+            raise AgentError(f"model agent config: {_brief(e)}") from None
+        except TransportSettingsError as e:
+            raise AgentError(str(e)) from None
+        client = ModelClient(transport, env=self._env)
+        session = _Session(ctx, cfg, client, workload)
+        try:
+            if ctx.kind == WorkItemKind.task:
+                return await session.run_task()
+            return await session.run_edit_loop()
+        except (AgentError, AgentInfraError) as e:
+            session.attach(e)
+            raise
+
+
+class _Session:
+    """The state of one run: conversation, recorded responses, spend, and the heartbeat details."""
+
+    def __init__(self, ctx: AgentContext, cfg: ModelAgentConfig, client: ModelClient, workload: str) -> None:
+        self.ctx = ctx
+        self.cfg = cfg
+        self.client = client
+        self.workload = workload
+        secrets = [v for v in _string_leaves(ctx.config) if len(v) >= 20 and _looks_secret(v)]
+        self.redact = client.redact.extended(secrets)
+        self.messages: list[dict[str, Any]] = []
+        self.records: list[dict[str, Any]] = []
+        self.replay: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Any]] = []
+        self.tokens_used = 0
+        self.cost_usd = 0.0
+        self.prompt_sha = ""
+
+    # ------------------------------------------------------------------ the two kinds of run
+
+    async def run_task(self) -> AgentRunResult:
+        payload = json.dumps(self.ctx.input or {}, indent=2, sort_keys=True)
+        user = (
+            self.ctx.instruction or "Complete the task described by the input."
+        ) + f"\n\nInput:\n{payload}"
+        self.messages = [
+            {"role": "system", "content": "You are a precise assistant. Answer the task directly."},
+            {"role": "user", "content": user},
+        ]
+        self._start()
+        result = await self._ask()
+        self.calls[-1]["outcome"] = "answered"
+        return self._result(output={"text": result.content}, claims=result.content[:2000])
+
+    async def run_edit_loop(self) -> AgentRunResult:
+        ws = self.ctx.workspace
+        if ws is None:
+            raise AgentError("model agent: a code change needs a workspace")
+        prompt, shown = await asyncio.to_thread(build_prompt, ws, self.ctx, self.cfg)
+        system = SYSTEM_PROMPT + (f"\n{self.cfg.instructions}\n" if self.cfg.instructions else "")
+        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        self._start()
+        last_error = ""
+        for round_no in range(1, self.cfg.max_edit_rounds + 1):
+            result = await self._ask()
+            try:
+                changed = apply_edit_text(ws, result.content)
+            except EditError as e:
+                last_error = str(e)
+                truncated = " (the response was cut off at the output limit)" if _cut_off(result) else ""
+                self.calls[-1]["outcome"] = f"refused{truncated}: {last_error}"
+                if round_no < self.cfg.max_edit_rounds:
+                    self.messages.append({"role": "assistant", "content": result.content})
+                    self.messages.append(
+                        {"role": "user", "content": _reask(ws, e, shown, truncated, self.cfg.max_file_chars)}
+                    )
+                continue
+            self.calls[-1]["outcome"] = f"applied: {', '.join(changed)}"
+            return self._result(
+                output={
+                    "files_changed": changed,
+                    "rounds": round_no,
+                    "endpoint": result.endpoint,
+                    "model": result.model,
+                    "replayed_calls": sum(1 for c in self.calls if c["replayed"]),
+                },
+                claims=_commentary(result.content),
+            )
+        raise AgentError(
+            f"model agent: no applicable edit after {self.cfg.max_edit_rounds} model call(s); "
+            f"last problem: {self.redact(last_error)}"
+        )
+
+    # ------------------------------------------------------------------ calls, replay, heartbeats
+
+    def _start(self) -> None:
+        self.prompt_sha = hashlib.sha256(json.dumps(self.messages, sort_keys=True).encode()).hexdigest()[:32]
+        self.replay = self._resumable_responses()
+
+    def _resumable_responses(self) -> list[dict[str, Any]]:
+        details = self.ctx.resume_details
+        # Temporal hands back the heartbeat's arguments as a sequence; accept that or the bare dict.
+        if isinstance(details, list | tuple):
+            details = next((d for d in reversed(details) if isinstance(d, Mapping)), None)
+        if not isinstance(details, Mapping) or details.get("agent") != "model":
+            return []
+        same = (
+            details.get("format") == RESUME_FORMAT
+            and details.get("work_item_id") == self.ctx.work_item_id
+            and details.get("attempt") == self.ctx.attempt
+            and details.get("prompt_sha") == self.prompt_sha
+        )
+        responses = details.get("responses")
+        if not same or not isinstance(responses, list):
+            return []
+        return [dict(r) for r in responses if isinstance(r, Mapping)]
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "agent": "model",
+            "format": RESUME_FORMAT,
+            "work_item_id": self.ctx.work_item_id,
+            "attempt": self.ctx.attempt,
+            "prompt_sha": self.prompt_sha,
+            "responses": list(self.records),
+            "tokens_used": self.tokens_used,
+            "cost_usd": self.cost_usd,
+        }
+
+    async def _ask(self) -> ChatResult:
+        self._check_budget(before_call=True)
+        index = len(self.records)
+        replayed = index < len(self.replay)
+        if replayed:
+            result = ChatResult.from_record(self.replay[index])
+        else:
+            result = await self._heartbeating(
+                self.client.complete(
+                    self.workload, list(self.messages), max_output_tokens=self.cfg.max_output_tokens
+                )
+            )
+        self.records.append(result.to_record())
+        self.tokens_used += result.usage.total_tokens
+        self.cost_usd += result.cost_usd
+        self.calls.append(
+            {
+                "call": index + 1,
+                "replayed": replayed,
+                "endpoint": result.endpoint,
+                "model": result.model,
+                "prompt_tokens": result.usage.prompt_tokens,
+                "completion_tokens": result.usage.completion_tokens,
+                "cost_usd": result.cost_usd,
+                "finish_reason": result.finish_reason,
+                "failovers": result.failovers,
+                "response": result.content,
+            }
+        )
+        # Progress is durable only once Temporal has the details: heartbeat after every call.
+        self.ctx.heartbeat(self.details())
+        self._check_budget(before_call=False)
+        return result
+
+    async def _heartbeating(self, call: Awaitable[T]) -> T:
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.cfg.heartbeat_interval_s)
+                if done:
+                    return task.result()
+                self.ctx.heartbeat(self.details())
+        finally:
+            if not task.done():
+                task.cancel()
+
+    def _check_budget(self, *, before_call: bool) -> None:
+        cfg = self.cfg
+        over_tokens = cfg.max_tokens is not None and (
+            self.tokens_used >= cfg.max_tokens if before_call else self.tokens_used > cfg.max_tokens
+        )
+        over_cost = cfg.max_cost_usd is not None and (
+            self.cost_usd >= cfg.max_cost_usd if before_call else self.cost_usd > cfg.max_cost_usd
+        )
+        if over_tokens:
+            raise AgentError(
+                f"model agent: token budget exhausted: {self.tokens_used} tokens used, "
+                f"max_tokens is {cfg.max_tokens} (after {len(self.records)} call(s))"
+            )
+        if over_cost:
+            raise AgentError(
+                f"model agent: cost budget exhausted: ${self.cost_usd:.6f} spent, "
+                f"max_cost_usd is {cfg.max_cost_usd} (after {len(self.records)} call(s))"
+            )
+
+    # ------------------------------------------------------------------ results
+
+    def transcript(self) -> str:
+        doc = {
+            "agent": "model",
+            "workload": self.workload,
+            "work_item_id": self.ctx.work_item_id,
+            "attempt": self.ctx.attempt,
+            "activity_attempt": self.ctx.activity_attempt,
+            "tokens_used": self.tokens_used,
+            "cost_usd": self.cost_usd,
+            "route": self.route_summary(),
+            "messages": self.messages,
+            "calls": self.calls,
+        }
+        return self.redact(json.dumps(doc, indent=2, ensure_ascii=False))
+
+    def route_summary(self) -> list[dict[str, Any]]:
+        config = self.client.config
+        out = []
+        for name in config.route(self.workload):
+            ep = config.endpoints[name]
+            out.append(
+                {"endpoint": name, "base_url": ep.base_url, "model": ep.model, "api_key_env": ep.api_key_env}
+            )
+        return out
+
+    def _result(self, *, output: dict[str, Any], claims: str) -> AgentRunResult:
+        return AgentRunResult(
+            output=json.loads(self.redact(json.dumps(output))),
+            claims=self.redact(claims) or None,
+            transcript=self.transcript(),
+            tokens_used=self.tokens_used,
+            cost_usd=self.cost_usd,
+        )
+
+    def attach(self, error: BaseException) -> None:
+        """Put this run's spend and transcript on a failure, so a failed attempt is still accounted."""
+        error.tokens_used = self.tokens_used  # type: ignore[attr-defined]
+        error.cost_usd = self.cost_usd  # type: ignore[attr-defined]
+        error.transcript = self.transcript()  # type: ignore[attr-defined]
+        error.args = (self.redact(str(error)),)
+
+
+# ---------------------------------------------------------------------- prompt building
+
+
+def build_prompt(ws: Path, ctx: AgentContext, cfg: ModelAgentConfig) -> tuple[str, set[str]]:
+    """The first user message and the set of files whose contents it shows."""
+    listing = list_files(ws)
+    pointers = "\n".join(t for t in (ctx.instruction, ctx.review_comment, ctx.diagnostics) if t)
+    chosen = select_files(ws, listing, pointers, cfg)
+    parts = [f"# Task\n{ctx.instruction or '(no instruction)'}"]
+    if ctx.review_comment:
+        parts.append(f"# Reviewer's request for changes\n{ctx.review_comment}")
+    if ctx.diagnostics:
+        parts.append(
+            f"# Diagnostics from the previous attempt (attempt {ctx.attempt - 1})\n{ctx.diagnostics}"
+        )
+    shown_listing = listing[: cfg.max_listing_entries]
+    more = len(listing) - len(shown_listing)
+    parts.append(
+        "# Repository files\n" + "\n".join(shown_listing) + (f"\n... and {more} more" if more > 0 else "")
+    )
+    budget = cfg.max_context_chars
+    shown: set[str] = set()
+    file_parts = []
+    for rel in chosen:
+        text = read_text(ws, rel)
+        if text is None:
+            continue
+        body = text[: min(cfg.max_file_chars, budget)]
+        if not body and text:
+            break
+        note = "" if len(body) == len(text) else f"\n[... truncated: {len(text) - len(body)} more characters]"
+        file_parts.append(f"## {rel}\n```\n{body}{'' if body.endswith(chr(10)) else chr(10)}```{note}")
+        shown.add(rel)
+        budget -= len(body)
+        if budget <= 0:
+            break
+    if file_parts:
+        parts.append("# File contents\n" + "\n\n".join(file_parts))
+    parts.append("Reply with SEARCH/REPLACE blocks that complete the task.")
+    return "\n\n".join(parts), shown
+
+
+def list_files(ws: Path) -> list[str]:
+    """Tracked and untracked-but-not-ignored files, repo-relative, sorted."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ws), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        files = sorted({p for p in out.decode("utf-8", "replace").split("\0") if p})
+    except (OSError, subprocess.SubprocessError):
+        files = []
+        for root, dirs, names in os.walk(ws):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            for n in names:
+                files.append(str(Path(root, n).relative_to(ws)))
+        files.sort()
+    return [f for f in files if not f.startswith(".git/") and f != ".git"]
+
+
+def select_files(ws: Path, listing: list[str], pointers: str, cfg: ModelAgentConfig) -> list[str]:
+    """Files for the prompt: configured ones, ones the texts name, modules those import; else the listing."""
+    known = set(listing)
+    ws_prefix = str(ws.resolve()).rstrip("/") + "/"
+    text = pointers.replace(ws_prefix, "").replace(str(ws).rstrip("/") + "/", "")
+    chosen: list[str] = []
+
+    def add(rel: str) -> None:
+        if rel in known and rel not in chosen:
+            chosen.append(rel)
+
+    for rel in cfg.context_files:
+        add(rel)
+    for token in _PATH_TOKEN.findall(text):
+        token = token.lstrip("./") if token.startswith("./") else token
+        if token in known:
+            add(token)
+        else:
+            for rel in listing:
+                if rel.endswith("/" + token):
+                    add(rel)
+    for rel in list(chosen):
+        if rel.endswith(".py"):
+            for mod in _imports(ws, rel):
+                for cand in (mod.replace(".", "/") + ".py", mod.replace(".", "/") + "/__init__.py"):
+                    for k in listing:
+                        if k == cand or k.endswith("/" + cand):
+                            add(k)
+    if not chosen:
+        for rel in listing:
+            add(rel)
+    return [rel for rel in chosen if _is_texty(ws, rel)][: cfg.max_context_files]
+
+
+def _imports(ws: Path, rel: str) -> list[str]:
+    text = read_text(ws, rel) or ""
+    return [a or b for a, b in _IMPORT.findall(text)]
+
+
+def _is_texty(ws: Path, rel: str) -> bool:
+    try:
+        path = resolve_in_workspace(ws, rel)
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except (OSError, EditApplyError):
+        return False
+    return b"\x00" not in head
+
+
+def read_text(ws: Path, rel: str) -> str | None:
+    try:
+        return resolve_in_workspace(ws, rel).read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError, EditApplyError):
+        return None
+
+
+def _reask(ws: Path, error: EditError, shown: set[str], truncated: str, max_chars: int) -> str:
+    msg = f"Your edit was not applied{truncated}: {error}\n"
+    path = getattr(error, "path", None)
+    if path and path not in shown:
+        current = read_text(ws, path)
+        if current is not None:
+            msg += f"\nCurrent contents of {path}:\n```\n{current[:max_chars]}\n```\n"
+            shown.add(path)
+    msg += (
+        "\nNo change from that reply was kept. Reply again with the complete set of SEARCH/REPLACE blocks, "
+        "with SEARCH text copied exactly from the current files."
+    )
+    return msg
+
+
+def _cut_off(result: ChatResult) -> bool:
+    return result.finish_reason == "length"
+
+
+def _commentary(content: str) -> str:
+    """The model's words outside edit blocks (its claims, stored as claims only)."""
+    out: list[str] = []
+    inside = False
+    for line in content.splitlines():
+        s = line.rstrip()
+        if s == SEARCH_MARK:
+            inside = True
+            if out:
+                out.pop()  # the path line
+            continue
+        if s == REPLACE_MARK:
+            inside = False
+            continue
+        if not inside:
+            out.append(line)
+    return "\n".join(out).strip()[:2000]
+
+
+def _string_leaves(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [s for v in obj.values() for s in _string_leaves(v)]
+    if isinstance(obj, list | tuple):
+        return [s for v in obj for s in _string_leaves(v)]
+    return []
+
+
+def _looks_secret(value: str) -> bool:
+    # A long single token of mixed letters and digits in a config is far more likely a pasted key than prose.
+    return (
+        " " not in value
+        and "/" not in value
+        and any(c.isdigit() for c in value)
+        and any(c.isalpha() for c in value)
+    )
+
+
+def _brief(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:5])

@@ -1,0 +1,1 @@
+"""Real local stand-ins for external services, shared by test modules."""
