@@ -106,8 +106,14 @@ class _Accumulator:
         self.counts[outcome] += 1
         prior = self.results.get(test_id)
         if prior is not None:
-            if _SEVERITY[outcome] > _SEVERITY[prior.outcome]:
-                self.results[test_id] = TestCaseResult(id=test_id, outcome=outcome, message=message)
+            # pytest reports a teardown error as a second <testcase> with the same id; keep both messages so
+            # the assertion of the call phase is not lost behind the teardown error.
+            worse = outcome if _SEVERITY[outcome] > _SEVERITY[prior.outcome] else prior.outcome
+            merged = prior.message
+            if outcome in ("failed", "error") and message and message != prior.message:
+                merged = _bound_message(None, f"{prior.message}\n\n{message}" if prior.message else message)
+            if worse != prior.outcome or merged != prior.message:
+                self.results[test_id] = TestCaseResult(id=test_id, outcome=worse, message=merged)
             return
         if len(self.results) >= MAX_CASES:
             self.truncated = True
@@ -253,6 +259,10 @@ def _parse_junit_xml(raw: bytes) -> ParsedReport:
                 body_parts.clear()
                 body_len = 0
             collecting_body = mapped in ("failed", "error")
+            # Declared counts are per <failure>/<error> element, so tally elements, not test cases.
+            if collecting_body and suite_tallies:
+                tally = suite_tallies[-1]
+                tally[1] = (tally[1] or 0) + 1
 
     def end(tag: str) -> None:
         nonlocal case, collecting_body, inconsistent
@@ -267,9 +277,6 @@ def _parse_junit_xml(raw: bytes) -> ParsedReport:
             )
             message = _bound_message(case_head, "".join(body_parts)) if case_outcome != "passed" else None
             acc.add(test_id, case_outcome, message)
-            if case_outcome in ("failed", "error") and suite_tallies:
-                tally = suite_tallies[-1]
-                tally[1] = (tally[1] or 0) + 1
             case = None
         elif tag in ("failure", "error", "skipped"):
             collecting_body = False

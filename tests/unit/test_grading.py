@@ -150,6 +150,30 @@ def test_duplicate_test_ids_keep_the_worse_outcome() -> None:
     assert [(t.id, t.outcome) for t in report.tests] == [("tests/test_flaky.py::test_sometimes", "failed")]
 
 
+def test_teardown_error_after_a_failure_keeps_both_messages_and_is_consistent() -> None:
+    report = parse_junit(fixture("pytest_teardown_and_xpass.xml"))
+    assert report.ok and not report.inconsistent
+    tests = report.by_id()
+    both = tests["tests/test_edge.py::test_fails_then_teardown_errors"]
+    assert both.outcome == "error"
+    assert "assert 1 == 2" in (both.message or "") and "teardown exploded" in (both.message or "")
+    assert tests["tests/test_edge.py::test_passes_then_teardown_errors"].outcome == "error"
+    assert tests["tests/test_edge.py::test_xpass_strict"].outcome == "failed"
+    assert tests["tests/test_edge.py::test_xpass_non_strict"].outcome == "passed"
+
+
+def test_passing_test_with_a_teardown_error_does_not_count_as_passing() -> None:
+    verdict = grade(
+        evidence(
+            "pytest_teardown_and_xpass.xml",
+            exit_code=1,
+            fail_to_pass=["tests/test_edge.py::test_passes_then_teardown_errors"],
+        )
+    )
+    assert verdict.cause == Cause.test_failure
+    assert "error" in verdict.reason
+
+
 def test_report_whose_declared_counts_exceed_its_cases_is_inconsistent() -> None:
     report = parse_junit(fixture("tampered_counts.xml"))
     assert report.ok and report.inconsistent
@@ -362,6 +386,28 @@ def test_terminal_fallback_when_no_report_is_expected() -> None:
     assert bad.cause == Cause.test_failure
     nothing = grade(evidence(None, report_format=None, stdout_tail="all good, trust me\n"))
     assert nothing.cause == Cause.report_unparseable
+
+
+def test_saved_exit_codes_and_reports_grade_as_pytest_meant() -> None:
+    expected = {
+        "pytest_all_pass": Cause.passed,
+        "pytest_mixed": Cause.test_failure,
+        "pytest_mixed_xunit1": Cause.test_failure,
+        "pytest_skipped_only": Cause.no_tests,
+        "pytest_no_tests": Cause.no_tests,
+        "pytest_teardown_and_xpass": Cause.test_failure,
+        "pytest_collection_error": Cause.test_failure,
+    }
+    for name, cause in expected.items():
+        exit_code = int(fixture(f"{name}.exit_code"))
+        assert grade(evidence(f"{name}.xml", exit_code=exit_code)).cause == cause, name
+        terminal = fixture(f"{name}.terminal.txt").decode()
+        by_terminal = grade(evidence(None, report_format=None, exit_code=exit_code, stdout_tail=terminal))
+        assert by_terminal.cause == cause, name
+
+
+def test_str_report_and_unknown_format_in_evidence() -> None:
+    assert grade(evidence(report_format="tap")).cause == Cause.report_unparseable
 
 
 def test_empty_diff_fails_even_with_passing_tests() -> None:
