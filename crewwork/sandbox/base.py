@@ -1,0 +1,190 @@
+"""The sandbox interface: limits going in, a typed result coming out, and the errors of the machinery itself.
+
+Every command crewwork runs on behalf of an agent or a validation goes through one `Sandbox.run`. Hitting a
+cap (time, memory, processes) is not an error: it is evidence, reported in the result's flags. Only a
+failure of the sandbox machinery itself (engine down, image missing, cgroup setup failed) raises.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from crewwork.models import SandboxReport
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Hard caps for one sandboxed run. Every backend enforces all of them or says which it could not."""
+
+    memory_mb: int = 1024
+    """Memory (RSS + page cache charged to the run) in MiB; swap is capped to the same value (no swapping)."""
+    pids: int = 256
+    """Processes and threads alive at once inside the sandbox (a fork bomb stops here)."""
+    cpus: float = 1.0
+    """CPU bandwidth in cores (1.5 = one and a half cores' worth of time per period)."""
+    timeout_s: float = 600.0
+    """Wall-clock seconds from start to exit; the whole process tree is killed when it runs out."""
+    tmpfs_mb: int = 256
+    """Size in MiB of the private, memory-backed /tmp (the only writable place besides the workspace)."""
+    output_tail_bytes: int = 8192
+    """Bytes of the end of stdout and of stderr kept in reports (the full logs become artifacts)."""
+    max_log_bytes: int = 8 * 1024 * 1024
+    """Bytes of stdout and of stderr kept at most; output beyond is dropped and `truncated` is set."""
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "pids", "cpus", "timeout_s", "tmpfs_mb", "max_log_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox limit {name} must be positive, got {getattr(self, name)!r}")
+        if self.output_tail_bytes < 0:
+            raise ValueError("sandbox limit output_tail_bytes must not be negative")
+
+
+@dataclass
+class SandboxRunResult:
+    """What one sandboxed command did, measured by the platform (never by the command itself)."""
+
+    backend: str
+    isolated: bool
+    exit_code: int | None
+    duration_s: float
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    oom_killed: bool = False
+    pids_limited: bool = False
+    killed_by_signal: int | None = None
+    peak_memory_bytes: int | None = None
+    enforcement: str = ""
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """The command exited 0 on its own: no cap was hit and no signal killed it."""
+        return (
+            self.exit_code == 0
+            and not self.timed_out
+            and not self.oom_killed
+            and not self.pids_limited
+            and self.killed_by_signal is None
+        )
+
+    @property
+    def cause(self) -> str:
+        """One word for why the run ended, for logs and diagnostics packets."""
+        if self.timed_out:
+            return "timeout"
+        if self.oom_killed:
+            return "oom"
+        if self.pids_limited:
+            return "pids"
+        if self.killed_by_signal is not None:
+            return f"signal-{self.killed_by_signal}"
+        return "exit" if self.exit_code is not None else "unknown"
+
+    def report(self, tail_bytes: int = 8192) -> SandboxReport:
+        from crewwork.models import SandboxReport
+
+        return SandboxReport(
+            backend=self.backend,
+            isolated=self.isolated,
+            exit_code=self.exit_code,
+            duration_s=round(self.duration_s, 4),
+            timed_out=self.timed_out,
+            oom_killed=self.oom_killed,
+            pids_limited=self.pids_limited,
+            killed_by_signal=self.killed_by_signal,
+            peak_memory_bytes=self.peak_memory_bytes,
+            enforcement=self.enforcement,
+            stdout_tail=_tail(self.stdout, tail_bytes),
+            stderr_tail=_tail(self.stderr, tail_bytes),
+        )
+
+    def to_dict(self, tail_bytes: int = 8192) -> dict[str, object]:
+        """A JSON-able summary (tails only), as `crewwork sandbox run --json` prints it."""
+        data: dict[str, object] = self.report(tail_bytes).model_dump()
+        data["truncated"] = self.truncated
+        data["ok"] = self.ok
+        data["cause"] = self.cause
+        return data
+
+
+def _tail(data: bytes, n: int) -> str:
+    if n <= 0:
+        return ""
+    # Cutting may split a UTF-8 sequence; `replace` keeps the tail printable instead of failing.
+    return data[-n:].decode("utf-8", errors="replace")
+
+
+class SandboxError(RuntimeError):
+    """The sandbox machinery itself failed (not the command). Retryable: another attempt may succeed."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The backend cannot run here (not installed, engine down, image missing). The text says how to fix."""
+
+
+class Sandbox(abc.ABC):
+    """One isolation backend. Subclasses are small: build the boundary, run, translate counters into flags."""
+
+    name: ClassVar[str]
+    isolating: ClassVar[bool]
+
+    @classmethod
+    @abc.abstractmethod
+    def available(cls) -> tuple[bool, str]:
+        """Whether this backend can run on this host, and a human reason (or how to install it)."""
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: SandboxLimits,
+        env: Mapping[str, str] | None = None,
+        ro_mounts: Sequence[Path] = (),
+    ) -> SandboxRunResult:
+        """Run `argv` with cwd = `workspace` (the only writable place besides a private /tmp).
+
+        The environment inside is exactly PATH, LANG, HOME plus `env`; the caller's own environment never
+        leaks in. Caps being hit show up as flags in the result. Cancelling the awaiting task kills
+        everything the run started.
+        """
+
+
+def base_env(path: str, env: Mapping[str, str] | None) -> dict[str, str]:
+    """The explicit environment inside a sandbox. Nothing comes from the worker, so its secrets stay out."""
+    out = {"PATH": path, "LANG": "C.UTF-8", "HOME": "/tmp"}
+    if env:
+        for key, value in env.items():
+            if not key or "=" in key or "\x00" in key or "\x00" in value:
+                raise ValueError(f"invalid environment variable name or value for {key!r}")
+            out[key] = value
+    return out
+
+
+def host_python_path() -> str:
+    """PATH for host-filesystem backends: this interpreter's directory first, so `python -m pytest` works."""
+    parts = [os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]
+    return ":".join(dict.fromkeys(parts))
+
+
+def check_argv_and_workspace(argv: Sequence[str], workspace: Path) -> Path:
+    """Reject what no backend can run, naming the problem. Returns the absolute workspace."""
+    if not argv or not argv[0]:
+        raise ValueError("sandbox command is empty: give at least a program name")
+    if any("\x00" in a for a in argv):
+        raise ValueError("sandbox command arguments must not contain NUL bytes")
+    ws = Path(workspace).resolve()
+    if not ws.is_dir():
+        raise ValueError(f"sandbox workspace {ws} does not exist or is not a directory")
+    if ws == Path("/"):
+        raise ValueError("the host root cannot be a sandbox workspace")
+    return ws

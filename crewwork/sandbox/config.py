@@ -1,0 +1,119 @@
+"""Operator configuration of sandboxes, and how a work item's requested limits are checked against it.
+
+Environment variables use the prefix CREWWORK_SANDBOX_ (e.g. CREWWORK_SANDBOX_BACKEND=gvisor,
+CREWWORK_SANDBOX_MAX_MEMORY_MB=4096). A work item may ask for different limits, never above the maximums.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from crewwork.sandbox.base import SandboxLimits
+
+if TYPE_CHECKING:
+    from crewwork.models import SandboxSpec
+
+DEFAULT_IMAGE = "crewwork-sandbox:latest"
+
+
+class SandboxSettings(BaseSettings):
+    """Which backend runs commands, with which image, under which default and maximum caps."""
+
+    model_config = SettingsConfigDict(env_prefix="CREWWORK_SANDBOX_", extra="ignore")
+
+    backend: str | None = Field(
+        default=None,
+        description="Default backend (gvisor, docker, bwrap, local). None: the best isolating one available.",
+    )
+    docker_image: str = Field(
+        default=DEFAULT_IMAGE,
+        description="Image the docker/gvisor backends run. Build the default with "
+        "`crewwork sandbox build-image`, or name any local image that has python (e.g. python:3.11-slim).",
+    )
+    docker_runtime: str | None = Field(
+        default=None,
+        description="OCI runtime for the `docker` backend: None for the engine default (runc), or runsc.",
+    )
+    docker_base_url: str | None = Field(
+        default=None,
+        description="Docker engine address (unix:///var/run/docker.sock). None: DOCKER_HOST or the default.",
+    )
+    bwrap_cgroups: bool = Field(
+        default=True,
+        description="Give each bwrap run its own cgroup; when false or unavailable, rlimits are used.",
+    )
+
+    memory_mb: int = Field(default=1024, gt=0, description="Default memory cap of one run, in MiB.")
+    pids: int = Field(default=256, gt=0, description="Default cap on processes and threads alive in one run.")
+    cpus: float = Field(default=1.0, gt=0, description="Default CPU bandwidth of one run, in cores.")
+    timeout_s: float = Field(
+        default=600.0, gt=0, description="Default wall-clock cap of one run, in seconds."
+    )
+    tmpfs_mb: int = Field(default=256, gt=0, description="Size of the private /tmp of one run, in MiB.")
+
+    max_memory_mb: int = Field(default=8192, gt=0, description="Most memory a work item may request, in MiB.")
+    max_pids: int = Field(default=4096, gt=0, description="Most processes a work item may request.")
+    max_cpus: float = Field(default=4.0, gt=0, description="Most CPU cores a work item may request.")
+    max_timeout_s: float = Field(
+        default=3600.0, gt=0, description="Longest wall-clock cap a run may have, seconds."
+    )
+
+    @model_validator(mode="after")
+    def _defaults_within_maximums(self) -> SandboxSettings:
+        for name in ("memory_mb", "pids", "cpus", "timeout_s"):
+            if getattr(self, name) > getattr(self, f"max_{name}"):
+                raise ValueError(
+                    f"CREWWORK_SANDBOX_{name.upper()}={getattr(self, name)} is above "
+                    f"CREWWORK_SANDBOX_MAX_{name.upper()}={getattr(self, f'max_{name}')}"
+                )
+        return self
+
+    def default_limits(self) -> SandboxLimits:
+        return SandboxLimits(
+            memory_mb=self.memory_mb,
+            pids=self.pids,
+            cpus=self.cpus,
+            timeout_s=self.timeout_s,
+            tmpfs_mb=self.tmpfs_mb,
+        )
+
+
+def resolve_limits(
+    spec: SandboxSpec | None, settings: SandboxSettings, timeout_s: float | None = None
+) -> SandboxLimits:
+    """The limits of one run: the work item's requests over the operator defaults, checked against maximums.
+
+    Raises ValueError naming the field, the requested value and the maximum, so a submission can be rejected
+    with a message the submitter can act on.
+    """
+    requested: dict[str, float | int | None] = {
+        "memory_mb": spec.memory_mb if spec else None,
+        "pids": spec.pids if spec else None,
+        "cpus": spec.cpus if spec else None,
+        "timeout_s": timeout_s,
+    }
+    units = {"memory_mb": " MiB", "pids": " processes", "cpus": " cores", "timeout_s": " s"}
+    values: dict[str, float | int] = {}
+    for name, value in requested.items():
+        maximum = getattr(settings, f"max_{name}")
+        if value is None:
+            values[name] = getattr(settings, name)
+            continue
+        if value <= 0:
+            raise ValueError(f"sandbox {name} must be positive, got {value}")
+        if value > maximum:
+            raise ValueError(
+                f"sandbox {name}={value}{units[name]} exceeds the operator maximum of {maximum}{units[name]} "
+                f"(CREWWORK_SANDBOX_MAX_{name.upper()})"
+            )
+        values[name] = value
+    return SandboxLimits(
+        memory_mb=int(values["memory_mb"]),
+        pids=int(values["pids"]),
+        cpus=float(values["cpus"]),
+        timeout_s=float(values["timeout_s"]),
+        tmpfs_mb=settings.tmpfs_mb,
+    )

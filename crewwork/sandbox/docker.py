@@ -1,0 +1,395 @@
+"""The `docker` and `gvisor` backends: one container per run, through the Docker engine API only.
+
+`docker` (runc) gives namespaces, a seccomp filter, no capabilities and cgroup caps: about 0.3 s to start.
+`gvisor` is the same container under gVisor's `runsc` runtime: the command talks to a user-space kernel, so a
+host kernel bug is no longer a way out (about 0.7 s). Both run with no network, a read-only root, only the
+workspace writable (plus a small tmpfs /tmp), a non-root user, no capabilities and no new privileges.
+
+The Docker SDK is blocking, so every engine call runs in a thread; the asyncio side owns the deadline and
+cancellation, and always removes the container.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from crewwork.sandbox._proc import signal_from_returncode
+from crewwork.sandbox.base import (
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxRunResult,
+    SandboxUnavailable,
+    base_env,
+    check_argv_and_workspace,
+)
+from crewwork.sandbox.config import SandboxSettings
+
+NOBODY = "65534:65534"
+CGROUP_POLL_S = 0.05
+ENGINE_HINT = (
+    "start a Docker engine (as root: `.ci/docker-up.sh`, or `apt-get install -y docker.io && dockerd &`)"
+)
+IMAGE_HINT = (
+    "build it with `crewwork sandbox build-image` or set CREWWORK_SANDBOX_DOCKER_IMAGE to a local image"
+)
+# gVisor runs the command's processes inside its own kernel, invisible to host pid cgroups, and it fails
+# to start with an OCI pids limit on cgroup v1 hosts; it does enforce RLIMIT_NPROC, whose failures can
+# only be recognised by how programs report them.
+FORK_FAILURE_MARKERS = (
+    b"Cannot fork",
+    b"fork: retry",
+    b"fork: Resource temporarily unavailable",
+    b"BlockingIOError: [Errno 11]",
+    b"can't start new thread",
+)
+
+
+def _docker() -> Any:
+    import docker
+
+    return docker
+
+
+class DockerSandbox(Sandbox):
+    """A fresh container per run; `runtime` None means the engine default (runc)."""
+
+    name: ClassVar[str] = "docker"
+    isolating: ClassVar[bool] = True
+    forced_runtime: ClassVar[str | None] = None
+
+    def __init__(self, settings: SandboxSettings | None = None) -> None:
+        self.settings = settings or SandboxSettings()
+        self.runtime = self.forced_runtime or self.settings.docker_runtime
+        self.image = self.settings.docker_image
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ availability
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        settings = SandboxSettings()
+        runtime = cls.forced_runtime or settings.docker_runtime
+        try:
+            client = _connect(settings.docker_base_url)
+            info = client.info()
+        except SandboxUnavailable as exc:
+            return False, str(exc)
+        except Exception as exc:
+            return False, f"Docker engine did not answer: {exc}; {ENGINE_HINT}"
+        runtimes = sorted((info.get("Runtimes") or {}).keys())
+        if runtime and runtime not in runtimes:
+            return False, (
+                f"the Docker engine has no `{runtime}` runtime (has: {', '.join(runtimes)}); install gVisor "
+                "(`apt-get install -y runsc`) and register it in /etc/docker/daemon.json (docs/sandbox.md)"
+            )
+        try:
+            client.images.get(settings.docker_image)
+        except Exception:
+            return False, f"image {settings.docker_image} is not in the local engine; {IMAGE_HINT}"
+        what = f"runtime {runtime}" if runtime else f"runtime {info.get('DefaultRuntime', 'runc')}"
+        return True, f"Docker {info.get('ServerVersion', '?')}, {what}, image {settings.docker_image}"
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = _connect(self.settings.docker_base_url)
+            return self._client
+
+    # ------------------------------------------------------------------ run
+
+    def container_kwargs(
+        self, argv: Sequence[str], ws: Path, limits: SandboxLimits, env: Mapping[str, str] | None,
+        ro_mounts: Sequence[Path],
+    ) -> dict[str, Any]:  # fmt: skip
+        docker = _docker()
+        environment = base_env("", env)
+        if not env or "PATH" not in env:
+            del environment["PATH"]  # the image's PATH finds its own python
+        volumes: dict[str, dict[str, str]] = {}
+        for m in ro_mounts:
+            p = os.path.realpath(m)
+            if not os.path.exists(p):
+                raise ValueError(f"read-only mount {m} does not exist")
+            volumes[p] = {"bind": p, "mode": "ro"}
+        volumes[str(ws)] = {"bind": str(ws), "mode": "rw"}
+        mem = f"{limits.memory_mb}m"
+        kwargs: dict[str, Any] = dict(
+            image=self.image,
+            command=list(argv),
+            working_dir=str(ws),
+            user=_sandbox_user(ws),
+            environment=environment,
+            network_mode="none",
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
+            volumes=volumes,
+            mem_limit=mem,
+            memswap_limit=mem,
+            nano_cpus=int(limits.cpus * 1e9),
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            hostname="sandbox",
+            log_config={"type": "none", "config": {}},
+            labels={"crewwork.sandbox": self.name},
+            detach=True,
+            stdin_open=False,
+        )
+        if self.runtime == "runsc":
+            kwargs["ulimits"] = [docker.types.Ulimit(name="nproc", soft=limits.pids, hard=limits.pids)]
+        else:
+            kwargs["pids_limit"] = limits.pids
+        if self.runtime:
+            kwargs["runtime"] = self.runtime
+        return kwargs
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: SandboxLimits,
+        env: Mapping[str, str] | None = None,
+        ro_mounts: Sequence[Path] = (),
+    ) -> SandboxRunResult:
+        ws = check_argv_and_workspace(argv, workspace)
+        kwargs = self.container_kwargs(argv, ws, limits, env, ro_mounts)
+        client = await asyncio.to_thread(self.client)
+        if kwargs["user"] == NOBODY:
+            await asyncio.to_thread(_open_for_nobody, ws)
+        container = await asyncio.to_thread(self._create, client, kwargs)
+        try:
+            return await self._run_container(container, limits)
+        finally:
+            # Also on cancellation: the container (and so the whole process tree) must not outlive us.
+            await asyncio.shield(asyncio.to_thread(_remove, container))
+
+    def _create(self, client: Any, kwargs: dict[str, Any]) -> Any:
+        docker = _docker()
+        try:
+            return client.containers.create(**kwargs)
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxUnavailable(f"sandbox image {self.image} not found; {IMAGE_HINT}") from exc
+        except docker.errors.APIError as exc:
+            if "runtime" in str(exc).lower():
+                raise SandboxUnavailable(f"Docker runtime {self.runtime!r} is not available: {exc}") from exc
+            raise SandboxError(f"creating the sandbox container failed: {exc}") from exc
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"Docker engine error: {exc}") from exc
+
+    async def _run_container(self, container: Any, limits: SandboxLimits) -> SandboxRunResult:
+        docker = _docker()
+        out, err = _Capture(limits.max_log_bytes), _Capture(limits.max_log_bytes)
+        try:
+            # Attach before start so not a byte of output is missed; the stream ends when the container exits.
+            sock = await asyncio.to_thread(
+                container.attach, stdout=True, stderr=True, stream=True, logs=False, demux=True
+            )
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"attaching to the sandbox container failed: {exc}") from exc
+        reader = asyncio.create_task(asyncio.to_thread(_drain, sock, out, err))
+        started = time.monotonic()
+        try:
+            await asyncio.to_thread(container.start)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"starting the sandbox container failed: {exc}") from exc
+        watcher = _CgroupWatcher(container.id)
+        poller = asyncio.create_task(watcher.poll())
+        waiter = asyncio.create_task(asyncio.to_thread(container.wait))
+        timed_out = False
+        try:
+            done, _ = await asyncio.wait({waiter}, timeout=limits.timeout_s)
+            if not done:
+                timed_out = True
+                await asyncio.to_thread(_kill, container)
+            status = await waiter
+            duration = time.monotonic() - started
+            await asyncio.wait({reader}, timeout=5)
+            await asyncio.to_thread(container.reload)
+        except docker.errors.DockerException as exc:
+            raise SandboxError(f"waiting for the sandbox container failed: {exc}") from exc
+        finally:
+            poller.cancel()
+            if not waiter.done():
+                await asyncio.shield(asyncio.to_thread(_kill, container))
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(reader)
+        state = container.attrs.get("State", {})
+        exit_code = status.get("StatusCode", state.get("ExitCode"))
+        if state.get("Error"):
+            raise SandboxError(f"the container runtime reported: {state['Error']}")
+        oom = bool(state.get("OOMKilled")) or watcher.oom_killed
+        pids_hit = watcher.pids_limited
+        if self.runtime == "runsc" and not pids_hit:
+            pids_hit = any(m in err.buf or m in out.buf for m in FORK_FAILURE_MARKERS)
+        return SandboxRunResult(
+            backend=self.name,
+            isolated=True,
+            exit_code=exit_code,
+            duration_s=duration,
+            stdout=bytes(out.buf),
+            stderr=bytes(err.buf),
+            timed_out=timed_out,
+            oom_killed=oom,
+            pids_limited=pids_hit,
+            killed_by_signal=signal_from_returncode(exit_code, shell_style=True),
+            peak_memory_bytes=watcher.peak_memory_bytes,
+            enforcement=f"docker+{self.runtime}" if self.runtime else "docker",
+            truncated=out.truncated or err.truncated,
+        )
+
+
+class GVisorSandbox(DockerSandbox):
+    """The docker backend pinned to gVisor's runsc runtime: a user-space kernel between command and host."""
+
+    name: ClassVar[str] = "gvisor"
+    forced_runtime: ClassVar[str | None] = "runsc"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _connect(base_url: str | None) -> Any:
+    docker = _docker()
+    try:
+        client = (
+            docker.DockerClient(base_url=base_url, timeout=120) if base_url else docker.from_env(timeout=120)
+        )
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise SandboxUnavailable(f"cannot reach the Docker engine ({exc}); {ENGINE_HINT}") from exc
+    return client
+
+
+def _sandbox_user(ws: Path) -> str:
+    """The workspace owner's uid, so files keep their owner; never root, which gets nobody instead."""
+    st = ws.stat()
+    if st.st_uid == 0:
+        return NOBODY
+    return f"{st.st_uid}:{st.st_gid}"
+
+
+def _open_for_nobody(ws: Path) -> None:
+    """Let uid 65534 write a root-owned workspace without changing owners (git on the host keeps trusting it).
+
+    Only read/write bits are added (and search on directories), so git sees no mode change.
+    """
+    for root, dirs, files in os.walk(ws):
+        for name in (root, *(os.path.join(root, d) for d in dirs)):
+            with contextlib.suppress(OSError):
+                mode = os.lstat(name).st_mode
+                if stat.S_ISDIR(mode) and (mode & 0o777) != 0o777:
+                    os.chmod(name, mode | 0o777)
+        for f in files:
+            p = os.path.join(root, f)
+            with contextlib.suppress(OSError):
+                mode = os.lstat(p).st_mode
+                if stat.S_ISREG(mode) and (mode & 0o666) != 0o666:
+                    os.chmod(p, mode | 0o666)
+
+
+class _Capture:
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.buf = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes | None) -> None:
+        if not chunk:
+            return
+        room = self.cap - len(self.buf)
+        if room > 0:
+            self.buf += chunk[:room]
+        if len(chunk) > room:
+            self.truncated = True
+
+
+def _drain(stream: Any, out: _Capture, err: _Capture) -> None:
+    for chunk_out, chunk_err in stream:
+        out.add(chunk_out)
+        err.add(chunk_err)
+
+
+def _kill(container: Any) -> None:
+    docker = _docker()
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.kill()
+
+
+def _remove(container: Any) -> None:
+    docker = _docker()
+    with contextlib.suppress(docker.errors.NotFound):
+        try:
+            container.remove(force=True)
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise SandboxError(f"removing sandbox container {container.id[:12]} failed: {exc}") from exc
+
+
+class _CgroupWatcher:
+    """Samples the container's cgroup counters while it runs: the runtime deletes the group at exit.
+
+    Works for a local engine with the cgroupfs driver (v1 or v2) or the systemd driver (v2). Elsewhere the
+    counters stay unknown and only Docker's own OOMKilled flag is reported.
+    """
+
+    def __init__(self, container_id: str) -> None:
+        root = Path("/sys/fs/cgroup")
+        self.files: dict[str, list[Path]] = {
+            "pids": [
+                root / "pids/docker" / container_id / "pids.events",
+                root / "docker" / container_id / "pids.events",
+                root / "system.slice" / f"docker-{container_id}.scope" / "pids.events",
+            ],
+            "peak": [
+                root / "memory/docker" / container_id / "memory.max_usage_in_bytes",
+                root / "docker" / container_id / "memory.peak",
+                root / "system.slice" / f"docker-{container_id}.scope" / "memory.peak",
+            ],
+            "oom": [
+                root / "memory/docker" / container_id / "memory.oom_control",
+                root / "docker" / container_id / "memory.events",
+                root / "system.slice" / f"docker-{container_id}.scope" / "memory.events",
+            ],
+        }
+        self.pids_limited = False
+        self.oom_killed = False
+        self.peak_memory_bytes: int | None = None
+
+    def sample(self) -> None:
+        for kind, paths in self.files.items():
+            for p in paths:
+                try:
+                    text = p.read_text()
+                except OSError:
+                    continue
+                if kind == "pids":
+                    self.pids_limited |= _kv(text).get("max", 0) > 0
+                elif kind == "oom":
+                    self.oom_killed |= _kv(text).get("oom_kill", 0) > 0
+                elif text.strip().isdigit():
+                    self.peak_memory_bytes = max(self.peak_memory_bytes or 0, int(text))
+                break
+
+    async def poll(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(CGROUP_POLL_S)
+
+
+def _kv(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out

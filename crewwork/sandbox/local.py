@@ -1,0 +1,88 @@
+"""The `local` backend: runs on the host with no isolation. Development only, refused unless asked for.
+
+It still applies a wall-clock timeout and rlimits so a runaway command cannot take the worker down, and every
+result it produces says `isolated=False`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from crewwork.sandbox._proc import (
+    apply_rlimits,
+    rlimit_enforcement,
+    run_process,
+    shell_status,
+    signal_from_returncode,
+)
+from crewwork.sandbox.base import (
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxRunResult,
+    base_env,
+    check_argv_and_workspace,
+    host_python_path,
+)
+
+
+class LocalSandbox(Sandbox):
+    """UNSAFE: the command sees the host's files and network with the worker's uid."""
+
+    name: ClassVar[str] = "local"
+    isolating: ClassVar[bool] = False
+
+    def __init__(self, settings: object | None = None) -> None:
+        self.settings = settings
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        return True, "always available; UNSAFE: no isolation (development only)"
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        workspace: Path,
+        limits: SandboxLimits,
+        env: Mapping[str, str] | None = None,
+        ro_mounts: Sequence[Path] = (),
+    ) -> SandboxRunResult:
+        ws = check_argv_and_workspace(argv, workspace)
+        cpu_s = math.ceil(limits.timeout_s * limits.cpus) + 1
+
+        def preexec() -> None:
+            apply_rlimits(limits.memory_mb, limits.pids, cpu_s)
+
+        try:
+            outcome = await run_process(
+                argv,
+                cwd=ws,
+                env=base_env(host_python_path(), env),
+                timeout_s=limits.timeout_s,
+                max_log_bytes=limits.max_log_bytes,
+                preexec_fn=preexec,
+            )
+        except FileNotFoundError as exc:
+            return SandboxRunResult(
+                backend=self.name, isolated=False, exit_code=127, duration_s=0.0,
+                stdout=b"", stderr=f"command not found: {exc.filename}\n".encode(),
+                enforcement=rlimit_enforcement(),
+            )  # fmt: skip
+        except OSError as exc:
+            raise SandboxError(f"local sandbox could not start {argv[0]!r}: {exc}") from exc
+        return SandboxRunResult(
+            backend=self.name,
+            isolated=False,
+            exit_code=shell_status(outcome.returncode),
+            duration_s=outcome.duration_s,
+            stdout=outcome.stdout,
+            stderr=outcome.stderr,
+            timed_out=outcome.timed_out,
+            killed_by_signal=signal_from_returncode(outcome.returncode, shell_style=False),
+            enforcement=rlimit_enforcement(),
+            truncated=outcome.truncated,
+        )
