@@ -1,0 +1,394 @@
+"""The command agent: runs an operator-configured agent CLI inside the sandbox ("delegated inner runner").
+
+The operator declares the CLIs a worker may run (``CREWWORK_COMMAND_AGENTS``, JSON, see
+`CommandAgentsSettings`); a work item picks one by name (``{"command": "aider"}``) and can never supply the
+program itself. `choose_agent` decides, before the run, whether the command agent or the built-in model
+agent runs, and says why, so the evidence records it: the operator kill switch
+(``CREWWORK_COMMAND_AGENT_ENABLED=false``) and a per-command eligibility rule (repository globs, required
+labels) both fall back to the model agent, configured by the ``"model"`` object of the same agent config.
+
+How the CLI gets its inputs: the instruction, diagnostics and review comment are written as files into a
+fresh temporary directory **outside the worktree**, mounted read-only into the sandbox, and named by
+arguments (placeholders ``{instruction_file}``, ``{diagnostics_file}``, ``{review_file}``, ``{io_dir}``,
+``{workspace}``, ``{attempt}``, ``{work_item_id}`` in the configured argv) and by environment variables
+(``CREWWORK_IO_DIR``, ``CREWWORK_INSTRUCTION_FILE``, ...). Because they never touch the worktree they cannot
+end up in the captured diff, and the CLI cannot rewrite them. The directory is deleted after the run.
+
+Outcome: the CLI's changes in the workspace are the result (the platform captures and judges the diff). A
+timeout, an out-of-memory kill, a process-cap hit or an exit code outside ``success_exit_codes`` is an
+`AgentError` (the attempt fails with that cause); a failure of the sandbox machinery is an `AgentInfraError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fnmatch
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Awaitable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from crewwork.agents.base import (
+    Agent,
+    AgentConfigError,
+    AgentContext,
+    AgentError,
+    AgentInfraError,
+    AgentRunResult,
+)
+from crewwork.models import WorkItemKind
+from crewwork.transport.redact import Redactor
+
+T = TypeVar("T")
+
+ENV_ENABLED = "CREWWORK_COMMAND_AGENT_ENABLED"
+"""Operator kill switch: "false"/"0"/"no"/"off" makes every work item run the built-in model agent."""
+ENV_COMMANDS = "CREWWORK_COMMAND_AGENTS"
+"""Operator's command definitions as JSON: ``{"commands": {"name": CommandSpec, ...}}``."""
+FALLBACK_AGENT = "model"
+
+_OUTPUT_KEEP = 16_384
+_PLACEHOLDERS = (
+    "io_dir",
+    "instruction_file",
+    "diagnostics_file",
+    "review_file",
+    "workspace",
+    "attempt",
+    "work_item_id",
+)
+
+
+class CommandSpec(BaseModel):
+    """One agent CLI the operator allows, and which work items may use it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    argv: list[str] = Field(min_length=1, max_length=128)
+    """Program and arguments. Placeholders ``{instruction_file}``, ``{diagnostics_file}``, ``{review_file}``,
+    ``{io_dir}``, ``{workspace}``, ``{attempt}``, ``{work_item_id}`` are substituted; the working directory
+    is the workspace."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Fixed environment variables for the CLI (not for secrets: use `pass_env`)."""
+    pass_env: list[str] = Field(default_factory=list)
+    """Names of agent-worker environment variables passed through (e.g. the CLI's provider key). Their values
+    are masked in the stored transcript. Note the sandbox has no network unless the backend grants it."""
+    mounts: list[str] = Field(default_factory=list)
+    """Host paths mounted read-only into the sandbox (the CLI's installation, its config)."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Wall-clock cap of one run; lowers (never raises) the sandbox limit of the work item."""
+    success_exit_codes: list[int] = Field(default_factory=lambda: [0])
+    """Exit codes that mean the CLI finished (the change is then judged by validation, not by this)."""
+    allowed_repos: list[str] = Field(default_factory=list)
+    """Eligibility: fnmatch globs over the work item's repository URL/path; empty allows every repository."""
+    required_labels: dict[str, str] = Field(default_factory=dict)
+    """Eligibility: labels the work item must carry with these values ("*" = any value)."""
+
+    @field_validator("pass_env")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name or "=" in name or not name.replace("_", "").isalnum():
+                raise ValueError(f"pass_env entries are variable names, got {name!r}")
+        return v
+
+
+class CommandAgentsSettings(BaseModel):
+    """The operator's command-agent configuration (``CREWWORK_COMMAND_AGENTS``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    commands: dict[str, CommandSpec] = Field(default_factory=dict)
+    """Allowed CLIs by name; a work item refers to one by this name."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CommandAgentsSettings:
+        env = os.environ if env is None else env
+        raw = env.get(ENV_COMMANDS, "").strip()
+        if not raw:
+            return cls()
+        try:
+            return cls.model_validate(json.loads(raw))
+        except (ValueError, ValidationError) as e:
+            raise AgentConfigError(f"{ENV_COMMANDS} is invalid: {str(e).splitlines()[0]}") from None
+
+
+class CommandAgentConfig(BaseModel):
+    """The command agent's part of a work item's ``agent.config``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str = Field(min_length=1, max_length=64)
+    """Name of an operator-defined command (`CommandAgentsSettings.commands`)."""
+    args: list[str] = Field(default_factory=list, max_length=32)
+    """Extra arguments appended to the operator's argv (they run inside the sandbox like everything else)."""
+    model: dict[str, Any] | None = None
+    """Config of the built-in model agent, used when the command agent is not chosen."""
+
+
+def enabled(env: Mapping[str, str] | None = None) -> bool:
+    """The operator kill switch (default on)."""
+    env = os.environ if env is None else env
+    return env.get(ENV_ENABLED, "true").strip().lower() not in {"false", "0", "no", "off"}
+
+
+def choose_agent(
+    requested: str,
+    config: Mapping[str, Any] | None,
+    *,
+    repo: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str, str]:
+    """Which agent runs for a work item that asked for `requested`, and why (a sentence for the evidence).
+
+    Only a request for "command" can be redirected: to the built-in model agent when the operator's kill
+    switch is off, when the command is not defined by the operator, or when the work item is not eligible
+    for it (repository glob, required labels).
+    """
+    if requested != CommandAgent.name:
+        return requested, f"agent {requested!r} was requested"
+    fallback = f"; the built-in {FALLBACK_AGENT!r} agent runs instead"
+    if not enabled(env):
+        return (
+            FALLBACK_AGENT,
+            f"the command agent is disabled by the operator ({ENV_ENABLED}=false){fallback}",
+        )
+    try:
+        cfg = CommandAgentConfig.model_validate(dict(config or {}))
+        settings = CommandAgentsSettings.from_env(env)
+    except (ValidationError, AgentConfigError) as e:
+        return FALLBACK_AGENT, f"the command agent cannot run: {str(e).splitlines()[0]}{fallback}"
+    spec = settings.commands.get(cfg.command)
+    if spec is None:
+        known = ", ".join(sorted(settings.commands)) or "none"
+        return FALLBACK_AGENT, (
+            f"command {cfg.command!r} is not defined by the operator (defined: {known}){fallback}"
+        )
+    reason = ineligible_reason(spec, repo=repo, labels=labels)
+    if reason:
+        return (
+            FALLBACK_AGENT,
+            f"this work item is not eligible for command {cfg.command!r}: {reason}{fallback}",
+        )
+    return CommandAgent.name, f"command {cfg.command!r} is enabled and this work item is eligible"
+
+
+def ineligible_reason(spec: CommandSpec, *, repo: str | None, labels: Mapping[str, str] | None) -> str | None:
+    if spec.allowed_repos:
+        if repo is None or not any(fnmatch.fnmatchcase(repo, g) for g in spec.allowed_repos):
+            return f"repository {repo!r} matches none of {spec.allowed_repos}"
+    labels = labels or {}
+    for key, want in spec.required_labels.items():
+        have = labels.get(key)
+        if have is None or (want != "*" and have != want):
+            return f"label {key}={want} is required (the work item has {key}={have!r})"
+    return None
+
+
+class CommandAgent(Agent):
+    """Runs an operator-defined agent CLI in the sandbox against the attempt's workspace."""
+
+    name = "command"
+    mock = False
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self._env = os.environ if env is None else env
+
+    @classmethod
+    def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:
+        try:
+            cfg = CommandAgentConfig.model_validate(config)
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise AgentConfigError(
+                f"command agent config: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+            ) from None
+        if kind == WorkItemKind.task:
+            raise AgentConfigError("the command agent runs code changes; a `task` needs another agent")
+        if cfg.model is not None:
+            from crewwork.agents.model import ModelAgent
+
+            ModelAgent.validate_config(kind, cfg.model)
+
+    async def run(self, ctx: AgentContext) -> AgentRunResult:
+        if not enabled(self._env):
+            # The activity should have chosen the model agent already; the switch still holds if it did not.
+            raise AgentError(f"the command agent is disabled by the operator ({ENV_ENABLED}=false)")
+        try:
+            cfg = CommandAgentConfig.model_validate(ctx.config)
+            settings = CommandAgentsSettings.from_env(self._env)
+        except ValidationError as e:
+            raise AgentError(f"command agent config: {str(e).splitlines()[0]}") from None
+        except AgentConfigError as e:
+            raise AgentError(str(e)) from None
+        spec = settings.commands.get(cfg.command)
+        if spec is None:
+            raise AgentError(f"command {cfg.command!r} is not defined by the operator ({ENV_COMMANDS})")
+        if ctx.extra.get("repo") is not None or ctx.extra.get("labels") is not None:
+            reason = ineligible_reason(spec, repo=ctx.extra.get("repo"), labels=ctx.extra.get("labels"))
+            if reason:
+                raise AgentError(f"not eligible for command {cfg.command!r}: {reason}")
+        if ctx.workspace is None or ctx.sandbox is None:
+            raise AgentError("the command agent needs a workspace and a sandbox")
+
+        passed = {n: self._env[n] for n in spec.pass_env if n in self._env}
+        redact = Redactor(passed.values())
+        io_dir = Path(tempfile.mkdtemp(prefix="crewwork-agent-io-"))
+        try:
+            files = _write_inputs(io_dir, ctx)
+            values = {**{k: str(v) for k, v in files.items()}, "io_dir": str(io_dir)}
+            values.update(
+                workspace=str(ctx.workspace), attempt=str(ctx.attempt), work_item_id=ctx.work_item_id
+            )
+            argv = [_substitute(a, values) for a in spec.argv] + list(cfg.args)
+            env = {
+                **spec.env,
+                **passed,
+                "CREWWORK_IO_DIR": str(io_dir),
+                "CREWWORK_INSTRUCTION_FILE": values["instruction_file"],
+                "CREWWORK_DIAGNOSTICS_FILE": values["diagnostics_file"],
+                "CREWWORK_REVIEW_FILE": values["review_file"],
+                "CREWWORK_WORK_ITEM_ID": ctx.work_item_id,
+                "CREWWORK_ATTEMPT": str(ctx.attempt),
+            }
+            limits = _limits(ctx, spec)
+            mounts = [io_dir, *(Path(m) for m in spec.mounts)]
+            details = {"agent": self.name, "command": cfg.command, "attempt": ctx.attempt, "phase": "running"}
+            ctx.heartbeat(details)
+            try:
+                result = await _heartbeating(
+                    ctx.sandbox.run(argv, workspace=ctx.workspace, limits=limits, env=env, ro_mounts=mounts),
+                    ctx,
+                    details,
+                )
+            except ValueError as e:
+                raise AgentError(f"command {cfg.command!r} cannot run: {redact(str(e))}") from None
+            except Exception as e:
+                # SandboxError (machinery failed) and anything unexpected from a backend: another attempt may
+                # succeed, so it goes through the retry policy. SandboxUnavailable is an operator problem.
+                from crewwork.sandbox.base import SandboxError, SandboxUnavailable
+
+                if isinstance(e, SandboxUnavailable):
+                    raise AgentError(f"sandbox unavailable for the command agent: {e}") from None
+                if isinstance(e, SandboxError | OSError):
+                    raise AgentInfraError(f"sandbox failed running the command agent: {e}") from None
+                raise
+        finally:
+            shutil.rmtree(io_dir, ignore_errors=True)
+
+        stdout = redact(_text(result.stdout))
+        stderr = redact(_text(result.stderr))
+        report = {
+            "command": cfg.command,
+            "exit_code": result.exit_code,
+            "duration_s": round(float(getattr(result, "duration_s", 0.0)), 3),
+            "backend": getattr(result, "backend", None),
+            "isolated": getattr(result, "isolated", None),
+            "cause": getattr(result, "cause", None),
+        }
+        transcript = redact(
+            json.dumps(
+                {
+                    "agent": self.name,
+                    "argv": argv,
+                    "env_names": sorted(env),
+                    **report,
+                    "timed_out": bool(getattr(result, "timed_out", False)),
+                    "oom_killed": bool(getattr(result, "oom_killed", False)),
+                    "pids_limited": bool(getattr(result, "pids_limited", False)),
+                    "stdout_tail": stdout,
+                    "stderr_tail": stderr,
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
+        failure = _failure(result, spec, limits.timeout_s if limits else None)
+        if failure:
+            err = AgentError(
+                f"command {cfg.command!r} {failure}; stderr tail: {stderr[-800:].strip() or '(empty)'}"
+            )
+            err.transcript = transcript  # type: ignore[attr-defined]
+            err.tokens_used, err.cost_usd = 0, 0.0  # type: ignore[attr-defined]
+            raise err
+        return AgentRunResult(output=report, claims=stdout[-2000:].strip() or None, transcript=transcript)
+
+
+def _write_inputs(io_dir: Path, ctx: AgentContext) -> dict[str, Path]:
+    files = {
+        "instruction_file": io_dir / "instruction.md",
+        "diagnostics_file": io_dir / "diagnostics.md",
+        "review_file": io_dir / "review.md",
+    }
+    files["instruction_file"].write_text(ctx.instruction or "", encoding="utf-8")
+    files["diagnostics_file"].write_text(ctx.diagnostics or "", encoding="utf-8")
+    files["review_file"].write_text(ctx.review_comment or "", encoding="utf-8")
+    meta = {"work_item_id": ctx.work_item_id, "attempt": ctx.attempt, "kind": str(ctx.kind)}
+    (io_dir / "context.json").write_text(json.dumps(meta), encoding="utf-8")
+    # Readable by whichever uid the sandbox maps the CLI to; never writable (it is also mounted read-only).
+    io_dir.chmod(0o755)
+    for p in io_dir.iterdir():
+        p.chmod(0o644)
+    return files
+
+
+def _substitute(arg: str, values: Mapping[str, str]) -> str:
+    # Plain replacement, not str.format: an argv may legitimately contain other braces (JSON, shell code).
+    for key in _PLACEHOLDERS:
+        arg = arg.replace("{" + key + "}", values[key])
+    return arg
+
+
+def _limits(ctx: AgentContext, spec: CommandSpec) -> Any:
+    limits = ctx.limits
+    if limits is None:
+        from crewwork.sandbox.base import SandboxLimits
+
+        limits = SandboxLimits()
+    if spec.timeout_s is not None and spec.timeout_s < limits.timeout_s:
+        limits = dataclasses.replace(limits, timeout_s=spec.timeout_s)
+    return limits
+
+
+def _failure(result: Any, spec: CommandSpec, timeout_s: float | None) -> str | None:
+    if getattr(result, "timed_out", False):
+        return f"timed out after {timeout_s}s"
+    if getattr(result, "oom_killed", False):
+        return "was killed for exceeding the memory limit"
+    if getattr(result, "pids_limited", False):
+        return "hit the process limit"
+    if getattr(result, "killed_by_signal", None) is not None:
+        return f"was killed by signal {result.killed_by_signal}"
+    if result.exit_code not in spec.success_exit_codes:
+        return f"exited with code {result.exit_code}"
+    return None
+
+
+def _text(data: bytes | str | None) -> str:
+    if data is None:
+        return ""
+    if isinstance(data, bytes):
+        data = data[-_OUTPUT_KEEP:].decode("utf-8", "replace")
+    return data[-_OUTPUT_KEEP:]
+
+
+async def _heartbeating(
+    call: Awaitable[T], ctx: AgentContext, details: dict[str, Any], every: float = 5.0
+) -> T:
+    task = asyncio.ensure_future(call)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            ctx.heartbeat(details)
+    finally:
+        if not task.done():
+            task.cancel()
