@@ -16,33 +16,41 @@ if TYPE_CHECKING:
     from crewwork.validation.grading import Verdict
 
 # Order matters: addresses and paths before bare numbers, or the numbers inside them would be replaced first.
-_NOISE: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
-    (
-        re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
-        "<uuid>",
-    ),
-    (re.compile(r"\b[0-9a-f]{12,64}\b"), "<hash>"),
-    # An absolute or ./-relative path keeps only its file name: workspaces live in per-attempt temp dirs.
-    (re.compile(r"(?:[A-Za-z]:)?(?:\.{0,2}[\\/][\w.@+-]+)+[\\/]([\w.@+-]+)"), r"\1"),
-    (re.compile(r"\d+(?:\.\d+)?"), "N"),
-    (re.compile(r"\s+"), " "),
-)
+# Every pattern is unambiguous (no overlapping quantifiers): the text comes from code under test.
+_HEX_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+_LONG_HEX = re.compile(r"\b[0-9a-f]{12,64}\b")
+# A run of path components; each repetition starts at a separator, so there is one way to match it.
+_PATH = re.compile(r"[\w.@+~-]*(?:[\\/][\w.@+~-]*)+")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_SPACE = re.compile(r"\s+")
+
+
+def _basename(match: re.Match[str]) -> str:
+    # Workspaces live in per-attempt temporary directories: only the file name is the same across attempts.
+    parts = [p for p in re.split(r"[\\/]", match.group(0)) if p]
+    return parts[-1] if parts else "/"
+
+
 MAX_SIGNATURE_CHARS = 200
 
 
 def normalize_signature(text: str) -> str:
     """An error line with the parts that change between identical failures removed."""
-    text = text.strip()
-    for pattern, replacement in _NOISE:
-        text = pattern.sub(replacement, text)
+    text = text.strip()[: 8 * MAX_SIGNATURE_CHARS]
+    text = _HEX_ADDRESS.sub("<addr>", text)
+    text = _UUID.sub("<uuid>", text)
+    text = _LONG_HEX.sub("<hash>", text)
+    text = _PATH.sub(_basename, text)
+    text = _NUMBER.sub("N", text)
+    text = _SPACE.sub(" ", text)
     return text.strip().lower()[:MAX_SIGNATURE_CHARS]
 
 
 def normalize_failing_id(test_id: str) -> str:
     """A test id as fingerprinted: parametrize ids can embed addresses or temp paths, which are stripped."""
     test_id = test_id.strip().replace("\\", "/")
-    return re.sub(r"0x[0-9a-fA-F]+", "0x?", test_id)
+    return _HEX_ADDRESS.sub("<addr>", test_id)
 
 
 def fingerprint_parts(cause: str, failing_tests: list[str], error_signature: str | None) -> str:

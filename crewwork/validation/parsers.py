@@ -32,6 +32,8 @@ MAX_CASES = 50_000
 # Characters kept of one test's failure message (head of the message, tail of the traceback).
 MAX_MESSAGE_CHARS = 4_000
 MAX_TEST_ID_CHARS = 1_000
+# Terminal lines longer than this are cut before matching; no summary or result line is anywhere near it.
+MAX_LINE_CHARS = 8_000
 
 # When the same test id appears twice (reruns, duplicated suites), the worse outcome wins: evidence is judged
 # conservatively.
@@ -319,10 +321,12 @@ def _parse_junit_xml(raw: bytes) -> ParsedReport:
 # ---------------------------------------------------------------- pytest terminal output
 
 # "===== 1 failed, 2 passed, 1 warning in 0.12s =====", or -q's bare "1 failed, 2 passed in 0.12s".
-_SUMMARY = re.compile(r"^=*\s*(?P<body>(?:no tests ran|\d+ [a-z]+(?:, \d+ [a-z]+)*)) in [\d.]+s\b.*?=*\s*$")
+# Patterns are kept free of nested or overlapping quantifiers: the output is written by code under test, and a
+# crafted line must not make matching quadratic.
+_SUMMARY = re.compile(r"^=* ?(?P<body>no tests ran|\d+ [a-z]+(?:, \d+ [a-z]+)*) in \d+(?:\.\d+)?s\b")
 _SUMMARY_PART = re.compile(r"(\d+) ([a-z]+)")
 # "tests/test_x.py::test_a PASSED   [ 50%]" (-v)
-_VERBOSE = re.compile(r"^(?P<id>\S+::\S+(?: \S+)*?) (?P<word>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+_VERBOSE = re.compile(r"^(?P<id>[^\s:]+::\S+) (?P<word>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 # "FAILED tests/test_x.py::test_a - AssertionError: boom" (-r short summary)
 _SHORT = re.compile(r"^(?P<word>PASSED|FAILED|ERROR|XFAIL|XPASS) (?P<id>\S+)(?: - (?P<msg>.*))?$")
 
@@ -359,7 +363,7 @@ def parse_pytest_terminal(data: bytes | str) -> ParsedReport:
     counts: dict[str, int] | None = None
     per_test: dict[str, tuple[Outcome, str | None]] = {}
     for line in text.splitlines():
-        line = line.rstrip()
+        line = line[:MAX_LINE_CHARS].rstrip()
         summary = _SUMMARY.match(line)
         if summary:
             # The last summary line wins (a plugin may print earlier look-alikes).

@@ -211,6 +211,27 @@ def test_terminal_fallback_without_summary_line_is_unparseable() -> None:
     assert not parse_pytest_terminal("Traceback (most recent call last):\nboom\n").ok
 
 
+def test_hostile_terminal_output_is_parsed_in_linear_time() -> None:
+    import time
+
+    lines = [
+        "1 passed in 1s " + "=" * 200_000 + "x",
+        "a" * 100_000 + "::" + "b" * 100_000 + " nope",
+        "FAILED " + "c" * 200_000,
+        ("x " * 100_000) + "PASSED",
+    ]
+    started = time.perf_counter()
+    report = parse_pytest_terminal("\n".join(lines))
+    assert time.perf_counter() - started < 2.0
+    assert report.ok and report.counts["passed"] == 1
+
+
+def test_summary_line_variants() -> None:
+    assert parse_pytest_terminal("=== 3 passed, 1 warning in 61.20s (0:01:01) ===").counts["passed"] == 3
+    assert parse_pytest_terminal("===== no tests ran in 0.01s =====").executed == 0
+    assert parse_pytest_terminal("== 1 failed, 2 deselected in 0.1s ==").counts["failed"] == 1
+
+
 def test_quiet_summary_line_is_understood() -> None:
     report = parse_pytest_terminal("..F\n1 failed, 2 passed in 0.03s\n")
     assert report.counts == {"passed": 2, "failed": 1, "error": 0, "skipped": 0}
@@ -359,6 +380,28 @@ def test_tampered_report_is_not_trusted() -> None:
 def test_malformed_report_never_passes(name: str, exit_code: int) -> None:
     verdict = grade(evidence(name, exit_code=exit_code))
     assert not verdict.passed and verdict.cause == Cause.report_unparseable
+
+
+def test_every_truncation_of_a_passing_report_fails_without_raising() -> None:
+    data = fixture("pytest_all_pass.xml").rstrip()
+    complete = len(data)
+    for cut in range(0, complete - 1, 7):
+        verdict = grade(evidence(data[:cut]))
+        assert not verdict.passed, cut
+
+
+def test_corrupted_reports_never_raise() -> None:
+    import random
+
+    rng = random.Random(5)  # fixed seed: a deterministic fuzz, same cases every run
+    data = bytearray(fixture("pytest_mixed.xml"))
+    for _ in range(300):
+        corrupt = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            corrupt[rng.randrange(len(corrupt))] = rng.randrange(256)
+        verdict = grade(evidence(bytes(corrupt), exit_code=rng.choice([0, 1])))
+        assert verdict.cause in set(Cause)
+        assert not verdict.passed  # the mixed report has failures; no corruption may turn that into a pass
 
 
 def test_missing_expected_report_never_passes_but_keeps_terminal_hints() -> None:
@@ -531,6 +574,20 @@ def test_error_signature_is_normalised() -> None:
     va = Verdict(passed=False, cause=Cause.patch_failed, reason="r", error_signature=a)
     vb = Verdict(passed=False, cause=Cause.patch_failed, reason="other words", error_signature=b)
     assert fingerprint(va) == fingerprint(vb)
+
+
+def test_error_signature_normal_form_is_readable() -> None:
+    line = "Error at /tmp/ws-1/src/app.py line 42: <Foo object at 0x7f3a2b1c>"
+    assert normalize_signature(line) == "error at app.py line n: <foo object at <addr>>"
+
+
+def test_normalising_a_hostile_signature_is_fast() -> None:
+    import time
+
+    started = time.perf_counter()
+    for text in ("/a.." * 5_000, "a/" * 50_000, "x" * 500_000 + "/", "0x" * 100_000):
+        assert len(normalize_signature(text)) <= 200
+    assert time.perf_counter() - started < 2.0
 
 
 def test_fingerprint_is_stable_across_processes() -> None:
