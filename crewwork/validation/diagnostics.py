@@ -116,9 +116,19 @@ def _indent(text: str) -> str:
 def _failing_tests(verdict: Verdict, *, budget: int) -> str:
     by_id = {t.id: t for t in verdict.tests}
     ids = list(verdict.failing_tests)
-    # A failure without named culprits (exit mismatch with exit 0, unparseable report with terminal hints)
-    # still lists what the report saw failing.
-    ids += [t.id for t in verdict.tests if t.outcome in ("failed", "error") and t.id not in set(ids)]
+    named = set(ids)
+    others = [t.id for t in verdict.tests if t.outcome in ("failed", "error") and t.id not in named]
+    footer = ""
+    if not ids:
+        # A failure without named culprits (exit mismatch, unparseable report with terminal hints) still lists
+        # what the report saw failing.
+        ids, others = others, []
+    elif others:
+        # With fail_to_pass/pass_to_pass lists, other failures (often pre-existing) do not decide the verdict;
+        # name them, but give the space to the tests that do.
+        footer = "Also failing, but not required by this work item: " + ", ".join(others[:10])
+        footer += f" (+{len(others) - 10} more)" if len(others) > 10 else ""
+        footer = _head(footer, 1_000)
     if not ids:
         return ""
     lines = [f"## Failing tests ({len(ids)})"]
@@ -138,6 +148,8 @@ def _failing_tests(verdict: Verdict, *, budget: int) -> str:
         shown += 1
     if shown < len(ids):
         lines.append(f"- … and {len(ids) - shown} more")
+    if footer:
+        lines.append(footer)
     return "\n".join(lines)
 
 

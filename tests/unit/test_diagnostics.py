@@ -43,6 +43,13 @@ def test_packet_names_attempt_cause_failing_tests_messages_changes_and_output() 
     assert "Reviewer" not in text
 
 
+def test_unlisted_failures_are_named_apart_from_the_required_tests() -> None:
+    ev = mixed_evidence()
+    text = build_diagnostics(grade(ev), ev, attempt=1, diff_stats=STATS)
+    assert "## Failing tests (1)" in text
+    assert "Also failing, but not required by this work item: tests/test_sample.py::test_fail" in text
+
+
 def test_reviewer_comment_reaches_the_packet() -> None:
     ev = ValidationEvidence(
         diff_nonempty=True, exit_code=0, report=(FIXTURES / "pytest_all_pass.xml").read_bytes()
