@@ -74,6 +74,10 @@ from crewwork.transport import (
 T = TypeVar("T")
 
 RESUME_FORMAT = 1
+# Temporal rejects heartbeat details over 2 MiB (and warns from 512 KiB). Responses that do not fit are left
+# out of the details; a resumed run then asks the model again from that point instead of failing to heartbeat.
+RESUME_MAX_BYTES = 1024 * 1024
+_SECRET_KEY_NAMES = re.compile(r"(?i)(api[_-]?key|token|secret|password|passwd|credential|authorization)")
 
 
 class ModelAgentConfig(BaseModel):
@@ -195,7 +199,10 @@ class _Session:
         self.cfg = cfg
         self.client = client
         self.workload = workload
-        secrets = [v for v in _string_leaves(ctx.config) if len(v) >= 20 and _looks_secret(v)]
+        # The config should hold no secrets, but a value under a key named like one is masked anyway.
+        secrets = [
+            v for k, v in _keyed_strings(ctx.config) if _SECRET_KEY_NAMES.search(k) and not k.endswith("_env")
+        ]
         self.redact = client.redact.extended(secrets)
         self.messages: list[dict[str, Any]] = []
         self.records: list[dict[str, Any]] = []
@@ -291,10 +298,19 @@ class _Session:
             "work_item_id": self.ctx.work_item_id,
             "attempt": self.ctx.attempt,
             "prompt_sha": self.prompt_sha,
-            "responses": list(self.records),
+            "responses": self._fitting_records(),
             "tokens_used": self.tokens_used,
             "cost_usd": self.cost_usd,
         }
+
+    def _fitting_records(self) -> list[dict[str, Any]]:
+        out, size = [], 0
+        for rec in self.records:
+            size += len(json.dumps(rec))
+            if size > RESUME_MAX_BYTES:
+                break
+            out.append(rec)
+        return out
 
     async def _ask(self) -> ChatResult:
         self._check_budget(before_call=True)
@@ -495,10 +511,15 @@ def select_files(ws: Path, listing: list[str], pointers: str, cfg: ModelAgentCon
                     for k in listing:
                         if k == cand or k.endswith("/" + cand):
                             add(k)
-    if not chosen:
-        for rel in listing:
-            add(rel)
-    return [rel for rel in chosen if _is_texty(ws, rel)][: cfg.max_context_files]
+    # With nothing named, show the first files of the listing (small repositories fit whole).
+    candidates = chosen or listing
+    out: list[str] = []
+    for rel in candidates:
+        if len(out) >= cfg.max_context_files:
+            break
+        if _is_texty(ws, rel):
+            out.append(rel)
+    return out
 
 
 def _imports(ws: Path, rel: str) -> list[str]:
@@ -561,24 +582,15 @@ def _commentary(content: str) -> str:
     return "\n".join(out).strip()[:2000]
 
 
-def _string_leaves(obj: Any) -> list[str]:
+def _keyed_strings(obj: Any, key: str = "") -> list[tuple[str, str]]:
+    """(key, value) for every string in a nested config (list items inherit their list's key)."""
     if isinstance(obj, str):
-        return [obj]
+        return [(key, obj)]
     if isinstance(obj, Mapping):
-        return [s for v in obj.values() for s in _string_leaves(v)]
+        return [kv for k, v in obj.items() for kv in _keyed_strings(v, str(k))]
     if isinstance(obj, list | tuple):
-        return [s for v in obj for s in _string_leaves(v)]
+        return [kv for v in obj for kv in _keyed_strings(v, key)]
     return []
-
-
-def _looks_secret(value: str) -> bool:
-    # A long single token of mixed letters and digits in a config is far more likely a pasted key than prose.
-    return (
-        " " not in value
-        and "/" not in value
-        and any(c.isdigit() for c in value)
-        and any(c.isalpha() for c in value)
-    )
 
 
 def _brief(e: ValidationError) -> str:

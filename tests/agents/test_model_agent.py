@@ -247,3 +247,44 @@ def test_validate_config_rejects_unknown_fields():
             WorkItemKind.code_change,
             {"endpoints": {"x": {"base_url": "http://h/v1", "model": "m", "api_key_env": KEY}}},
         )
+
+
+async def test_slow_call_keeps_heartbeating_with_the_recorded_progress(
+    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx
+):
+    fake_openai.enqueue(Reply.text("no blocks"), Reply.text(FIX, delay_s=0.6))
+    heartbeats: list[Any] = []
+    await agent().run(make_ctx(agent_config(fake_openai, heartbeat_interval_s=0.1), heartbeats=heartbeats))
+    # Liveness heartbeats while call 2 is in flight repeat call 1's response, so a crash then loses nothing.
+    during = [h for h in heartbeats if len(h["responses"]) == 1]
+    assert len(during) >= 3
+    assert all(h["responses"][0]["content"] == "no blocks" for h in during)
+    assert len(heartbeats[-1]["responses"]) == 2
+
+
+async def test_a_failover_is_recorded_in_the_transcript(make_ctx: MakeCtx, git_repo: Path):
+    with FakeOpenAIServer() as primary, FakeOpenAIServer() as backup:
+        primary.enqueue(Reply.error(503, "overloaded"))
+        backup.enqueue(Reply.text(FIX))
+        cfg = {
+            "endpoints": {"primary": primary.endpoint_config(), "backup": backup.endpoint_config()},
+            "routes": {"edit": ["primary", "backup"]},
+        }
+        result = await agent().run(make_ctx(cfg))
+    transcript = json.loads(result.transcript or "{}")
+    assert transcript["calls"][0]["endpoint"] == "backup"
+    assert "overloaded" in transcript["calls"][0]["failovers"][0]
+    assert [r["endpoint"] for r in transcript["route"]] == ["primary", "backup"]
+
+
+async def test_huge_responses_stay_out_of_heartbeat_details(
+    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
+):
+    import crewwork.agents.model as model_module
+
+    monkeypatch.setattr(model_module, "RESUME_MAX_BYTES", 2000)
+    fake_openai.enqueue(Reply.text("x" * 5000), Reply.text(FIX))
+    heartbeats: list[Any] = []
+    await agent().run(make_ctx(agent_config(fake_openai), heartbeats=heartbeats))
+    # The oversized first answer is not in the details: a resumed run would ask again rather than fail.
+    assert all(h["responses"] == [] for h in heartbeats)
