@@ -114,6 +114,10 @@ class TransportConfig(BaseModel):
     """Operator only: key variable names that endpoints declared by a work item may use. Listing a name here
     trusts submitters to send that key to a server of their choosing; leave empty to allow only keyless
     work-item endpoints (local servers)."""
+    allow_work_item_endpoints: bool = True
+    """Operator only: whether work items may declare endpoints of their own. A declared endpoint makes the
+    agent worker POST prompts to a URL the submitter chose (keyless unless allowed above); set false where
+    workers can reach internal services that submitters must not."""
     max_retry_after_s: float = Field(default=600.0, gt=0)
     """Upper bound on a provider's ``Retry-After`` before it is handed to Temporal as the next retry delay."""
 
@@ -174,6 +178,11 @@ def operator_config(env: Mapping[str, str] | None = None) -> TransportConfig:
 
 def merge_configs(operator: TransportConfig, work_item: TransportConfig) -> TransportConfig:
     """Overlay a work item's endpoints and routes on the operator's, enforcing the key-variable allowlist."""
+    if work_item.endpoints and not operator.allow_work_item_endpoints:
+        raise TransportSettingsError(
+            "this deployment does not allow work items to declare model endpoints "
+            f"(allow_work_item_endpoints is false in {ENV_ENDPOINTS}); route to operator endpoints instead"
+        )
     allowed = set(operator.allowed_key_envs)
     for name, ep in work_item.endpoints.items():
         if name in operator.endpoints and ep != operator.endpoints[name]:
@@ -186,12 +195,15 @@ def merge_configs(operator: TransportConfig, work_item: TransportConfig) -> Tran
                 f"endpoint {name!r} in the work item names key variable {ep.api_key_env!r}, "
                 f"which the operator has not allowed (add it to allowed_key_envs in {ENV_ENDPOINTS})"
             )
-    if work_item.allowed_key_envs:
-        raise TransportSettingsError("allowed_key_envs can only be set by the operator")
+    if work_item.allowed_key_envs or not work_item.allow_work_item_endpoints:
+        raise TransportSettingsError(
+            "allowed_key_envs and allow_work_item_endpoints are set by the operator only"
+        )
     return TransportConfig(
         endpoints={**operator.endpoints, **work_item.endpoints},
         routes={**operator.routes, **work_item.routes},
         allowed_key_envs=operator.allowed_key_envs,
+        allow_work_item_endpoints=operator.allow_work_item_endpoints,
         max_retry_after_s=min(operator.max_retry_after_s, work_item.max_retry_after_s),
     )
 

@@ -301,3 +301,15 @@ def test_redaction_masks_keys_headers_and_token_shapes():
     for secret in (KEY, "abc123secretvalue", "AIzaSyA0123456789", "ghp_0123456789", "my-own-secret-value-42"):
         assert secret not in out
     assert "[REDACTED]" in out and "custom value" in out
+
+
+def test_operator_can_forbid_work_item_endpoints():
+    op = TransportConfig.model_validate({"allow_work_item_endpoints": False})
+    own = TransportConfig.model_validate(
+        {"endpoints": {"x": {"base_url": "http://10.0.0.5:9200/v1", "model": "m"}}}
+    )
+    with pytest.raises(TransportSettingsError, match="does not allow work items to declare"):
+        merge_configs(op, own)
+    assert merge_configs(op, TransportConfig.model_validate({"routes": {"edit": ["a"]}})).routes == {
+        "edit": ["a"]
+    }
