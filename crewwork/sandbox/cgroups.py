@@ -200,7 +200,8 @@ class RunCgroup:
 
     def remove(self) -> None:
         for d in self.dirs.values():
-            for _ in range(50):
+            delay = 0.001
+            for _ in range(20):
                 try:
                     d.rmdir()
                     break
@@ -208,7 +209,8 @@ class RunCgroup:
                     break
                 except OSError:
                     # Killed processes leave the group only once reaped; give the kernel a moment.
-                    time.sleep(0.02)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.1)
 
 
 def cgroups_usable() -> tuple[bool, str]:

@@ -34,7 +34,9 @@ from crewwork.sandbox.base import (
 from crewwork.sandbox.config import SandboxSettings
 
 NOBODY = "65534:65534"
-CGROUP_POLL_S = 0.05
+# The runtime deletes a container's cgroup (and its counters) as soon as it exits, and v1 cgroups send no
+# notification, so counters are sampled this often while it runs.
+CGROUP_POLL_S = 0.01
 ENGINE_HINT = (
     "start a Docker engine (as root: `.ci/docker-up.sh`, or `apt-get install -y docker.io && dockerd &`)"
 )
@@ -43,7 +45,8 @@ IMAGE_HINT = (
 )
 # gVisor runs the command's processes inside its own kernel, invisible to host pid cgroups, and it fails
 # to start with an OCI pids limit on cgroup v1 hosts; it does enforce RLIMIT_NPROC, whose failures can
-# only be recognised by how programs report them.
+# only be recognised by how programs report them. For runc they back up the sampled cgroup counter, which
+# can miss a cap hit in the last few milliseconds before exit.
 FORK_FAILURE_MARKERS = (
     b"Cannot fork",
     b"fork: retry",
@@ -203,7 +206,7 @@ class DockerSandbox(Sandbox):
         except docker.errors.DockerException as exc:
             raise SandboxError(f"starting the sandbox container failed: {exc}") from exc
         watcher = _CgroupWatcher(container.id)
-        poller = asyncio.create_task(watcher.poll())
+        poller = asyncio.create_task(asyncio.to_thread(watcher.poll))
         waiter = asyncio.create_task(asyncio.to_thread(container.wait))
         timed_out = False
         try:
@@ -218,7 +221,9 @@ class DockerSandbox(Sandbox):
         except docker.errors.DockerException as exc:
             raise SandboxError(f"waiting for the sandbox container failed: {exc}") from exc
         finally:
-            poller.cancel()
+            watcher.stop.set()
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(poller)
             if not waiter.done():
                 await asyncio.shield(asyncio.to_thread(_kill, container))
             with contextlib.suppress(BaseException):
@@ -229,7 +234,7 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"the container runtime reported: {state['Error']}")
         oom = bool(state.get("OOMKilled")) or watcher.oom_killed
         pids_hit = watcher.pids_limited
-        if self.runtime == "runsc" and not pids_hit:
+        if not pids_hit and exit_code != 0:
             pids_hit = any(m in err.buf or m in out.buf for m in FORK_FAILURE_MARKERS)
         return SandboxRunResult(
             backend=self.name,
@@ -361,6 +366,7 @@ class _CgroupWatcher:
                 root / "system.slice" / f"docker-{container_id}.scope" / "memory.events",
             ],
         }
+        self.stop = threading.Event()
         self.pids_limited = False
         self.oom_killed = False
         self.peak_memory_bytes: int | None = None
@@ -380,10 +386,11 @@ class _CgroupWatcher:
                     self.peak_memory_bytes = max(self.peak_memory_bytes or 0, int(text))
                 break
 
-    async def poll(self) -> None:
-        while True:
+    def poll(self) -> None:
+        """Runs in a thread until `stop` is set; one final sample catches counters of a fast exit."""
+        while not self.stop.wait(CGROUP_POLL_S):
             self.sample()
-            await asyncio.sleep(CGROUP_POLL_S)
+        self.sample()
 
 
 def _kv(text: str) -> dict[str, int]:

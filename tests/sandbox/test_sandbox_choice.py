@@ -186,3 +186,18 @@ def test_image_builds_locally_without_a_registry() -> None:
         assert b"pytest" in out
     finally:
         docker.from_env().images.remove(image_id, force=True)
+
+
+async def test_bwrap_without_cgroups_falls_back_to_rlimits_and_says_so(tmp_path: Path) -> None:
+    ok, why = SANDBOXES["bwrap"].available()
+    if not ok:
+        pytest.skip(f"bwrap not available: {why} (apt-get install -y bubblewrap)")
+    sandbox = get_sandbox("bwrap", settings=SandboxSettings(bwrap_cgroups=False))
+    hog = "chunks = []\nwhile True:\n    chunks.append(b'x' * (16 * 1024 * 1024))\n"
+    r = await sandbox.run(
+        ["python3", "-c", hog], workspace=tmp_path, limits=SandboxLimits(memory_mb=128, timeout_s=20)
+    )
+    assert r.enforcement.startswith("rlimit")
+    # An address-space rlimit makes allocation fail inside the program instead of summoning the OOM killer.
+    assert r.exit_code != 0 and b"MemoryError" in r.stderr
+    assert not r.timed_out
