@@ -12,12 +12,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, get_sandbox
+from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, best_available, get_sandbox
+from crewwork.sandbox.prepare import PreparedEnvCache
+
+# Real packages with real dependency trees; downloaded once (PyPI) into a local wheelhouse, because the
+# sandbox itself has no network.
+BENCH_PACKAGES = ("requests", "pyyaml", "attrs", "rich")
+WHEELS = Path.home() / ".cache" / "crewwork" / "bench-wheels"
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, cpus=1.0, timeout_s=60)
 
@@ -64,21 +71,63 @@ async def start_to_exit(backends: list[str], runs: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--backends", default="local,bwrap,docker,gvisor")
-    parser.add_argument(
-        "--prepared", action="store_true", help="also time cold vs warm prepared environments"
-    )
+    parser.add_argument("--prepared", action="store_true", help="also time cold vs warm prepared envs")
+    parser.add_argument("--prepared-backend", default=None, help="backend for --prepared (default: best)")
+    parser.add_argument("--prepared-runs", type=int, default=3)
     args = parser.parse_args()
     asyncio.run(start_to_exit([b for b in args.backends.split(",") if b], args.runs))
     if args.prepared:
-        from crewwork.sandbox.prepare import benchmark_cold_warm
-
-        asyncio.run(benchmark_cold_warm())
+        if not any(WHEELS.glob("*.whl")):
+            WHEELS.mkdir(parents=True, exist_ok=True)
+            pip = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(WHEELS)]
+            subprocess.run([*pip, *BENCH_PACKAGES], check=True)
+        with tempfile.TemporaryDirectory(prefix="crewwork-prep-") as tmp:
+            repo = Path(tmp, "repo")
+            repo.mkdir()
+            (repo / "requirements.txt").write_text("\n".join(BENCH_PACKAGES) + "\n")
+            Path(tmp, "ws").mkdir()
+            backend = args.prepared_backend or best_available()[0]
+            asyncio.run(cold_warm(Path(tmp), backend, args.prepared_runs))
     return 0
+
+
+async def cold_warm(tmp: Path, backend: str, runs: int) -> None:
+    """Time to a ready environment for an attempt (setup + first import), on a cache miss and on a hit."""
+    sandbox = get_sandbox(backend, allow_unsafe=True)
+    limits = SandboxLimits(memory_mb=1024, pids=256, timeout_s=300)
+    pip = f'python -m pip install -q --no-index --find-links {WHEELS} --prefix "$CREWWORK_ENV"'
+    pip += " -r requirements.txt"
+    setup = [["sh", "-c", pip]]
+    check = ["python", "-c", "import requests, yaml, attr, rich; print('ready')"]
+    times: dict[str, list[float]] = {"cold": [], "warm": []}
+    ready: dict[str, list[float]] = {"cold": [], "warm": []}
+    for i in range(runs):
+        cache = PreparedEnvCache(tmp / f"cache{i}")
+        for kind in ("cold", "warm"):
+            started = time.perf_counter()
+            prepared = await cache.get_or_prepare(
+                sandbox=sandbox, repo="bench", base_commit="c0ffee", setup=setup, source=tmp / "repo",
+                limits=limits, ro_mounts=[WHEELS], env={"PIP_CONFIG_FILE": "/dev/null"},
+            )  # fmt: skip
+            ready[kind].append(time.perf_counter() - started)
+            r = await sandbox.run(
+                check, workspace=tmp / "ws", limits=limits, env=prepared.env(), ro_mounts=prepared.mounts()
+            )
+            if r.stdout.strip() != b"ready":
+                raise SystemExit(f"prepared environment not usable: {r.stderr[-1000:]!r}")
+            assert prepared.cold == (kind == "cold")
+            times[kind].append(time.perf_counter() - started)
+    med = {k: (statistics.median(ready[k]), statistics.median(times[k])) for k in ("cold", "warm")}
+    print(f"\nready environment for an attempt on {backend}: setup pip-installs {', '.join(BENCH_PACKAGES)}")
+    print(f"and their dependencies (median of {runs}); 'ready' = environment usable, '+ first run' adds one")
+    print("sandboxed run importing all of them")
+    print(f"{'':<8}{'ready s':>10}{'+ first run s':>16}")
+    for k, (r, t) in med.items():
+        print(f"{k:<8}{r:>10.3f}{t:>16.3f}")
+    print(f"{'cold/warm':<8}{med['cold'][0] / med['warm'][0]:>10.0f}x{med['cold'][1] / med['warm'][1]:>15.1f}x")
 
 
 if __name__ == "__main__":

@@ -38,9 +38,7 @@ from crewwork.sandbox.base import (
 from crewwork.sandbox.cgroups import RunCgroup
 from crewwork.sandbox.config import SandboxSettings
 
-INSTALL_HINT = (
-    "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
-)
+INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
 NOBODY = 65534
 # System directories the sandbox sees read-only. Anything else on the host (homes, /run with the Docker and
 # PostgreSQL sockets, /var/lib service data, /opt) is simply absent.
@@ -86,9 +84,7 @@ class BwrapSandbox(Sandbox):
     def available(cls) -> tuple[bool, str]:
         return _probe()
 
-    def command(
-        self, argv: Sequence[str], ws: Path, limits: SandboxLimits, ro_mounts: Sequence[Path]
-    ) -> list[str]:
+    def command(self, argv: Sequence[str], ws: Path, limits: SandboxLimits, ro_mounts: Sequence[Path]) -> list[str]:
         assert self.bwrap is not None
         args = [self.bwrap, "--unshare-all", "--new-session", "--die-with-parent", "--hostname", "sandbox"]
         if os.geteuid() == 0:
@@ -151,9 +147,7 @@ class BwrapSandbox(Sandbox):
                 cg.remove()
         if outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: "):
             # bwrap's own setup failed (bad mount, no user namespaces): the machinery, not the command.
-            raise SandboxError(
-                f"bwrap could not build the sandbox: {outcome.stderr.decode(errors='replace')}"
-            )
+            raise SandboxError(f"bwrap could not build the sandbox: {outcome.stderr.decode(errors='replace')}")
         return SandboxRunResult(
             backend=self.name,
             isolated=True,

@@ -21,9 +21,7 @@ from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
 
 def add_sandbox_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Register `sandbox run|build-image|check` under the given subparsers; returns the `sandbox` parser."""
-    sandbox = subparsers.add_parser(
-        "sandbox", help="run commands in a sandbox, build its image, check backends"
-    )
+    sandbox = subparsers.add_parser("sandbox", help="run commands in a sandbox, build its image, check backends")
     sub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="{run,build-image,check}")
 
     run = sub.add_parser(
@@ -36,19 +34,13 @@ def add_sandbox_commands(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--pids", type=int, metavar="N", help="process/thread cap")
     run.add_argument("--cpus", type=float, metavar="C", help="CPU cap in cores")
     run.add_argument("--timeout", type=float, metavar="S", help="wall-clock cap in seconds")
-    run.add_argument(
-        "--workspace", type=Path, default=Path.cwd(), metavar="DIR", help="writable cwd (default: .)"
-    )
+    run.add_argument("--workspace", type=Path, default=Path.cwd(), metavar="DIR", help="writable cwd (default: .)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--unsafe", action="store_true", help="allow the non-isolating `local` backend")
-    run.add_argument(
-        "cmd", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the command and its arguments"
-    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the command and its arguments")
     run.set_defaults(handler=cmd_run)
 
-    build = sub.add_parser(
-        "build-image", help="build the default docker/gvisor image from host files (no registry)"
-    )
+    build = sub.add_parser("build-image", help="build the default docker/gvisor image from host files (no registry)")
     build.add_argument("--name", default=None, help=f"image name (default: settings, {DEFAULT_IMAGE})")
     build.set_defaults(handler=cmd_build_image)
 

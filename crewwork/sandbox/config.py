@@ -49,17 +49,13 @@ class SandboxSettings(BaseSettings):
     memory_mb: int = Field(default=1024, gt=0, description="Default memory cap of one run, in MiB.")
     pids: int = Field(default=256, gt=0, description="Default cap on processes and threads alive in one run.")
     cpus: float = Field(default=1.0, gt=0, description="Default CPU bandwidth of one run, in cores.")
-    timeout_s: float = Field(
-        default=600.0, gt=0, description="Default wall-clock cap of one run, in seconds."
-    )
+    timeout_s: float = Field(default=600.0, gt=0, description="Default wall-clock cap of one run, in seconds.")
     tmpfs_mb: int = Field(default=256, gt=0, description="Size of the private /tmp of one run, in MiB.")
 
     max_memory_mb: int = Field(default=8192, gt=0, description="Most memory a work item may request, in MiB.")
     max_pids: int = Field(default=4096, gt=0, description="Most processes a work item may request.")
     max_cpus: float = Field(default=4.0, gt=0, description="Most CPU cores a work item may request.")
-    max_timeout_s: float = Field(
-        default=3600.0, gt=0, description="Longest wall-clock cap a run may have, seconds."
-    )
+    max_timeout_s: float = Field(default=3600.0, gt=0, description="Longest wall-clock cap a run may have, seconds.")
 
     @model_validator(mode="after")
     def _defaults_within_maximums(self) -> SandboxSettings:

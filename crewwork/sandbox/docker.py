@@ -37,12 +37,8 @@ NOBODY = "65534:65534"
 # The runtime deletes a container's cgroup (and its counters) as soon as it exits, and v1 cgroups send no
 # notification, so counters are sampled this often while it runs.
 CGROUP_POLL_S = 0.01
-ENGINE_HINT = (
-    "start a Docker engine (as root: `.ci/docker-up.sh`, or `apt-get install -y docker.io && dockerd &`)"
-)
-IMAGE_HINT = (
-    "build it with `crewwork sandbox build-image` or set CREWWORK_SANDBOX_DOCKER_IMAGE to a local image"
-)
+ENGINE_HINT = "start a Docker engine (as root: `.ci/docker-up.sh`, or `apt-get install -y docker.io && dockerd &`)"
+IMAGE_HINT = "build it with `crewwork sandbox build-image` or set CREWWORK_SANDBOX_DOCKER_IMAGE to a local image"
 # gVisor runs the command's processes inside its own kernel, invisible to host pid cgroups, and it fails
 # to start with an OCI pids limit on cgroup v1 hosts; it does enforce RLIMIT_NPROC, whose failures can
 # only be recognised by how programs report them. For runc they back up the sampled cgroup counter, which
@@ -266,9 +262,7 @@ class GVisorSandbox(DockerSandbox):
 def _connect(base_url: str | None) -> Any:
     docker = _docker()
     try:
-        client = (
-            docker.DockerClient(base_url=base_url, timeout=120) if base_url else docker.from_env(timeout=120)
-        )
+        client = docker.DockerClient(base_url=base_url, timeout=120) if base_url else docker.from_env(timeout=120)
         client.ping()
     except docker.errors.DockerException as exc:
         raise SandboxUnavailable(f"cannot reach the Docker engine ({exc}); {ENGINE_HINT}") from exc

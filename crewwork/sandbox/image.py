@@ -240,9 +240,7 @@ def build_image(name: str = DEFAULT_IMAGE, *, base_url: str | None = None) -> st
     import docker.errors
 
     try:
-        client = (
-            docker.DockerClient(base_url=base_url, timeout=600) if base_url else docker.from_env(timeout=600)
-        )
+        client = docker.DockerClient(base_url=base_url, timeout=600) if base_url else docker.from_env(timeout=600)
         client.ping()
     except docker.errors.DockerException as exc:
         raise SandboxUnavailable(

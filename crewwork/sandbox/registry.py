@@ -54,14 +54,10 @@ def best_available(settings: SandboxSettings | None = None) -> tuple[str, str]:
     if settings.backend:
         cls = SANDBOXES.get(settings.backend)
         if cls is None:
-            raise ValueError(
-                f"CREWWORK_SANDBOX_BACKEND={settings.backend!r} is not one of {', '.join(SANDBOXES)}"
-            )
+            raise ValueError(f"CREWWORK_SANDBOX_BACKEND={settings.backend!r} is not one of {', '.join(SANDBOXES)}")
         ok, why = cls.available()
         if not ok:
-            raise SandboxUnavailable(
-                f"configured sandbox backend {settings.backend!r} is not available: {why}"
-            )
+            raise SandboxUnavailable(f"configured sandbox backend {settings.backend!r} is not available: {why}")
         return settings.backend, f"configured (CREWWORK_SANDBOX_BACKEND): {why}"
     reasons = []
     for name in PREFERENCE:

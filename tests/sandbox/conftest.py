@@ -18,11 +18,7 @@ ISOLATING = [
 def require_backend(name: str) -> Sandbox:
     ok, why = SANDBOXES[name].available()
     if not ok:
-        hint = (
-            "run `.ci/docker-up.sh` as root"
-            if name in ("docker", "gvisor")
-            else "apt-get install -y bubblewrap"
-        )
+        hint = "run `.ci/docker-up.sh` as root" if name in ("docker", "gvisor") else "apt-get install -y bubblewrap"
         pytest.skip(f"sandbox backend {name} is not available here: {why} ({hint})")
     return get_sandbox(name, settings=SandboxSettings())
 

@@ -57,9 +57,7 @@ async def test_local_backend_does_not_pass_the_worker_environment(
 
 
 def test_resolve_limits_rejects_values_above_the_operator_maximum() -> None:
-    settings = SandboxSettings(
-        max_memory_mb=2048, max_pids=100, max_cpus=2.0, max_timeout_s=60, pids=50, timeout_s=30
-    )
+    settings = SandboxSettings(max_memory_mb=2048, max_pids=100, max_cpus=2.0, max_timeout_s=60, pids=50, timeout_s=30)
     with pytest.raises(ValueError, match=r"memory_mb=4096 MiB exceeds the operator maximum of 2048"):
         resolve_limits(SandboxSpec(memory_mb=4096), settings)
     with pytest.raises(ValueError, match="pids=101"):
@@ -152,9 +150,7 @@ def test_cli_run_refuses_limits_above_maximums_and_local_without_unsafe(
     assert "operator maximum" in capsys.readouterr().err
     assert cli_main(["sandbox", "run", "--backend", "local", "--workspace", str(tmp_path), "--", "true"]) == 2
     assert "unsafe" in capsys.readouterr().err
-    code = cli_main(
-        ["sandbox", "run", "--backend", "local", "--unsafe", "--workspace", str(tmp_path), "--", "true"]
-    )
+    code = cli_main(["sandbox", "run", "--backend", "local", "--unsafe", "--workspace", str(tmp_path), "--", "true"])
     assert code == 0
     assert "UNSAFE" in capsys.readouterr().err
 
@@ -194,9 +190,7 @@ async def test_bwrap_without_cgroups_falls_back_to_rlimits_and_says_so(tmp_path:
         pytest.skip(f"bwrap not available: {why} (apt-get install -y bubblewrap)")
     sandbox = get_sandbox("bwrap", settings=SandboxSettings(bwrap_cgroups=False))
     hog = "chunks = []\nwhile True:\n    chunks.append(b'x' * (16 * 1024 * 1024))\n"
-    r = await sandbox.run(
-        ["python3", "-c", hog], workspace=tmp_path, limits=SandboxLimits(memory_mb=128, timeout_s=20)
-    )
+    r = await sandbox.run(["python3", "-c", hog], workspace=tmp_path, limits=SandboxLimits(memory_mb=128, timeout_s=20))
     assert r.enforcement.startswith("rlimit")
     # An address-space rlimit makes allocation fail inside the program instead of summoning the OOM killer.
     assert r.exit_code != 0 and b"MemoryError" in r.stderr

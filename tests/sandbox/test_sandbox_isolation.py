@@ -41,9 +41,7 @@ async def test_network_is_unreachable_from_inside(sandbox: Sandbox, workspace: P
             "print('reached', ok)\n"
             "sys.exit(1 if ok else 0)\n"
         )
-        r = await sandbox.run(
-            [PY, "-c", probe, str(port), "5432", "7233"], workspace=workspace, limits=limits()
-        )
+        r = await sandbox.run([PY, "-c", probe, str(port), "5432", "7233"], workspace=workspace, limits=limits())
     finally:
         listener.close()
     assert r.exit_code == 0, (r.stdout, r.stderr)
@@ -93,15 +91,9 @@ async def test_host_secrets_and_service_sockets_are_hidden(sandbox: Sandbox, wor
         assert line.startswith("hidden") or line == "visible /etc/shadow False", line
 
 
-async def test_fork_bomb_is_stopped_by_pids_cap_and_host_stays_responsive(
-    sandbox: Sandbox, workspace: Path
-) -> None:
-    bomb = (
-        "import os, time\nwhile True:\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
-    )
-    r = await sandbox.run(
-        [PY, "-c", bomb], workspace=workspace, limits=limits(pids=24, memory_mb=256, timeout_s=20)
-    )
+async def test_fork_bomb_is_stopped_by_pids_cap_and_host_stays_responsive(sandbox: Sandbox, workspace: Path) -> None:
+    bomb = "import os, time\nwhile True:\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\n"
+    r = await sandbox.run([PY, "-c", bomb], workspace=workspace, limits=limits(pids=24, memory_mb=256, timeout_s=20))
     assert r.pids_limited, (r.exit_code, r.stderr[-500:])
     assert not r.timed_out
     started = time.monotonic()
@@ -192,9 +184,7 @@ async def test_cancelling_a_run_kills_everything_it_started(sandbox: Sandbox, wo
 
 
 async def test_nonzero_exit_is_reported_without_cap_flags(sandbox: Sandbox, workspace: Path) -> None:
-    r = await sandbox.run(
-        ["sh", "-c", "echo out; echo err >&2; exit 3"], workspace=workspace, limits=limits()
-    )
+    r = await sandbox.run(["sh", "-c", "echo out; echo err >&2; exit 3"], workspace=workspace, limits=limits())
     assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
     assert not (r.timed_out or r.oom_killed or r.pids_limited) and r.killed_by_signal is None
     assert r.isolated and r.backend == sandbox.name and r.enforcement
