@@ -174,8 +174,13 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     _setup_logging()
     s = get_settings()
-    uvicorn.run(create_app(s), host=args.host or s.api_host, port=args.port or s.api_port,
-                log_level=s.log_level.lower(), access_log=False)
+    uvicorn.run(
+        create_app(s),
+        host=args.host or s.api_host,
+        port=args.port or s.api_port,
+        log_level=s.log_level.lower(),
+        access_log=False,
+    )
     return 0
 
 

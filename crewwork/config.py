@@ -40,9 +40,7 @@ class Settings(BaseSettings):
     temporal_tls_key_path: Path | None = Field(default=None, description="Client private key (mTLS), PEM.")
     temporal_tls_ca_path: Path | None = Field(default=None, description="CA bundle for the server, PEM.")
     temporal_api_key: str | None = Field(default=None, description="API key for Temporal Cloud.")
-    task_queue_prefix: str = Field(
-        default="crewwork", description="Task queues are PREFIX-control|agent|validate."
-    )
+    task_queue_prefix: str = Field(default="crewwork", description="Task queues are PREFIX-control|agent|validate.")
     api_host: str = Field(default="127.0.0.1", description="Address the API binds to.")
     api_port: int = Field(default=8080, description="Port the API binds to.")
     api_url: str = Field(default="http://127.0.0.1:8080", description="Where the CLI finds the API.")
@@ -54,32 +52,22 @@ class Settings(BaseSettings):
             "Empty: any absolute path (single-user development)."
         ),
     )
-    worktree_dir: Path | None = Field(
-        default=None, description="Where attempt worktrees go (default DATA/worktrees)."
-    )
+    worktree_dir: Path | None = Field(default=None, description="Where attempt worktrees go (default DATA/worktrees).")
     sandbox_backend: str | None = Field(
         default=None, description="Sandbox backend for this pool (default: the best isolating one available)."
     )
     allow_unsafe_sandbox: bool = Field(
         default=False, description="Permit the `local` backend (no isolation). Development only."
     )
-    max_attempts_ceiling: int = Field(
-        default=100, ge=1, description="Operator ceiling on budget.max_attempts."
-    )
-    max_wall_clock_s_ceiling: float = Field(
-        default=6 * 3600, gt=0, description="Ceiling on budget wall clock."
-    )
+    max_attempts_ceiling: int = Field(default=100, ge=1, description="Operator ceiling on budget.max_attempts.")
+    max_wall_clock_s_ceiling: float = Field(default=6 * 3600, gt=0, description="Ceiling on budget wall clock.")
     max_tokens_ceiling: int = Field(default=5_000_000, gt=0, description="Ceiling on budget.max_tokens.")
     max_cost_usd_ceiling: float = Field(default=100.0, gt=0, description="Ceiling on budget.max_cost_usd.")
     max_artifact_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="Largest artifact stored.")
     lease_ttl_s: float = Field(default=60.0, gt=0, description="Lease lifetime; heartbeats renew it.")
-    control_concurrency: int = Field(
-        default=100, ge=1, description="Max concurrent activities, control pool."
-    )
+    control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
     agent_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, agent pool.")
-    validate_concurrency: int = Field(
-        default=2, ge=1, description="Max concurrent activities, validate pool."
-    )
+    validate_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, validate pool.")
     log_level: str = Field(default="INFO", description="Python log level.")
 
     def resolved_database_url(self) -> str:

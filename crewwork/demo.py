@@ -8,6 +8,7 @@ Exit status 0 only if the work item succeeded.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from crewwork.temporal.devserver import free_port
 BUGGY = "def add(a, b):\n    return a - b\n"
 WRONG = "def add(a, b):\n    return abs(a) + abs(b)\n"
 RIGHT = "def add(a, b):\n    return a + b\n"
-TEST = '''from calc import add
+TEST = """from calc import add
 
 
 def test_adds_positive_numbers():
@@ -31,7 +32,7 @@ def test_adds_positive_numbers():
 
 def test_adds_negative_numbers():
     assert add(-1, 1) == 0
-'''
+"""
 
 TERMINAL = ("succeeded", "failed", "rejected", "cancelled", "dead")
 
@@ -46,10 +47,19 @@ def make_sample_repo(path: Path) -> None:
     (path / "tests").mkdir(exist_ok=True)
     (path / "tests" / "test_calc.py").write_text(TEST)
     (path / "conftest.py").write_text("")  # makes the repository root importable for pytest
-    env = {"GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@localhost", "GIT_COMMITTER_NAME": "demo",
-           "GIT_COMMITTER_EMAIL": "demo@localhost", "GIT_CONFIG_GLOBAL": "/dev/null", "PATH": "/usr/bin:/bin"}
-    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
-                ["git", "commit", "-q", "-m", "calculator with a bug"]):
+    env = {
+        "GIT_AUTHOR_NAME": "demo",
+        "GIT_AUTHOR_EMAIL": "demo@localhost",
+        "GIT_COMMITTER_NAME": "demo",
+        "GIT_COMMITTER_EMAIL": "demo@localhost",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "PATH": "/usr/bin:/bin",
+    }
+    for cmd in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "-m", "calculator with a bug"],
+    ):
         subprocess.run(cmd, cwd=path, check=True, env=env)
 
 
@@ -59,13 +69,23 @@ def demo_work_item(repo: Path, sandbox: str) -> dict[str, Any]:
         "repo": {"url": str(repo), "ref": "main"},
         "instruction": "Fix add() in calc.py so that the tests in tests/test_calc.py pass.",
         "validation": {
-            "command": ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=.crewwork/junit.xml"],
+            "command": [
+                "python",
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--junitxml=.crewwork/junit.xml",
+            ],
             "junit_path": ".crewwork/junit.xml",
             "timeout_s": 120,
             "test_files": ["tests/test_calc.py"],
         },
-        "agent": {"name": "scripted", "config": {"attempts": [{"files": {"calc.py": WRONG}},
-                                                              {"files": {"calc.py": RIGHT}}]}},
+        "agent": {
+            "name": "scripted",
+            "config": {"attempts": [{"files": {"calc.py": WRONG}}, {"files": {"calc.py": RIGHT}}]},
+        },
         "budget": {"max_attempts": 3},
         "review": {"required": True},
         "sandbox": {"backend": sandbox},
@@ -80,7 +100,7 @@ def choose_sandbox() -> tuple[str, bool]:
         from crewwork.sandbox.registry import best_available
 
         name, why = best_available()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         name, why = "local", f"sandbox discovery failed: {exc}"
     if name == "local":
         _say(
@@ -100,8 +120,8 @@ def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
     started = time.monotonic()
     tmp = None
     if data_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="crewwork-demo-")
-        data_dir = Path(tmp.name)
+        tmp = tempfile.mkdtemp(prefix="crewwork-demo-")
+        data_dir = Path(tmp)
     data_dir = data_dir.resolve()
     repo = data_dir / "sample-repo"
     sandbox, unsafe = choose_sandbox()
@@ -114,9 +134,11 @@ def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
         temporal_port=temporal_port,
         ui_port=ui_port,
         api_port=free_port(),
-        extra_env={"CREWWORK_ALLOW_UNSAFE_SANDBOX": "true" if unsafe else "false",
-                   "CREWWORK_SANDBOX_BACKEND": sandbox,
-                   "CREWWORK_DATABASE_URL": f"sqlite+aiosqlite:///{data_dir / 'state' / 'crewwork.db'}"},
+        extra_env={
+            "CREWWORK_ALLOW_UNSAFE_SANDBOX": "true" if unsafe else "false",
+            "CREWWORK_SANDBOX_BACKEND": sandbox,
+            "CREWWORK_DATABASE_URL": f"sqlite+aiosqlite:///{data_dir / 'state' / 'crewwork.db'}",
+        },
         database_url=f"sqlite+aiosqlite:///{data_dir / 'state' / 'crewwork.db'}",
         on_event=lambda m: _say(f"    {m}"),
     )
@@ -124,7 +146,7 @@ def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
     try:
         stack.start()
         return _drive(stack, repo, sandbox, started)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _say(f"demo failed: {exc}")
         _say(f"logs are in {stack.data_dir / 'logs'}")
         keep = True
@@ -136,7 +158,7 @@ def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
             if keep:
                 _say(f"kept {data_dir}")
             else:
-                tmp.cleanup()
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _drive(stack: Any, repo: Path, sandbox: str, started: float) -> int:
@@ -194,13 +216,16 @@ def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox:
             print(f"      {t['outcome']:7} {t['id']}{msg}")
     attempts = item.get("attempts") or []
     if attempts:
-        diff_ref = ((attempts[-1].get("agent") or {}).get("diff_ref") or {})
+        diff_ref = (attempts[-1].get("agent") or {}).get("diff_ref") or {}
         if diff_ref.get("id"):
             diff = api.get(f"/v1/work-items/{item['id']}/artifacts/{diff_ref['id']}").text
             print("\nthe landed change:\n" + "\n".join("    " + ln for ln in diff.splitlines()))
     if item.get("delivery_branch"):
         log = subprocess.run(
-            ["git", "log", "--oneline", "-n", "2", item["delivery_branch"]], cwd=repo, capture_output=True, text=True
+            ["git", "log", "--oneline", "-n", "2", item["delivery_branch"]],
+            cwd=repo,
+            capture_output=True,
+            text=True,
         ).stdout
         print(f"\ngit log {item['delivery_branch']}:\n" + "\n".join("    " + ln for ln in log.splitlines()))
     print(f"\nTemporal UI: {item['links']['temporal_ui']}  (available while a stack runs; try `crewwork dev`)")

@@ -101,9 +101,7 @@ def repo_path_from_url(url: str, roots: list[Path]) -> Path:
             resolved = (root / candidate).resolve()
             if resolved.is_relative_to(root) and resolved.exists():
                 return _check_is_repo(resolved, url)
-        raise RepoRejected(
-            f"repo.url {url!r} is not a repository under any allowed root (or it escapes them)"
-        )
+        raise RepoRejected(f"repo.url {url!r} is not a repository under any allowed root (or it escapes them)")
     resolved = candidate.resolve()
     if roots and not any(resolved.is_relative_to(r) for r in roots):
         allowed = ", ".join(str(r) for r in roots)
@@ -116,15 +114,13 @@ def _check_is_repo(path: Path, url: str) -> Path:
         raise RepoRejected(f"repo.url {url!r}: no such directory")
     if not path.is_dir():
         raise RepoRejected(f"repo.url {url!r}: not a directory")
-    if not ((path / ".git").exists() or (path / "HEAD").is_file() and (path / "objects").is_dir()):
+    if not ((path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())):
         raise RepoRejected(f"repo.url {url!r}: not a git repository")
     return path
 
 
 async def resolve_commit(repo: Path, ref: str) -> str:
-    res = await git(
-        "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", cwd=repo, check=False
-    )
+    res = await git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", cwd=repo, check=False)
     sha = res.out.strip()
     if res.code != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", sha):
         raise RepoRejected(f"repo.ref {ref!r} does not exist in {repo}")
@@ -150,9 +146,7 @@ async def remove_worktree(repo: Path, path: Path) -> None:
 async def capture_diff(worktree: Path, base_commit: str) -> tuple[str, DiffStats]:
     """Everything the agent changed relative to the base commit, as a binary-safe unified diff."""
     await git("add", "-A", "--", ".", f":(exclude){PLATFORM_DIR}", cwd=worktree)
-    diff = (
-        await git("diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base_commit, cwd=worktree)
-    ).out
+    diff = (await git("diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base_commit, cwd=worktree)).out
     stats = DiffStats()
     numstat = (await git("diff", "--cached", "--numstat", base_commit, cwd=worktree)).out
     for line in numstat.splitlines():
@@ -219,13 +213,9 @@ async def land(
         same = await _commit_matches(repo, existing, tree, base_commit)
         if same:
             return branch, existing, False
-        raise GitError(
-            f"{branch} already exists at {existing[:12]} with different content; refusing to move it"
-        )
+        raise GitError(f"{branch} already exists at {existing[:12]} with different content; refusing to move it")
     commit = (await git("commit-tree", tree, "-p", base_commit, "-m", message, cwd=repo)).out.strip()
-    res = await git(
-        "update-ref", "-m", f"crewwork land {work_item_id}", ref, commit, ZERO_SHA, cwd=repo, check=False
-    )
+    res = await git("update-ref", "-m", f"crewwork land {work_item_id}", ref, commit, ZERO_SHA, cwd=repo, check=False)
     if res.code != 0:
         # Lost a race with another landing of the same item: accept it only if it is the same change.
         existing = (await git("rev-parse", "--verify", "--quiet", ref, cwd=repo, check=False)).out.strip()

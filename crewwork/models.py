@@ -60,17 +60,13 @@ TERMINAL_STATES = frozenset(
 
 
 class RepoSpec(Strict):
-    url: str = Field(
-        description="A local path or file:// URL of a git repository.", min_length=1, max_length=4096
-    )
-    ref: str = Field(
-        default="HEAD", description="Branch, tag or commit to start from.", min_length=1, max_length=256
-    )
+    url: str = Field(description="A local path or file:// URL of a git repository.", min_length=1, max_length=4096)
+    ref: str = Field(default="HEAD", description="Branch, tag or commit to start from.", min_length=1, max_length=256)
 
     @field_validator("ref")
     @classmethod
     def _ref_is_plain(cls, v: str) -> str:
-        if v.startswith("-") or any(c in v for c in " \t\n\r\x00~^:?*[\\") and v != "HEAD":
+        if v.startswith("-") or (any(c in v for c in " \t\n\r\x00~^:?*[\\") and v != "HEAD"):
             raise ValueError(f"ref {v!r} is not a valid git ref name")
         return v
 
@@ -81,17 +77,13 @@ class ValidationSpec(Strict):
         min_length=1,
         max_length=MAX_VALIDATION_ARGS,
     )
-    timeout_s: float = Field(
-        default=300.0, gt=0, le=3600, description="Wall-clock limit of one validation run."
-    )
+    timeout_s: float = Field(default=300.0, gt=0, le=3600, description="Wall-clock limit of one validation run.")
     junit_path: str | None = Field(
         default=None,
         description="Workspace-relative path of a JUnit XML report the command writes (parsed as evidence).",
         max_length=512,
     )
-    fail_to_pass: list[str] = Field(
-        default_factory=list, description="Test ids that must pass after the change."
-    )
+    fail_to_pass: list[str] = Field(default_factory=list, description="Test ids that must pass after the change.")
     pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
     test_files: list[str] = Field(
         default_factory=list,
@@ -108,19 +100,13 @@ class ValidationSpec(Strict):
 
 
 class AgentSpec(Strict):
-    name: str = Field(
-        default="scripted", min_length=1, max_length=64, description="Registered agent plugin name."
-    )
+    name: str = Field(default="scripted", min_length=1, max_length=64, description="Registered agent plugin name.")
     config: dict[str, Any] = Field(default_factory=dict, description="Agent-specific configuration.")
 
 
 class BudgetSpec(Strict):
-    max_attempts: int = Field(
-        default=3, ge=1, le=1000, description="Attempts (agent run + validation) at most."
-    )
-    max_wall_clock_s: float | None = Field(
-        default=None, gt=0, description="Total wall-clock seconds for attempts."
-    )
+    max_attempts: int = Field(default=3, ge=1, le=1000, description="Attempts (agent run + validation) at most.")
+    max_wall_clock_s: float | None = Field(default=None, gt=0, description="Total wall-clock seconds for attempts.")
     max_tokens: int | None = Field(default=None, gt=0, description="Model tokens across all attempts.")
     max_cost_usd: float | None = Field(default=None, gt=0, description="Model cost across all attempts.")
 
@@ -238,6 +224,7 @@ class AgentOutcome(BaseModel):
 
     agent: str
     mock: bool
+    selected_because: str | None = None
     output: dict[str, Any] | None = None
     diff_ref: ArtifactRef | None = None
     diff_stats: DiffStats | None = None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
@@ -70,7 +70,8 @@ class WorkItemService:
         if spec.kind == WorkItemKind.task:
             if spec.validation is not None:
                 raise SubmissionRejected(
-                    "validation of `task` work items is not supported yet; use kind `code_change`", "validation"
+                    "validation of `task` work items is not supported yet; use kind `code_change`",
+                    "validation",
                 )
             return None, None
         assert spec.repo is not None
@@ -98,16 +99,19 @@ class WorkItemService:
     async def _start(self, row: WorkItem, spec: WorkItemSpec) -> None:
         client = self._client()
         inp = WorkItemInput(
-            work_item_id=row.id, tenant_id=row.tenant_id, spec=spec, repo_path=row.repo_url,
+            work_item_id=row.id,
+            tenant_id=row.tenant_id,
+            spec=spec,
+            repo_path=row.repo_url,
             base_commit=row.base_commit,
         )
-        pairs = [
-            SA_STATE.value_set("submitted"),
-            SA_KIND.value_set(spec.kind.value),
-            SA_TENANT.value_set(row.tenant_id),
+        pairs: list[SearchAttributePair[Any]] = [
+            SearchAttributePair(SA_STATE, "submitted"),
+            SearchAttributePair(SA_KIND, spec.kind.value),
+            SearchAttributePair(SA_TENANT, row.tenant_id),
         ]
         if row.repo_url:
-            pairs.append(SA_REPO.value_set(row.repo_url[-250:]))
+            pairs.append(SearchAttributePair(SA_REPO, row.repo_url[-250:]))
         try:
             await client.start_workflow(
                 WorkItemWorkflow.run,
@@ -133,7 +137,7 @@ class WorkItemService:
         except (RPCError, WorkflowUnavailable) as exc:
             log.debug("status query for %s failed: %s", row.id, exc)
             return None
-        except Exception as exc:  # noqa: BLE001 - a query on a finished/continued workflow may fail; DB is enough
+        except Exception as exc:
             log.debug("status query for %s failed: %s", row.id, exc)
             return None
 

@@ -37,9 +37,13 @@ class ManagedProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.argv,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
 
@@ -129,8 +133,12 @@ class Stack:
         for pool in POOLS:
             for i in range(self.pool_counts.get(pool, 1)):
                 self.processes.append(
-                    ManagedProcess(f"{pool}-{i}", [py, "-m", "crewwork", "worker", "--pool", pool], env,
-                                   logs / f"worker-{pool}-{i}.log")
+                    ManagedProcess(
+                        f"{pool}-{i}",
+                        [py, "-m", "crewwork", "worker", "--pool", pool],
+                        env,
+                        logs / f"worker-{pool}-{i}.log",
+                    )
                 )
         self._say(f"starting the API and worker pools ({', '.join(p.name for p in self.processes)})")
         for p in self.processes:

@@ -61,9 +61,7 @@ class ControlActivities:
         if b.max_attempts > s.max_attempts_ceiling:
             problems.append(f"budget.max_attempts {b.max_attempts} > ceiling {s.max_attempts_ceiling}")
         if b.max_wall_clock_s and b.max_wall_clock_s > s.max_wall_clock_s_ceiling:
-            problems.append(
-                f"budget.max_wall_clock_s {b.max_wall_clock_s} > ceiling {s.max_wall_clock_s_ceiling}"
-            )
+            problems.append(f"budget.max_wall_clock_s {b.max_wall_clock_s} > ceiling {s.max_wall_clock_s_ceiling}")
         if b.max_tokens and b.max_tokens > s.max_tokens_ceiling:
             problems.append(f"budget.max_tokens {b.max_tokens} > ceiling {s.max_tokens_ceiling}")
         if b.max_cost_usd and b.max_cost_usd > s.max_cost_usd_ceiling:

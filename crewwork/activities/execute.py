@@ -79,9 +79,7 @@ class ExecuteActivities:
         self.store = store
         self.settings = settings
 
-    async def _save(
-        self, work_item_id: str, tenant_id: str, name: str, data: bytes, ctype: str
-    ) -> ArtifactRef:
+    async def _save(self, work_item_id: str, tenant_id: str, name: str, data: bytes, ctype: str) -> ArtifactRef:
         if len(data) > self.settings.max_artifact_bytes:
             keep = self.settings.max_artifact_bytes - 200
             data = data[:keep] + f"\n[truncated: {len(data)} bytes in all]\n".encode()
@@ -108,9 +106,18 @@ class ExecuteActivities:
     async def run_agent(self, inp: AgentStepInput) -> AgentOutcome:
         info = activity.info()
         spec = inp.spec
+        from crewwork.agents.command import choose_agent
+
+        chosen, why = choose_agent(
+            spec.agent.name, spec.agent.config, repo=spec.repo.url if spec.repo else None, labels=spec.labels
+        )
+        config = spec.agent.config
+        if chosen != spec.agent.name:
+            # The command agent's config carries the built-in agent's config to fall back on.
+            config = dict(spec.agent.config.get("model") or {})
         try:
-            agent_cls = get_agent_class(spec.agent.name)
-            agent_cls.validate_config(spec.kind, spec.agent.config)
+            agent_cls = get_agent_class(chosen)
+            agent_cls.validate_config(spec.kind, config)
         except AgentConfigError as exc:
             raise bad_input(str(exc)) from exc
         async with execution_lease(self.store, inp.work_item_id, self.settings.lease_ttl_s) as lease:
@@ -130,9 +137,7 @@ class ExecuteActivities:
             if spec.kind != WorkItemKind.task:
                 assert repo is not None and inp.base_commit
                 workspace = (
-                    self.settings.resolved_worktree_dir()
-                    / inp.work_item_id
-                    / f"attempt-{inp.attempt}-t{lease.token}"
+                    self.settings.resolved_worktree_dir() / inp.work_item_id / f"attempt-{inp.attempt}-t{lease.token}"
                 )
                 await gitops.add_worktree(repo, workspace, inp.base_commit)
             sandbox = None
@@ -153,7 +158,7 @@ class ExecuteActivities:
                 attempt=inp.attempt,
                 activity_attempt=info.attempt,
                 kind=spec.kind,
-                config=spec.agent.config,
+                config=config,
                 instruction=spec.instruction,
                 input=spec.input,
                 workspace=workspace,
@@ -164,12 +169,26 @@ class ExecuteActivities:
                 heartbeat=lease.heartbeat,
                 resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
                 save_artifact=save,
+                extra={"repo": spec.repo.url if spec.repo else None, "labels": dict(spec.labels)},
             )
             try:
                 try:
                     result = await agent_cls().run(ctx)
                 except AgentError as exc:
-                    return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, error=str(exc))
+                    failed = AgentOutcome(
+                        agent=agent_cls.name,
+                        mock=agent_cls.mock,
+                        error=str(exc),
+                        selected_because=why,
+                        tokens_used=int(getattr(exc, "tokens_used", 0) or 0),
+                        cost_usd=float(getattr(exc, "cost_usd", 0.0) or 0.0),
+                    )
+                    transcript = getattr(exc, "transcript", None)
+                    if transcript:
+                        failed.transcript_ref = await save(
+                            f"attempt-{inp.attempt}-transcript.txt", str(transcript).encode(), "text/plain"
+                        )
+                    return failed
                 except AgentInfraError as exc:
                     delay = None
                     if exc.retry_after_s:
@@ -184,6 +203,7 @@ class ExecuteActivities:
                     mock=agent_cls.mock,
                     output=result.output,
                     claims=result.claims,
+                    selected_because=why,
                     tokens_used=result.tokens_used,
                     cost_usd=result.cost_usd,
                 )
@@ -223,9 +243,7 @@ class ExecuteActivities:
                 event_data={"attempt": inp.attempt},
             )
             if w.stale:
-                return ValidationOutcome(
-                    passed=False, reason="superseded", cause="infrastructure", stale=True
-                )
+                return ValidationOutcome(passed=False, reason="superseded", cause="infrastructure", stale=True)
             return await self._validate(inp, lease.token, lease.heartbeat)
 
     async def _validate(self, inp: ValidateInput, token: int, heartbeat: Any) -> ValidationOutcome:
@@ -278,6 +296,7 @@ class ExecuteActivities:
                         timed_out=setup.timed_out,
                         oom_killed=setup.oom_killed,
                         pids_limited=setup.pids_limited,
+                        killed_by_signal=setup.killed_by_signal,
                         stdout_tail=setup.report(4000).stdout_tail,
                         stderr_tail=setup.report(4000).stderr_tail,
                     )
@@ -289,12 +308,7 @@ class ExecuteActivities:
                 inp.work_item_id,
                 inp.tenant_id,
                 f"attempt-{inp.attempt}-validation.log",
-                b"$ "
-                + " ".join(spec.command).encode()
-                + b"\n"
-                + run.stdout
-                + b"\n--- stderr ---\n"
-                + run.stderr,
+                b"$ " + " ".join(spec.command).encode() + b"\n" + run.stdout + b"\n--- stderr ---\n" + run.stderr,
                 "text/plain",
             )
             report_bytes = None
@@ -315,7 +329,8 @@ class ExecuteActivities:
                 pids_limited=run.pids_limited,
                 killed_by_signal=run.killed_by_signal,
                 report=report_bytes,
-                report_format="junit" if report_bytes is not None else None,
+                # With a configured report path a missing report is not evidence of anything: it fails.
+                report_format="junit" if spec.junit_path else None,
                 stdout_tail=rep.stdout_tail,
                 stderr_tail=rep.stderr_tail,
             )

@@ -78,8 +78,9 @@ class Agent(abc.ABC):
     """True for agents whose results are scripted, not produced by a model or a real agent program."""
 
     @classmethod
-    def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:  # noqa: B027
+    def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:
         """Raise AgentConfigError when `config` cannot work; called at submission time."""
+        return None
 
     @abc.abstractmethod
     async def run(self, ctx: AgentContext) -> AgentRunResult: ...

@@ -168,9 +168,7 @@ def choose_agent(
     spec = settings.commands.get(cfg.command)
     if spec is None:
         known = ", ".join(sorted(settings.commands)) or "none"
-        return FALLBACK_AGENT, (
-            f"command {cfg.command!r} is not defined by the operator (defined: {known}){fallback}"
-        )
+        return FALLBACK_AGENT, (f"command {cfg.command!r} is not defined by the operator (defined: {known}){fallback}")
     reason = ineligible_reason(spec, repo=repo, labels=labels)
     if reason:
         return (
@@ -244,9 +242,7 @@ class CommandAgent(Agent):
         try:
             files = _write_inputs(io_dir, ctx)
             values = {**{k: str(v) for k, v in files.items()}, "io_dir": str(io_dir)}
-            values.update(
-                workspace=str(ctx.workspace), attempt=str(ctx.attempt), work_item_id=ctx.work_item_id
-            )
+            values.update(workspace=str(ctx.workspace), attempt=str(ctx.attempt), work_item_id=ctx.work_item_id)
             argv = [_substitute(a, values) for a in spec.argv] + list(cfg.args)
             env = {
                 **spec.env,
@@ -312,9 +308,7 @@ class CommandAgent(Agent):
         )
         failure = _failure(result, spec, limits.timeout_s if limits else None)
         if failure:
-            err = AgentError(
-                f"command {cfg.command!r} {failure}; stderr tail: {stderr[-800:].strip() or '(empty)'}"
-            )
+            err = AgentError(f"command {cfg.command!r} {failure}; stderr tail: {stderr[-800:].strip() or '(empty)'}")
             err.transcript = transcript  # type: ignore[attr-defined]
             err.tokens_used, err.cost_usd = 0, 0.0  # type: ignore[attr-defined]
             raise err
@@ -379,9 +373,7 @@ def _text(data: bytes | str | None) -> str:
     return data[-_OUTPUT_KEEP:]
 
 
-async def _heartbeating(
-    call: Awaitable[T], ctx: AgentContext, details: dict[str, Any], every: float = 5.0
-) -> T:
+async def _heartbeating(call: Awaitable[T], ctx: AgentContext, details: dict[str, Any], every: float = 5.0) -> T:
     task = asyncio.ensure_future(call)
     try:
         while True:

@@ -93,8 +93,7 @@ def parse_edits(text: str) -> list[EditBlock]:
             n = len(blocks) + 1
             if not last_text_line:
                 raise EditFormatError(
-                    f"block {n}: no file path on the line before {SEARCH_MARK!r}; "
-                    "put the path alone on that line"
+                    f"block {n}: no file path on the line before {SEARCH_MARK!r}; put the path alone on that line"
                 )
             path = _clean_path_line(last_text_line)
             if not path or (" " in path and not Path(path).suffix):
@@ -103,9 +102,7 @@ def parse_edits(text: str) -> list[EditBlock]:
             i += 1
             while i < len(lines) and lines[i].rstrip() != DIVIDER_MARK:
                 if lines[i].rstrip() in (SEARCH_MARK, REPLACE_MARK):
-                    raise EditFormatError(
-                        f"block {n} ({path}): expected {DIVIDER_MARK!r} before {lines[i]!r}"
-                    )
+                    raise EditFormatError(f"block {n} ({path}): expected {DIVIDER_MARK!r} before {lines[i]!r}")
                 search.append(lines[i])
                 i += 1
             if i >= len(lines):
@@ -114,9 +111,7 @@ def parse_edits(text: str) -> list[EditBlock]:
             i += 1
             while i < len(lines) and lines[i].rstrip() != REPLACE_MARK:
                 if lines[i].rstrip() in (SEARCH_MARK, DIVIDER_MARK):
-                    raise EditFormatError(
-                        f"block {n} ({path}): expected {REPLACE_MARK!r} before {lines[i]!r}"
-                    )
+                    raise EditFormatError(f"block {n} ({path}): expected {REPLACE_MARK!r} before {lines[i]!r}")
                 replace.append(lines[i])
                 i += 1
             if i >= len(lines):
@@ -196,8 +191,7 @@ def apply_edits(workspace: Path, blocks: list[EditBlock]) -> list[str]:
             raise EditApplyError(f"{where}: {_not_found_hint(current, block.search)}", path=block.path)
         if count > 1:
             raise EditApplyError(
-                f"{where}: the SEARCH text occurs {count} times; "
-                "include more surrounding lines so it is unique",
+                f"{where}: the SEARCH text occurs {count} times; include more surrounding lines so it is unique",
                 path=block.path,
             )
         at = starts[0]

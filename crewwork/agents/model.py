@@ -200,9 +200,7 @@ class _Session:
         self.client = client
         self.workload = workload
         # The config should hold no secrets, but a value under a key named like one is masked anyway.
-        secrets = [
-            v for k, v in _keyed_strings(ctx.config) if _SECRET_KEY_NAMES.search(k) and not k.endswith("_env")
-        ]
+        secrets = [v for k, v in _keyed_strings(ctx.config) if _SECRET_KEY_NAMES.search(k) and not k.endswith("_env")]
         self.redact = client.redact.extended(secrets)
         self.messages: list[dict[str, Any]] = []
         self.records: list[dict[str, Any]] = []
@@ -216,9 +214,7 @@ class _Session:
 
     async def run_task(self) -> AgentRunResult:
         payload = json.dumps(self.ctx.input or {}, indent=2, sort_keys=True)
-        user = (
-            self.ctx.instruction or "Complete the task described by the input."
-        ) + f"\n\nInput:\n{payload}"
+        user = (self.ctx.instruction or "Complete the task described by the input.") + f"\n\nInput:\n{payload}"
         self.messages = [
             {"role": "system", "content": "You are a precise assistant. Answer the task directly."},
             {"role": "user", "content": user},
@@ -320,9 +316,7 @@ class _Session:
             result = ChatResult.from_record(self.replay[index])
         else:
             result = await self._heartbeating(
-                self.client.complete(
-                    self.workload, list(self.messages), max_output_tokens=self.cfg.max_output_tokens
-                )
+                self.client.complete(self.workload, list(self.messages), max_output_tokens=self.cfg.max_output_tokens)
             )
         self.records.append(result.to_record())
         self.tokens_used += result.usage.total_tokens
@@ -399,9 +393,7 @@ class _Session:
         out = []
         for name in config.route(self.workload):
             ep = config.endpoints[name]
-            out.append(
-                {"endpoint": name, "base_url": ep.base_url, "model": ep.model, "api_key_env": ep.api_key_env}
-            )
+            out.append({"endpoint": name, "base_url": ep.base_url, "model": ep.model, "api_key_env": ep.api_key_env})
         return out
 
     def _result(self, *, output: dict[str, Any], claims: str) -> AgentRunResult:
@@ -433,14 +425,10 @@ def build_prompt(ws: Path, ctx: AgentContext, cfg: ModelAgentConfig) -> tuple[st
     if ctx.review_comment:
         parts.append(f"# Reviewer's request for changes\n{ctx.review_comment}")
     if ctx.diagnostics:
-        parts.append(
-            f"# Diagnostics from the previous attempt (attempt {ctx.attempt - 1})\n{ctx.diagnostics}"
-        )
+        parts.append(f"# Diagnostics from the previous attempt (attempt {ctx.attempt - 1})\n{ctx.diagnostics}")
     shown_listing = listing[: cfg.max_listing_entries]
     more = len(listing) - len(shown_listing)
-    parts.append(
-        "# Repository files\n" + "\n".join(shown_listing) + (f"\n... and {more} more" if more > 0 else "")
-    )
+    parts.append("# Repository files\n" + "\n".join(shown_listing) + (f"\n... and {more} more" if more > 0 else ""))
     budget = cfg.max_context_chars
     shown: set[str] = set()
     file_parts = []

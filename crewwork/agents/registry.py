@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from crewwork.agents.base import Agent, AgentConfigError
+from crewwork.agents.command import CommandAgent
+from crewwork.agents.model import ModelAgent
 from crewwork.agents.scripted import ScriptedAgent
 
 AGENTS: dict[str, type[Agent]] = {
     ScriptedAgent.name: ScriptedAgent,
+    ModelAgent.name: ModelAgent,
+    CommandAgent.name: CommandAgent,
 }
 
 

@@ -80,9 +80,7 @@ class ScriptedAgent(Agent):
             files = step.get("files")
             if files is not None:
                 if not isinstance(files, dict):
-                    raise AgentConfigError(
-                        "scripted agent: `files` maps relative paths to contents (or null)"
-                    )
+                    raise AgentConfigError("scripted agent: `files` maps relative paths to contents (or null)")
                 for p in files:
                     _safe_rel(p)
             if "diff" in step and not isinstance(step["diff"], str):
@@ -139,9 +137,7 @@ class ScriptedAgent(Agent):
         if step.get("diff"):
             from crewwork.gitops import git
 
-            res = await git(
-                "apply", "--whitespace=nowarn", "-", cwd=ws, check=False, input_bytes=step["diff"].encode()
-            )
+            res = await git("apply", "--whitespace=nowarn", "-", cwd=ws, check=False, input_bytes=step["diff"].encode())
             if res.code != 0:
                 raise AgentError(f"scripted agent: configured diff does not apply: {res.err.strip()}")
 
@@ -149,7 +145,5 @@ class ScriptedAgent(Agent):
 def _safe_rel(p: str) -> Path:
     path = Path(p)
     if path.is_absolute() or ".." in path.parts or not p or p.startswith(".git/") or p == ".git":
-        raise AgentConfigError(
-            f"scripted agent: file path {p!r} must be relative and stay inside the repository"
-        )
+        raise AgentConfigError(f"scripted agent: file path {p!r} must be relative and stay inside the repository")
     return path

@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     app.add_exception_handler(problems.ProblemError, problems.problem_handler)
     app.add_exception_handler(RequestValidationError, problems.validation_handler)
     app.add_exception_handler(StarletteHTTPException, problems.http_handler)
+    app.add_exception_handler(Exception, problems.unhandled_handler)
     app.include_router(work_items_router)
 
     @app.middleware("http")
@@ -69,10 +70,15 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         db_ok = True
         try:
             await app.state.store.db_now()
-        except Exception:  # noqa: BLE001
+        except Exception:
             db_ok = False
         temporal_ok = app.state.service.client is not None
-        return {"ok": db_ok and temporal_ok, "database": db_ok, "temporal": temporal_ok, "version": __version__}
+        return {
+            "ok": db_ok and temporal_ok,
+            "database": db_ok,
+            "temporal": temporal_ok,
+            "version": __version__,
+        }
 
     return app
 
@@ -84,7 +90,7 @@ async def _connect_forever(app: FastAPI, settings: Settings) -> None:
         try:
             app.state.service.client = await connect(settings)
             log.info("connected to Temporal at %s", settings.temporal_address)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("Temporal at %s not reachable yet: %s", settings.temporal_address, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)

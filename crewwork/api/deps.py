@@ -27,8 +27,12 @@ async def get_principal(
     store: Annotated[Store, Depends(get_store)],
 ) -> Principal:
     if creds is None or not creds.credentials:
-        raise ProblemError(401, "unauthorized", "missing API key: send `Authorization: Bearer <key>`",
-                           headers={"WWW-Authenticate": "Bearer"})
+        raise ProblemError(
+            401,
+            "unauthorized",
+            "missing API key: send `Authorization: Bearer <key>`",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     principal = await store.authenticate(creds.credentials)
     if principal is None:
         raise ProblemError(401, "unauthorized", "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"})

@@ -22,8 +22,15 @@ class Problem(BaseModel):
 
 
 class ProblemError(Exception):
-    def __init__(self, status: int, code: str, detail: str, title: str | None = None,
-                 errors: list[dict[str, Any]] | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        detail: str,
+        title: str | None = None,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code
@@ -34,10 +41,20 @@ class ProblemError(Exception):
 
 
 def problem_response(p: ProblemError) -> JSONResponse:
-    body = Problem(type=f"https://crewwork.dev/problems/{p.code}", title=p.title, status=p.status, code=p.code,
-                   detail=p.detail, errors=p.errors)
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=p.status,
-                        media_type="application/problem+json", headers=p.headers)
+    body = Problem(
+        type=f"https://crewwork.dev/problems/{p.code}",
+        title=p.title,
+        status=p.status,
+        code=p.code,
+        detail=p.detail,
+        errors=p.errors,
+    )
+    return JSONResponse(
+        body.model_dump(exclude_none=True),
+        status_code=p.status,
+        media_type="application/problem+json",
+        headers=p.headers,
+    )
 
 
 async def problem_handler(_req: Request, exc: Exception) -> JSONResponse:
@@ -58,5 +75,11 @@ async def validation_handler(_req: Request, exc: Exception) -> JSONResponse:
 async def http_handler(_req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
-    return problem_response(ProblemError(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers",
-                                                                                                  None)))
+    return problem_response(ProblemError(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None)))
+
+
+async def unhandled_handler(_req: Request, exc: Exception) -> JSONResponse:
+    import logging
+
+    logging.getLogger("crewwork.api").exception("unhandled error: %s", exc)
+    return problem_response(ProblemError(500, "internal_error", "an internal error occurred; it has been logged"))

@@ -10,7 +10,14 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
 from crewwork.api.problems import ProblemError
-from crewwork.api.schemas import AttemptView, EventView, ReviewResponse, SubmitResponse, WorkItemPage, WorkItemView
+from crewwork.api.schemas import (
+    AttemptView,
+    EventView,
+    ReviewResponse,
+    SubmitResponse,
+    WorkItemPage,
+    WorkItemView,
+)
 from crewwork.models import ReviewDecision, WorkItemSpec, WorkItemState
 from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavailable
 from crewwork.store.tables import WorkItem
@@ -32,10 +39,23 @@ def _links(request: Request, row: WorkItem) -> dict[str, str]:
 
 def view(request: Request, row: WorkItem) -> WorkItemView:
     return WorkItemView(
-        id=row.id, tenant_id=row.tenant_id, kind=row.kind, state=row.state, reason=row.reason, labels=row.labels,
-        repo=row.repo_url, base_commit=row.base_commit, workflow_id=row.workflow_id, attempt_count=row.attempt_count,
-        delivery_branch=row.delivery_branch, landed_commit=row.landed_commit, mock=row.mock,
-        created_at=row.created_at, updated_at=row.updated_at, result=row.result, spec=row.spec,
+        id=row.id,
+        tenant_id=row.tenant_id,
+        kind=row.kind,
+        state=row.state,
+        reason=row.reason,
+        labels=row.labels,
+        repo=row.repo_url,
+        base_commit=row.base_commit,
+        workflow_id=row.workflow_id,
+        attempt_count=row.attempt_count,
+        delivery_branch=row.delivery_branch,
+        landed_commit=row.landed_commit,
+        mock=row.mock,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        result=row.result,
+        spec=row.spec,
         links=_links(request, row),
     )
 
@@ -48,8 +68,13 @@ async def _owned(store: StoreDep, principal: PrincipalDep, work_item_id: str) ->
     return row
 
 
-@router.post("", status_code=202, response_model=SubmitResponse, summary="Submit a work item",
-             responses={200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key)"}})
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitResponse,
+    summary="Submit a work item",
+    responses={200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key)"}},
+)
 async def submit(
     request: Request,
     response: Response,
@@ -63,14 +88,20 @@ async def submit(
     try:
         res = await service.submit(principal.tenant_id, spec)
     except SubmissionRejected as exc:
-        raise ProblemError(422, "invalid_work_item", str(exc),
-                           errors=[{"field": exc.field or "", "message": str(exc)}]) from exc
+        raise ProblemError(
+            422, "invalid_work_item", str(exc), errors=[{"field": exc.field or "", "message": str(exc)}]
+        ) from exc
     except WorkflowUnavailable as exc:
         raise ProblemError(503, "temporal_unavailable", f"{exc}; retry with the same idempotency key") from exc
     if not res.created:
         response.status_code = 200
-    return SubmitResponse(id=res.row.id, workflow_id=res.row.workflow_id, state=res.row.state, created=res.created,
-                          links=_links(request, res.row))
+    return SubmitResponse(
+        id=res.row.id,
+        workflow_id=res.row.workflow_id,
+        state=res.row.state,
+        created=res.created,
+        links=_links(request, res.row),
+    )
 
 
 def _cursor_encode(row: WorkItem) -> str:
@@ -96,25 +127,42 @@ async def list_items(
     kind: Annotated[str | None, Query(max_length=32)] = None,
 ) -> WorkItemPage:
     rows = await store.list_work_items(
-        principal.tenant_id, limit=limit + 1, before=_cursor_decode(cursor) if cursor else None,
-        state=state.value if state else None, kind=kind,
+        principal.tenant_id,
+        limit=limit + 1,
+        before=_cursor_decode(cursor) if cursor else None,
+        state=state.value if state else None,
+        kind=kind,
     )
     more = len(rows) > limit
     rows = rows[:limit]
-    return WorkItemPage(items=[view(request, r) for r in rows],
-                        next_cursor=_cursor_encode(rows[-1]) if more and rows else None)
+    return WorkItemPage(
+        items=[view(request, r) for r in rows],
+        next_cursor=_cursor_encode(rows[-1]) if more and rows else None,
+    )
 
 
 @router.get("/{work_item_id}", response_model=WorkItemView, summary="Get a work item with its attempts")
 async def get_item(
-    request: Request, work_item_id: str, principal: PrincipalDep, store: StoreDep, service: ServiceDep,
+    request: Request,
+    work_item_id: str,
+    principal: PrincipalDep,
+    store: StoreDep,
+    service: ServiceDep,
     live: bool = True,
 ) -> WorkItemView:
     row = await _owned(store, principal, work_item_id)
     v = view(request, row)
     v.attempts = [
-        AttemptView(number=a.number, verdict=a.verdict, reason=a.reason, cause=a.cause, fingerprint=a.fingerprint,
-                    token=a.token, agent=a.agent, validation=a.validation)
+        AttemptView(
+            number=a.number,
+            verdict=a.verdict,
+            reason=a.reason,
+            cause=a.cause,
+            fingerprint=a.fingerprint,
+            token=a.token,
+            agent=a.agent,
+            validation=a.validation,
+        )
         for a in await store.list_attempts(row.id)
     ]
     if live and not WorkItemState(row.state).terminal:
@@ -124,12 +172,17 @@ async def get_item(
 
 @router.get("/{work_item_id}/events", response_model=list[EventView], summary="The work item's event log")
 async def events(
-    work_item_id: str, principal: PrincipalDep, store: StoreDep,
-    after: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=1000)] = 500,
+    work_item_id: str,
+    principal: PrincipalDep,
+    store: StoreDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> list[EventView]:
     row = await _owned(store, principal, work_item_id)
-    return [EventView(id=e.id, type=e.type, data=e.data, token=e.token, created_at=e.created_at)
-            for e in await store.list_events(row.id, after_id=after, limit=limit)]
+    return [
+        EventView(id=e.id, type=e.type, data=e.data, token=e.token, created_at=e.created_at)
+        for e in await store.list_events(row.id, after_id=after, limit=limit)
+    ]
 
 
 @router.get("/{work_item_id}/artifacts/{artifact_id}", summary="Download an artifact")
@@ -140,15 +193,17 @@ async def artifact(work_item_id: str, artifact_id: str, principal: PrincipalDep,
     from crewwork.store.tables import Artifact
 
     async with store.session() as s:
-        found = (await s.execute(
-            select(Artifact.content, Artifact.content_type, Artifact.name)
-            .where(Artifact.id == artifact_id, Artifact.work_item_id == row.id)
-        )).first()
+        found = (
+            await s.execute(
+                select(Artifact.content, Artifact.content_type, Artifact.name).where(
+                    Artifact.id == artifact_id, Artifact.work_item_id == row.id
+                )
+            )
+        ).first()
     if found is None:
         raise ProblemError(404, "not_found", f"no artifact {artifact_id} on {work_item_id}")
     content, ctype, name = found
-    return Response(bytes(content), media_type=ctype,
-                    headers={"Content-Disposition": f'inline; filename="{name}"'})
+    return Response(bytes(content), media_type=ctype, headers={"Content-Disposition": f'inline; filename="{name}"'})
 
 
 @router.post("/{work_item_id}/review", response_model=ReviewResponse, summary="Approve, reject or request changes")
@@ -173,5 +228,3 @@ async def cancel(work_item_id: str, principal: PrincipalDep, store: StoreDep, se
     except WorkflowUnavailable as exc:
         raise ProblemError(503, "temporal_unavailable", str(exc)) from exc
     return ReviewResponse(id=row.id, message="cancellation requested")
-
-

@@ -212,11 +212,7 @@ class Store:
 
     async def list_api_keys(self, tenant_name: str | None = None) -> list[dict[str, Any]]:
         async with self.session() as s:
-            q = (
-                select(ApiKey, Tenant.name)
-                .join(Tenant, Tenant.id == ApiKey.tenant_id)
-                .order_by(ApiKey.created_at)
-            )
+            q = select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id).order_by(ApiKey.created_at)
             if tenant_name:
                 q = q.where(Tenant.name == tenant_name)
             rows = (await s.execute(q)).all()
@@ -377,9 +373,9 @@ class Store:
 
     def _upsert_increment(self, key: str) -> Any:
         ins = (postgresql.insert if not self.is_sqlite else sqlite.insert)(Fence).values(key=key, token=1)
-        return ins.on_conflict_do_update(
-            index_elements=[Fence.key], set_={"token": Fence.token + 1}
-        ).returning(Fence.token)
+        return ins.on_conflict_do_update(index_elements=[Fence.key], set_={"token": Fence.token + 1}).returning(
+            Fence.token
+        )
 
     async def _issue(self, s: AsyncSession, key: str) -> int:
         return int((await s.execute(self._upsert_increment(key))).scalar_one())

@@ -56,7 +56,12 @@ def free_port() -> int:
 
 class DevServer:
     def __init__(
-        self, data_dir: Path, *, port: int = 7233, ui_port: int | None = None, host: str = "127.0.0.1",
+        self,
+        data_dir: Path,
+        *,
+        port: int = 7233,
+        ui_port: int | None = None,
+        host: str = "127.0.0.1",
         ui: bool = True,
     ) -> None:
         self.data_dir = data_dir
@@ -77,12 +82,19 @@ class DevServer:
 
     def command(self) -> list[str]:
         cmd = [
-            temporal_binary(), "server", "start-dev",
-            "--db-filename", str(self.data_dir / "temporal.db"),
-            "--ip", self.host,
-            "--port", str(self.port),
-            "--log-level", "warn",
-            "--log-format", "json",
+            temporal_binary(),
+            "server",
+            "start-dev",
+            "--db-filename",
+            str(self.data_dir / "temporal.db"),
+            "--ip",
+            self.host,
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warn",
+            "--log-format",
+            "json",
         ]
         if self.ui:
             cmd += ["--ui-port", str(self.ui_port)]
@@ -100,10 +112,14 @@ class DevServer:
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child process
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ},
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ},
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -135,8 +135,7 @@ class ModelClient:
         key = self._env.get(endpoint.api_key_env, "").strip()
         if not key:
             raise ProviderRejected(
-                f"endpoint {name!r}: environment variable {endpoint.api_key_env} "
-                "is not set on the agent worker",
+                f"endpoint {name!r}: environment variable {endpoint.api_key_env} is not set on the agent worker",
                 endpoint=name,
                 cause="auth",
             )

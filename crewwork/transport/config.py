@@ -139,9 +139,7 @@ class TransportConfig(BaseModel):
             )
         unknown = [n for n in names if n not in self.endpoints]
         if unknown:
-            raise TransportSettingsError(
-                f"route {workload!r} names unknown endpoint(s): {', '.join(unknown)}"
-            )
+            raise TransportSettingsError(f"route {workload!r} names unknown endpoint(s): {', '.join(unknown)}")
         return list(names)
 
     def key_env_names(self) -> set[str]:
@@ -187,8 +185,7 @@ def merge_configs(operator: TransportConfig, work_item: TransportConfig) -> Tran
     for name, ep in work_item.endpoints.items():
         if name in operator.endpoints and ep != operator.endpoints[name]:
             raise TransportSettingsError(
-                f"endpoint {name!r} is defined by the operator; "
-                "a work item may route to it but not redefine it"
+                f"endpoint {name!r} is defined by the operator; a work item may route to it but not redefine it"
             )
         if ep.api_key_env and ep.api_key_env not in allowed:
             raise TransportSettingsError(
@@ -196,9 +193,7 @@ def merge_configs(operator: TransportConfig, work_item: TransportConfig) -> Tran
                 f"which the operator has not allowed (add it to allowed_key_envs in {ENV_ENDPOINTS})"
             )
     if work_item.allowed_key_envs or not work_item.allow_work_item_endpoints:
-        raise TransportSettingsError(
-            "allowed_key_envs and allow_work_item_endpoints are set by the operator only"
-        )
+        raise TransportSettingsError("allowed_key_envs and allow_work_item_endpoints are set by the operator only")
     return TransportConfig(
         endpoints={**operator.endpoints, **work_item.endpoints},
         routes={**operator.routes, **work_item.routes},

@@ -80,10 +80,7 @@ def build_diagnostics(
     if evidence is not None:
         used = sum(len(s) + 2 for s in sections)
         room = max_chars - used - 200
-        tails = [
-            (name, text)
-            for name, text in (("stdout", evidence.stdout_tail), ("stderr", evidence.stderr_tail))
-        ]
+        tails = [(name, text) for name, text in (("stdout", evidence.stdout_tail), ("stderr", evidence.stderr_tail))]
         tails = [(n, t.strip("\n")) for n, t in tails if t.strip()]
         for name, text in tails:
             share = room // len(tails)
@@ -159,8 +156,7 @@ def _changes(diff_stats: DiffStats | None) -> str:
     if not diff_stats.files_changed and not diff_stats.files:
         return "No files changed."
     lines = [
-        f"{diff_stats.files_changed} file(s) changed, "
-        f"+{diff_stats.insertions} -{diff_stats.deletions} lines:",
+        f"{diff_stats.files_changed} file(s) changed, +{diff_stats.insertions} -{diff_stats.deletions} lines:",
     ]
     files = sorted(diff_stats.files)
     lines += [f"- {f[:300]}" for f in files[:MAX_FILES_LISTED]]

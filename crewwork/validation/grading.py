@@ -71,15 +71,11 @@ class ValidationEvidence(BaseModel):
     patch_applied: bool = Field(
         default=True, description="The diff applied cleanly to a fresh checkout of the base commit."
     )
-    exit_code: int | None = Field(
-        default=None, description="Exit code of the test command; None if none exists."
-    )
+    exit_code: int | None = Field(default=None, description="Exit code of the test command; None if none exists.")
     timed_out: bool = Field(default=False, description="The sandbox's wall-clock cap ended the run.")
     oom_killed: bool = Field(default=False, description="The sandbox's memory cap killed the run.")
     pids_limited: bool = Field(default=False, description="The sandbox's process cap was hit.")
-    killed_by_signal: int | None = Field(
-        default=None, description="Signal number that killed the test command."
-    )
+    killed_by_signal: int | None = Field(default=None, description="Signal number that killed the test command.")
     setup_exit_code: int | None = Field(
         default=None,
         description="Exit code of the first failing setup command; None or 0 when setup was fine.",
@@ -97,9 +93,7 @@ class ValidationEvidence(BaseModel):
     )
     stdout_tail: str = Field(default="", description="Bounded tail of the test command's stdout.")
     stderr_tail: str = Field(default="", description="Bounded tail of the test command's stderr.")
-    fail_to_pass: list[str] = Field(
-        default_factory=list, description="Test ids that must pass after the change."
-    )
+    fail_to_pass: list[str] = Field(default_factory=list, description="Test ids that must pass after the change.")
     pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
 
     @classmethod
@@ -230,9 +224,7 @@ def _decide(ev: ValidationEvidence) -> Verdict:
             exit_code=ev.exit_code,
         )
     if ev.oom_killed:
-        return _fail(
-            Cause.oom, "The test run exceeded its memory limit and was killed.", exit_code=ev.exit_code
-        )
+        return _fail(Cause.oom, "The test run exceeded its memory limit and was killed.", exit_code=ev.exit_code)
     if ev.pids_limited:
         return _fail(Cause.pids, "The test run hit the sandbox's process limit.", exit_code=ev.exit_code)
     if ev.killed_by_signal is not None:
@@ -280,8 +272,7 @@ def _decide(ev: ValidationEvidence) -> Verdict:
         failing = {t.id for t in parsed.tests if t.outcome in ("failed", "error")}
         return _fail(
             Cause.exit_mismatch,
-            f"The test command exited 0 but its report shows {_plural(bad, 'failing test')}; "
-            "the two disagree.",
+            f"The test command exited 0 but its report shows {_plural(bad, 'failing test')}; the two disagree.",
             exit_code=ev.exit_code,
             **_test_fields(parsed, ev, failing=failing),
         )

@@ -203,9 +203,7 @@ def parse_junit(data: bytes | str) -> ParsedReport:
     except _RefusedXML as exc:
         return _unparseable(fmt, str(exc))
     except expat.ExpatError as exc:
-        return _unparseable(
-            fmt, f"report is not well-formed XML ({expat.ErrorString(exc.code)}, line {exc.lineno})"
-        )
+        return _unparseable(fmt, f"report is not well-formed XML ({expat.ErrorString(exc.code)}, line {exc.lineno})")
     except (RecursionError, MemoryError, ValueError, UnicodeError) as exc:
         return _unparseable(fmt, f"report could not be read ({type(exc).__name__})")
 

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ValidateInput,
         WorkspaceLeaseInput,
     )
+    from crewwork.limits import Limits, LoopState
     from crewwork.models import (
         AgentOutcome,
         AttemptSummary,
@@ -77,6 +78,7 @@ VALIDATE_RETRY = RetryPolicy(
 WORKSPACE_POLL = timedelta(seconds=2)
 WORKSPACE_POLL_MAX = timedelta(seconds=30)
 WORKSPACE_LEASE_TTL_S = 600.0
+BREAKER_K = 3
 
 SA_STATE = SearchAttributeKey.for_keyword("CrewworkState")
 SA_KIND = SearchAttributeKey.for_keyword("CrewworkKind")
@@ -135,8 +137,9 @@ class WorkItemWorkflow:
         ws_key: str | None = None
         ws_token: int | None = None
         try:
-            admit = await self._control("admit", AdmitInput(work_item_id=inp.work_item_id,
-                                                            tenant_id=inp.tenant_id, spec=spec))
+            admit = await self._control(
+                "admit", AdmitInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, spec=spec)
+            )
             if not admit.admitted:
                 return await self._finish(inp, WorkItemState.failed, f"not admitted: {admit.reason}")
             self._set(WorkItemState.admitted, "admitted")
@@ -169,11 +172,20 @@ class WorkItemWorkflow:
                 raise _Dead("superseded by a newer writer")
             verdict = "passed" if outcome.error is None else "failed"
             reason = "agent returned its output" if outcome.error is None else f"agent error: {outcome.error}"
-            await self._record(inp, attempt, verdict, reason, None if verdict == "passed" else "agent_error",
-                               None, outcome, None)
+            await self._record(
+                inp,
+                attempt,
+                verdict,
+                reason,
+                None if verdict == "passed" else "agent_error",
+                None,
+                outcome,
+                None,
+            )
             if outcome.error is None:
-                return await self._finish(inp, WorkItemState.succeeded, "task completed", output=outcome.output,
-                                          mock=outcome.mock)
+                return await self._finish(
+                    inp, WorkItemState.succeeded, "task completed", output=outcome.output, mock=outcome.mock
+                )
             last_error = outcome.error
         return await self._finish(
             inp, WorkItemState.failed, f"budget: {spec.budget.max_attempts} attempts used; last: {last_error}"
@@ -195,34 +207,59 @@ class WorkItemWorkflow:
         passed: tuple[AgentOutcome, ValidationOutcome] | None = None
         attempt = carry.next_attempt
         mock = False
+        limits = Limits.from_spec(spec.budget, breaker_k=BREAKER_K)
+        started_at = carry.started_at_s if carry.started_at_s is not None else workflow.now().timestamp()
+        tokens, cost = carry.tokens_used, carry.cost_usd
         while passed is None:
-            if attempt > spec.budget.max_attempts:
-                return await self._finish(
-                    inp, WorkItemState.failed,
-                    f"budget: all {spec.budget.max_attempts} attempts used without passing validation",
-                    mock=mock,
+            hit = limits.check(
+                LoopState(
+                    attempts_made=attempt - 1,
+                    now_s=workflow.now().timestamp(),
+                    started_at_s=started_at,
+                    tokens_used=tokens,
+                    cost_usd=cost,
+                    fingerprints=tuple(fingerprints),
                 )
-            breaker = _breaker_tripped(fingerprints, k=3)
-            if breaker:
-                return await self._finish(inp, WorkItemState.failed, f"breaker: {breaker}", mock=mock)
+            )
+            if hit is not None:
+                return await self._finish(inp, WorkItemState.failed, f"{hit.kind}: {hit.reason}", mock=mock)
             if workflow.info().is_continue_as_new_suggested():
                 self._continuing = True
                 workflow.continue_as_new(
                     WorkItemInput(
-                        work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, spec=spec,
-                        repo_path=inp.repo_path, base_commit=inp.base_commit,
-                        carry=LoopCarry(next_attempt=attempt, diagnostics_ref=diagnostics,
-                                        review_comment=review_comment),
+                        work_item_id=inp.work_item_id,
+                        tenant_id=inp.tenant_id,
+                        spec=spec,
+                        repo_path=inp.repo_path,
+                        base_commit=inp.base_commit,
+                        carry=LoopCarry(
+                            next_attempt=attempt,
+                            diagnostics_ref=diagnostics,
+                            review_comment=review_comment,
+                            started_at_s=started_at,
+                            tokens_used=tokens,
+                            cost_usd=cost,
+                        ),
                     )
                 )
             self._set(WorkItemState.running, f"attempt {attempt}: agent running", attempt=attempt)
             outcome = await self._agent(inp, attempt, diagnostics, review_comment)
             mock = mock or outcome.mock
+            tokens += outcome.tokens_used
+            cost += outcome.cost_usd
             if outcome.stale:
                 raise _Dead("superseded by a newer writer")
             if outcome.error is not None:
-                rec = await self._record(inp, attempt, "failed", f"agent error: {outcome.error}", "agent_error",
-                                         "agent_error", outcome, None)
+                rec = await self._record(
+                    inp,
+                    attempt,
+                    "failed",
+                    f"agent error: {outcome.error}",
+                    "agent_error",
+                    "agent_error",
+                    outcome,
+                    None,
+                )
                 fingerprints = rec
                 diagnostics = f"Attempt {attempt} failed: the agent reported an error: {outcome.error}"
                 attempt += 1
@@ -233,7 +270,13 @@ class WorkItemWorkflow:
                 raise _Dead("superseded by a newer writer")
             verdict = "passed" if validation.passed else "failed"
             fingerprints = await self._record(
-                inp, attempt, verdict, validation.reason, validation.cause, validation.fingerprint, outcome,
+                inp,
+                attempt,
+                verdict,
+                validation.reason,
+                validation.cause,
+                validation.fingerprint,
+                outcome,
                 validation,
             )
             if validation.passed:
@@ -249,35 +292,53 @@ class WorkItemWorkflow:
                 return await self._finish(inp, WorkItemState.failed, "review timed out", mock=mock)
             if decision.action == "reject":
                 return await self._finish(
-                    inp, WorkItemState.rejected, f"rejected by reviewer: {decision.comment or ''}".strip(), mock=mock
+                    inp,
+                    WorkItemState.rejected,
+                    f"rejected by reviewer: {decision.comment or ''}".strip(),
+                    mock=mock,
                 )
             if decision.action == "request_changes":
                 self._review = None
-                if attempt + 1 > spec.budget.max_attempts:
-                    return await self._finish(
-                        inp, WorkItemState.failed, "changes requested but the attempt budget is spent", mock=mock
-                    )
+                # A reviewer's "no" is not a same-cause failure: it breaks any run the breaker counts.
+                fingerprints.append(None)
                 return await self._run_code_change(
                     inp,
-                    LoopCarry(next_attempt=attempt + 1, diagnostics_ref=None,
-                              review_comment=decision.comment),
-                    fingerprints, ws_key, ws_token,
+                    LoopCarry(
+                        next_attempt=attempt + 1,
+                        diagnostics_ref=None,
+                        review_comment=decision.comment,
+                        started_at_s=started_at,
+                        tokens_used=tokens,
+                        cost_usd=cost,
+                    ),
+                    fingerprints,
+                    ws_key,
+                    ws_token,
                 )
         assert agent_out.diff_ref is not None
         self._set(WorkItemState.landing, "landing", attempt=attempt)
         landed = await self._control(
             "land_change",
             LandInput(
-                work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, repo_path=inp.repo_path,
-                base_commit=inp.base_commit, diff_ref=agent_out.diff_ref,
-                message=_commit_message(inp, attempt), workspace_key=ws_key, workspace_token=ws_token,
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                repo_path=inp.repo_path,
+                base_commit=inp.base_commit,
+                diff_ref=agent_out.diff_ref,
+                message=_commit_message(inp, attempt),
+                workspace_key=ws_key,
+                workspace_token=ws_token,
             ),
         )
         self._status.delivery_branch = landed.branch  # type: ignore[union-attr]
         self._status.landed_commit = landed.commit  # type: ignore[union-attr]
         return await self._finish(
-            inp, WorkItemState.succeeded, f"validated on attempt {attempt} and landed on {landed.branch}",
-            branch=landed.branch, commit=landed.commit, mock=mock,
+            inp,
+            WorkItemState.succeeded,
+            f"validated on attempt {attempt} and landed on {landed.branch}",
+            branch=landed.branch,
+            commit=landed.commit,
+            mock=mock,
         )
 
     # ------------------------------------------------------------------ steps
@@ -302,8 +363,13 @@ class WorkItemWorkflow:
             return await workflow.execute_activity(
                 "run_agent",
                 AgentStepInput(
-                    work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, attempt=attempt, spec=inp.spec,
-                    repo_path=inp.repo_path, base_commit=inp.base_commit, diagnostics=diagnostics,
+                    work_item_id=inp.work_item_id,
+                    tenant_id=inp.tenant_id,
+                    attempt=attempt,
+                    spec=inp.spec,
+                    repo_path=inp.repo_path,
+                    base_commit=inp.base_commit,
+                    diagnostics=diagnostics,
                     review_comment=review_comment,
                 ),
                 task_queue=self._queues["agent"],
@@ -326,15 +392,20 @@ class WorkItemWorkflow:
             return await workflow.execute_activity(
                 "validate_change",
                 ValidateInput(
-                    work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, attempt=attempt,
-                    repo_path=inp.repo_path, base_commit=inp.base_commit, validation=spec.validation,
-                    sandbox=spec.sandbox, diff_ref=outcome.diff_ref, diff_stats=outcome.diff_stats,
+                    work_item_id=inp.work_item_id,
+                    tenant_id=inp.tenant_id,
+                    attempt=attempt,
+                    repo_path=inp.repo_path,
+                    base_commit=inp.base_commit,
+                    validation=spec.validation,
+                    sandbox=spec.sandbox,
+                    diff_ref=outcome.diff_ref,
+                    diff_stats=outcome.diff_stats,
                     review_comment=review_comment,
                 ),
                 task_queue=self._queues["validate"],
-                start_to_close_timeout=timedelta(
-                    seconds=spec.validation.timeout_s * (1 + len(spec.validation.setup))
-                ) + VALIDATE_MARGIN,
+                start_to_close_timeout=timedelta(seconds=spec.validation.timeout_s * (1 + len(spec.validation.setup)))
+                + VALIDATE_MARGIN,
                 heartbeat_timeout=VALIDATE_HEARTBEAT,
                 retry_policy=VALIDATE_RETRY,
                 result_type=ValidationOutcome,
@@ -359,8 +430,15 @@ class WorkItemWorkflow:
         res = await self._control(
             "record_attempt",
             RecordInput(
-                work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, attempt=attempt, verdict=verdict,
-                reason=reason, cause=cause, fingerprint=fingerprint, agent=agent, validation=validation,
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                attempt=attempt,
+                verdict=verdict,
+                reason=reason,
+                cause=cause,
+                fingerprint=fingerprint,
+                agent=agent,
+                validation=validation,
             ),
         )
         if res.stale:
@@ -374,8 +452,12 @@ class WorkItemWorkflow:
         while True:
             res = await self._control(
                 "acquire_workspace",
-                WorkspaceLeaseInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, key=key,
-                                    ttl_s=WORKSPACE_LEASE_TTL_S),
+                WorkspaceLeaseInput(
+                    work_item_id=inp.work_item_id,
+                    tenant_id=inp.tenant_id,
+                    key=key,
+                    ttl_s=WORKSPACE_LEASE_TTL_S,
+                ),
             )
             if res.token is not None:
                 return int(res.token)
@@ -391,8 +473,12 @@ class WorkItemWorkflow:
         self._set(WorkItemState.awaiting_review, "awaiting review")
         await self._control(
             "set_state",
-            SetStateInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id,
-                          state=WorkItemState.awaiting_review, reason="validated; awaiting review"),
+            SetStateInput(
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                state=WorkItemState.awaiting_review,
+                reason="validated; awaiting review",
+            ),
         )
         try:
             await workflow.wait_condition(
@@ -418,12 +504,19 @@ class WorkItemWorkflow:
     ) -> WorkItemResult:
         assert self._status is not None
         result = WorkItemResult(
-            work_item_id=inp.work_item_id, state=state, reason=reason, attempts=self._status.attempts,
-            output=output, delivery_branch=branch, landed_commit=commit, mock=mock,
+            work_item_id=inp.work_item_id,
+            state=state,
+            reason=reason,
+            attempts=self._status.attempts,
+            output=output,
+            delivery_branch=branch,
+            landed_commit=commit,
+            mock=mock,
         )
         self._set(state, reason)
-        await self._control("finish", FinishInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id,
-                                                  result=result))
+        await self._control(
+            "finish", FinishInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, result=result)
+        )
         return result
 
     async def _safe_finish(self, inp: WorkItemInput, state: WorkItemState, reason: str) -> None:
@@ -434,15 +527,19 @@ class WorkItemWorkflow:
 
     async def _release(self, inp: WorkItemInput, key: str, token: int | None) -> None:
         try:
-            await self._control("release_workspace", ReleaseInput(work_item_id=inp.work_item_id,
-                                                                  tenant_id=inp.tenant_id, key=key, token=token))
+            await self._control(
+                "release_workspace",
+                ReleaseInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, key=key, token=token),
+            )
         except _Dead:
             workflow.logger.warning("could not release %s; it expires on its own", key)
 
     async def _cleanup(self, inp: WorkItemInput) -> None:
         try:
-            await self._control("cleanup", CleanupInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id,
-                                                        repo_path=inp.repo_path))
+            await self._control(
+                "cleanup",
+                CleanupInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, repo_path=inp.repo_path),
+            )
         except _Dead:
             workflow.logger.warning("cleanup of %s failed", inp.work_item_id)
 
@@ -455,21 +552,14 @@ class WorkItemWorkflow:
         if _search_attributes_enabled():
             try:
                 workflow.upsert_search_attributes([SA_STATE.value_set(state.value)])
-            except Exception:  # noqa: BLE001 - an unregistered attribute must not fail the work item
+            except Exception:
                 pass
 
 
 def _search_attributes_enabled() -> bool:
     # Upserting an attribute the namespace does not know fails the workflow task; only do it when the typed
     # attributes are present (registered at start by the API/dev server).
-    return SA_STATE.name in {k.name for k in workflow.info().typed_search_attributes}
-
-
-def _breaker_tripped(fingerprints: list[str | None], k: int) -> str | None:
-    tail = fingerprints[-k:]
-    if len(tail) == k and tail[0] is not None and all(f == tail[0] for f in tail):
-        return f"the last {k} attempts failed the same way ({tail[0]})"
-    return None
+    return SA_STATE.name in {p.key.name for p in workflow.info().typed_search_attributes}
 
 
 def _slim(summary: AttemptSummary) -> AttemptSummary:
@@ -526,4 +616,3 @@ def _result_types() -> dict[str, type]:
 
 with workflow.unsafe.imports_passed_through():
     _RESULT_TYPES = _result_types()
-

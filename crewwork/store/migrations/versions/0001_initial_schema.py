@@ -10,7 +10,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-
 revision = "0001"
 down_revision = None
 branch_labels = None
@@ -37,9 +36,7 @@ def upgrade() -> None:
 
     op.create_table(
         "events",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("work_item_id", sa.String(length=64), nullable=False),
         sa.Column("tenant_id", sa.String(length=64), nullable=False),
         sa.Column("type", sa.String(length=64), nullable=False),
@@ -60,9 +57,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "lease_history",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("key", sa.String(length=300), nullable=False),
         sa.Column("holder", sa.String(length=200), nullable=False),
         sa.Column("token", sa.BigInteger(), nullable=False),
@@ -141,9 +136,7 @@ def upgrade() -> None:
 
     op.create_table(
         "attempts",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("work_item_id", sa.String(length=64), nullable=False),
         sa.Column("number", sa.Integer(), nullable=False),
         sa.Column("token", sa.BigInteger(), nullable=False),

