@@ -52,10 +52,6 @@ fi
 docker -H "unix://$SOCK" info --format '{{json .Runtimes}}' | grep -q runsc \
     || fail "dockerd is up but has no runsc runtime; check /etc/docker/daemon.json and restart dockerd"
 
-if docker -H "unix://$SOCK" image inspect "$IMAGE" >/dev/null 2>&1; then
-    echo "docker-up: image $IMAGE present"
-else
-    echo "docker-up: building $IMAGE from host files"
-    "$PYTHON" -m crewwork.sandbox.image --name "$IMAGE" || fail "building the sandbox image failed"
-fi
+# Rebuilt when missing or when the interpreter or installed packages changed since the last build.
+"$PYTHON" -m crewwork.sandbox.image --if-stale --name "$IMAGE" || fail "building the sandbox image $IMAGE failed"
 echo "docker-up: ready (engine on $SOCK, runtimes: runc runsc, image $IMAGE)"

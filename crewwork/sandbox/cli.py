@@ -20,7 +20,7 @@ from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
 
 
 def add_sandbox_commands(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `sandbox run|build-image|check` under the given subparsers; returns the `sandbox` parser."""
+    """Register `sandbox run|build-image|check`; each sets `handler` (and `fn`, which crewwork.cli calls)."""
     sandbox = subparsers.add_parser("sandbox", help="run commands in a sandbox, build its image, check backends")
     sub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="{run,build-image,check}")
 
@@ -38,15 +38,15 @@ def add_sandbox_commands(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--unsafe", action="store_true", help="allow the non-isolating `local` backend")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...", help="the command and its arguments")
-    run.set_defaults(handler=cmd_run)
+    run.set_defaults(handler=cmd_run, fn=cmd_run)
 
     build = sub.add_parser("build-image", help="build the default docker/gvisor image from host files (no registry)")
     build.add_argument("--name", default=None, help=f"image name (default: settings, {DEFAULT_IMAGE})")
-    build.set_defaults(handler=cmd_build_image)
+    build.set_defaults(handler=cmd_build_image, fn=cmd_build_image)
 
     check = sub.add_parser("check", help="list sandbox backends and whether each works here")
     check.add_argument("--json", action="store_true", help="print as JSON")
-    check.set_defaults(handler=cmd_check)
+    check.set_defaults(handler=cmd_check, fn=cmd_check)
     return sandbox
 
 

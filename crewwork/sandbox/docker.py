@@ -34,6 +34,8 @@ from crewwork.sandbox.base import (
 from crewwork.sandbox.config import SandboxSettings
 
 NOBODY = "65534:65534"
+AVAILABILITY_TTL_S = 5.0
+_AVAILABILITY: dict[str, tuple[float, tuple[bool, str]]] = {}
 # The runtime deletes a container's cgroup (and its counters) as soon as it exits, and v1 cgroups send no
 # notification, so counters are sampled this often while it runs.
 CGROUP_POLL_S = 0.01
@@ -76,6 +78,17 @@ class DockerSandbox(Sandbox):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
+        # Asked before every run by best_available(); the engine is not worth three API calls each time.
+        key = (cls.name, os.environ.get("DOCKER_HOST"), *sorted(SandboxSettings().model_dump().items()))
+        hit = _AVAILABILITY.get(str(key))
+        if hit is not None and time.monotonic() - hit[0] < AVAILABILITY_TTL_S:
+            return hit[1]
+        result = cls._probe()
+        _AVAILABILITY[str(key)] = (time.monotonic(), result)
+        return result
+
+    @classmethod
+    def _probe(cls) -> tuple[bool, str]:
         settings = SandboxSettings()
         runtime = cls.forced_runtime or settings.docker_runtime
         try:

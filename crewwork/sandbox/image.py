@@ -183,6 +183,29 @@ def _elf_files(tree: str) -> list[str]:
     ]
 
 
+def fingerprint() -> str:
+    """What the image is made of: the interpreter and the installed distributions (a stale image differs)."""
+    import hashlib
+
+    site = sysconfig.get_paths()["purelib"]
+    dists = sorted(d for d in os.listdir(site) if d.endswith(".dist-info") and not d.startswith(SITE_SKIP_PREFIXES))
+    text = "\n".join([os.path.realpath(sys.executable), sys.version, *dists])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def image_is_current(name: str, *, base_url: str | None = None) -> bool:
+    """True if `name` exists locally and was built from this interpreter and these packages."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+        labels = client.images.get(name).labels or {}
+    except docker.errors.DockerException:
+        return False
+    return labels.get("crewwork.sandbox.fingerprint") == fingerprint()
+
+
 def write_rootfs_tar(out: io.BufferedWriter) -> dict[str, str]:
     """Write the image's root filesystem as a tar stream. Returns facts for the image's labels."""
     base = os.path.realpath(sys.base_prefix)
@@ -231,7 +254,11 @@ def write_rootfs_tar(out: io.BufferedWriter) -> dict[str, str]:
         info.linkname = exe
         rootfs._emit(info)
     rootfs.close()
-    return {"crewwork.sandbox.python": exe, "crewwork.sandbox.python-version": sys.version.split()[0]}
+    return {
+        "crewwork.sandbox.python": exe,
+        "crewwork.sandbox.python-version": sys.version.split()[0],
+        "crewwork.sandbox.fingerprint": fingerprint(),
+    }
 
 
 def build_image(name: str = DEFAULT_IMAGE, *, base_url: str | None = None) -> str:
@@ -282,7 +309,11 @@ def build_image(name: str = DEFAULT_IMAGE, *, base_url: str | None = None) -> st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the crewwork sandbox image from host files.")
     parser.add_argument("--name", default=DEFAULT_IMAGE, help=f"image name (default {DEFAULT_IMAGE})")
+    parser.add_argument("--if-stale", action="store_true", help="build only if missing or built from other packages")
     args = parser.parse_args(argv)
+    if args.if_stale and image_is_current(args.name):
+        print(f"{args.name} is current (fingerprint {fingerprint()})")
+        return 0
     started = time.monotonic()
     try:
         image_id = build_image(args.name)
