@@ -1,0 +1,43 @@
+# The two commands of the quick start: `make demo` and `make test`. Both install what they need first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+
+.PHONY: demo test install install-dev test-env lint typecheck pytest dev clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## The main job: one work item end to end on the embedded defaults (Temporal dev server + SQLite).
+demo: install
+	$(VENV)/bin/crewwork demo
+
+## Run crewwork on this machine (Temporal, API, console, worker pools) until Ctrl-C.
+dev: install
+	$(VENV)/bin/crewwork dev
+
+## Everything the tests need that is not a Python package: bubblewrap, git, Chromium, a Docker engine with gVisor,
+## and a reachable PostgreSQL. Needs root (these machines run as root).
+test-env: install
+	bash scripts/test-env.sh $(PY)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+pytest: install
+	$(VENV)/bin/pytest -ra
+
+## The tests: lint, types, then the whole suite against real PostgreSQL, Temporal, sandboxes and a browser.
+test: test-env lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .crewwork .pytest_cache .mypy_cache .ruff_cache test-artifacts

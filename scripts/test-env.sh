@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Install and start what the test suite needs besides Python packages. Idempotent; needs root.
+#   scripts/test-env.sh [PYTHON]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${1:-.venv/bin/python}"
+export DEBIAN_FRONTEND=noninteractive
+
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v git >/dev/null || need+=(git)
+command -v psql >/dev/null || need+=(postgresql-client)
+command -v chromium >/dev/null || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "test-env: installing ${need[*]}"
+    apt-get update -qq
+    apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# PostgreSQL runs on these machines before every session and CI run; start it if it was stopped.
+if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    echo "test-env: starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+    for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+fi
+pg_isready -h 127.0.0.1 -p 5432 || { echo "test-env: PostgreSQL is not reachable at 127.0.0.1:5432" >&2; exit 1; }
+
+# A Docker engine with gVisor and the locally built sandbox image (no registry is reachable).
+bash .ci/docker-up.sh "$PYTHON"
+echo "test-env: ready"
