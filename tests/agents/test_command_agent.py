@@ -92,9 +92,7 @@ async def test_cli_runs_in_a_real_sandbox_and_its_change_is_in_the_workspace(
     assert "+    return a + b" in diff
     # The input files live outside the worktree: nothing of them is in the diff.
     assert "instruction" not in diff and "crewwork" not in diff.lower()
-    assert (
-        result.output is not None and result.output["exit_code"] == 0 and result.output["backend"] == "bwrap"
-    )
+    assert result.output is not None and result.output["exit_code"] == 0 and result.output["backend"] == "bwrap"
     seen = json.loads((result.claims or "").splitlines()[0])
     assert seen["instruction"].startswith("Fix add()") and seen["diagnostics"].startswith("FAILED")
     assert seen["tampered"] is False  # the input directory is read-only inside the sandbox
@@ -109,27 +107,21 @@ async def test_nonzero_exit_and_timeout_are_agent_errors(make_ctx: MakeCtx, git_
     fail_env = operator_env(cli_dir)
     with pytest.raises(AgentError, match=r"exited with code 3; stderr tail: oops") as info:
         await CommandAgent(env=fail_env).run(
-            make_ctx(
-                {"command": "fixer", "args": ["fail"]}, sandbox=sandbox, limits=SandboxLimits(timeout_s=60)
-            )
+            make_ctx({"command": "fixer", "args": ["fail"]}, sandbox=sandbox, limits=SandboxLimits(timeout_s=60))
         )
     assert '"exit_code": 3' in info.value.transcript  # type: ignore[attr-defined]
 
     slow_env = operator_env(cli_dir, timeout_s=1.0)
     with pytest.raises(AgentError, match=r"timed out after 1\.0s"):
         await CommandAgent(env=slow_env).run(
-            make_ctx(
-                {"command": "fixer", "args": ["sleep"]}, sandbox=sandbox, limits=SandboxLimits(timeout_s=60)
-            )
+            make_ctx({"command": "fixer", "args": ["sleep"]}, sandbox=sandbox, limits=SandboxLimits(timeout_s=60))
         )
 
 
 def test_kill_switch_falls_back_to_the_model_agent(cli_dir: Path):
     env = operator_env(cli_dir)
     assert choose_agent("command", {"command": "fixer"}, env=env)[0] == "command"
-    name, why = choose_agent(
-        "command", {"command": "fixer"}, env={**env, "CREWWORK_COMMAND_AGENT_ENABLED": "false"}
-    )
+    name, why = choose_agent("command", {"command": "fixer"}, env={**env, "CREWWORK_COMMAND_AGENT_ENABLED": "false"})
     assert name == "model" and "disabled by the operator" in why
     assert choose_agent("scripted", {}, env={"CREWWORK_COMMAND_AGENT_ENABLED": "false"})[0] == "scripted"
 
@@ -149,21 +141,15 @@ def test_eligibility_by_repository_glob_and_labels(cli_dir: Path):
     other = "/srv/repos/team-b/api"
     name, why = choose_agent("command", {"command": "fixer"}, repo=other, labels={"agent-cli": "ok"}, env=env)
     assert name == "model" and "matches none of" in why
-    name, why = choose_agent(
-        "command", {"command": "fixer"}, repo="/srv/repos/team-a/api", labels={}, env=env
-    )
+    name, why = choose_agent("command", {"command": "fixer"}, repo="/srv/repos/team-a/api", labels={}, env=env)
     assert name == "model" and "label agent-cli=ok is required" in why
     name, why = choose_agent("command", {"command": "unknown"}, env=env)
     assert name == "model" and "not defined by the operator" in why
 
 
 def test_validate_config():
-    CommandAgent.validate_config(
-        WorkItemKind.code_change, {"command": "fixer", "model": {"max_edit_rounds": 2}}
-    )
+    CommandAgent.validate_config(WorkItemKind.code_change, {"command": "fixer", "model": {"max_edit_rounds": 2}})
     with pytest.raises(AgentConfigError):
         CommandAgent.validate_config(WorkItemKind.code_change, {"argv": ["rm", "-rf", "/"]})
     with pytest.raises(AgentConfigError, match="max_edit_roundz"):
-        CommandAgent.validate_config(
-            WorkItemKind.code_change, {"command": "x", "model": {"max_edit_roundz": 2}}
-        )
+        CommandAgent.validate_config(WorkItemKind.code_change, {"command": "x", "model": {"max_edit_roundz": 2}})

@@ -50,11 +50,7 @@ def test_malformed_responses_are_refused_with_a_reason(text: str, reason: str):
 
 
 def test_applies_blocks_in_order_and_creates_files(ws: Path):
-    text = (
-        block("b.txt", "world\n", "there\n")
-        + block("b.txt", "hello\n", "hi\n")
-        + block("new/c.py", "", "z\n")
-    )
+    text = block("b.txt", "world\n", "there\n") + block("b.txt", "hello\n", "hi\n") + block("new/c.py", "", "z\n")
     assert apply_edit_text(ws, text) == ["b.txt", "new/c.py"]
     assert (ws / "b.txt").read_text() == "hi\nthere\n"
     assert (ws / "new" / "c.py").read_text() == "z\n"

@@ -54,9 +54,7 @@ async def test_correct_edit_on_first_try_changes_the_repository(
     assert ModelAgent.mock is False
 
 
-async def test_malformed_edit_then_correct_one(
-    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, git_repo: Path
-):
+async def test_malformed_edit_then_correct_one(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, git_repo: Path):
     fake_openai.enqueue(
         Reply.text("Sure! I changed the minus to a plus."),  # no blocks at all
         # Whole lines must match: a SEARCH of "  return a - b" must not hit the middle of "    return a - b".
@@ -85,9 +83,7 @@ async def test_edit_rounds_are_bounded(fake_openai: FakeOpenAIServer, make_ctx: 
     assert git_diff(git_repo) == ""
 
 
-async def test_429_with_retry_after_is_retryable_with_the_delay(
-    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx
-):
+async def test_429_with_retry_after_is_retryable_with_the_delay(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx):
     fake_openai.enqueue(Reply.error(429, "rate limited", headers={"Retry-After": "12"}))
     with pytest.raises(AgentInfraError) as info:
         await agent().run(make_ctx(agent_config(fake_openai)))
@@ -107,9 +103,7 @@ async def test_401_is_non_retryable(fake_openai: FakeOpenAIServer, make_ctx: Mak
     assert git_diff(git_repo) == ""
 
 
-async def test_500_storm_never_becomes_success(
-    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, git_repo: Path
-):
+async def test_500_storm_never_becomes_success(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, git_repo: Path):
     fake_openai.enqueue(*[Reply.error(500, "internal") for _ in range(5)])
     for attempt in range(1, 6):
         with pytest.raises(AgentInfraError):
@@ -150,9 +144,7 @@ async def test_resume_after_a_crash_does_not_repeat_completed_calls(
     assert [c["replayed"] for c in transcript["calls"]] == [True, False]
 
 
-async def test_resume_details_of_another_attempt_are_ignored(
-    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx
-):
+async def test_resume_details_of_another_attempt_are_ignored(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx):
     stale = {"agent": "model", "format": 1, "work_item_id": "wi-1", "attempt": 7, "prompt_sha": "x",
              "responses": [{"content": "bogus"}]}  # fmt: skip
     fake_openai.enqueue(Reply.text(FIX))
@@ -166,9 +158,7 @@ async def test_token_budget_stops_the_loop(fake_openai: FakeOpenAIServer, make_c
         Reply.text("still nothing", prompt_tokens=700, completion_tokens=100),
         Reply.text(FIX),
     )
-    with pytest.raises(
-        AgentError, match=r"token budget exhausted: 1500 tokens used, max_tokens is 1000"
-    ) as info:
+    with pytest.raises(AgentError, match=r"token budget exhausted: 1500 tokens used, max_tokens is 1000") as info:
         await agent().run(make_ctx(agent_config(fake_openai, max_tokens=1000)))
     assert fake_openai.call_count == 2
     assert info.value.tokens_used == 1500  # type: ignore[attr-defined]
@@ -183,9 +173,7 @@ async def test_cost_is_computed_from_configured_prices(fake_openai: FakeOpenAISe
     assert result.cost_usd == pytest.approx(2 * 0.15 + 0.5 * 0.6)
 
 
-async def test_secrets_are_absent_from_the_transcript(
-    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, git_repo: Path
-):
+async def test_secrets_are_absent_from_the_transcript(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, git_repo: Path):
     # A secret in the repository, another in the model's answer, and the key itself echoed back.
     (git_repo / "settings.py").write_text('TOKEN = "ghp_abcdefghijklmnopqrstuvwxyz0123"\n')
     leaky = f"Using key {KEY}, Authorization: Bearer {KEY}, also sk-proj-AAAAAAAAAAAAAAAAAAAAAAAA.\n\n" + FIX
@@ -201,9 +189,7 @@ async def test_secrets_are_absent_from_the_transcript(
     assert "ghp_abcdefghijklmnopqrstuvwxyz0123" in fake_openai.chat_requests[0].last_user_message
 
 
-async def test_diagnostics_and_review_comment_reach_the_model(
-    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx
-):
+async def test_diagnostics_and_review_comment_reach_the_model(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx):
     fake_openai.enqueue(Reply.text(FIX))
     ctx = make_ctx(
         agent_config(fake_openai),
@@ -227,9 +213,7 @@ async def test_task_kind_is_one_chat_call(fake_openai: FakeOpenAIServer, make_ct
     assert '"question": "6*7"' in fake_openai.chat_requests[0].last_user_message
 
 
-async def test_operator_endpoints_from_env_and_missing_configuration(
-    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx
-):
+async def test_operator_endpoints_from_env_and_missing_configuration(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx):
     env = {"CREWWORK_MODEL_ENDPOINTS": json.dumps({"local": fake_openai.endpoint_config()})}
     fake_openai.enqueue(Reply.text(FIX))
     result = await ModelAgent(env=env).run(make_ctx({"max_edit_rounds": 2}))

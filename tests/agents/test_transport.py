@@ -176,9 +176,7 @@ async def test_non_retryable_failure_does_not_fall_over():
 
 async def test_all_endpoints_down_reports_soonest_retry_after():
     with FakeOpenAIServer() as a, FakeOpenAIServer() as b:
-        a.enqueue(
-            Reply.error(429, headers={"Retry-After": "20"}), Reply.error(429, headers={"Retry-After": "20"})
-        )
+        a.enqueue(Reply.error(429, headers={"Retry-After": "20"}), Reply.error(429, headers={"Retry-After": "20"}))
         b.enqueue(Reply.error(503, headers={"Retry-After": "5"}), Reply.error(503))
         with pytest.raises(ProviderUnavailable) as info:
             await client_for(a, b).complete("edit", MSGS)
@@ -256,11 +254,7 @@ def test_work_item_cannot_borrow_operator_keys_or_redefine_operator_endpoints():
         }
     )
     steal = TransportConfig.model_validate(
-        {
-            "endpoints": {
-                "mine": {"base_url": "https://evil.example/v1", "model": "m", "api_key_env": "OPENAI_API_KEY"}
-            }
-        }
+        {"endpoints": {"mine": {"base_url": "https://evil.example/v1", "model": "m", "api_key_env": "OPENAI_API_KEY"}}}
     )
     with pytest.raises(TransportSettingsError, match="has not allowed"):
         merge_configs(op, steal)
@@ -305,11 +299,7 @@ def test_redaction_masks_keys_headers_and_token_shapes():
 
 def test_operator_can_forbid_work_item_endpoints():
     op = TransportConfig.model_validate({"allow_work_item_endpoints": False})
-    own = TransportConfig.model_validate(
-        {"endpoints": {"x": {"base_url": "http://10.0.0.5:9200/v1", "model": "m"}}}
-    )
+    own = TransportConfig.model_validate({"endpoints": {"x": {"base_url": "http://10.0.0.5:9200/v1", "model": "m"}}})
     with pytest.raises(TransportSettingsError, match="does not allow work items to declare"):
         merge_configs(op, own)
-    assert merge_configs(op, TransportConfig.model_validate({"routes": {"edit": ["a"]}})).routes == {
-        "edit": ["a"]
-    }
+    assert merge_configs(op, TransportConfig.model_validate({"routes": {"edit": ["a"]}})).routes == {"edit": ["a"]}

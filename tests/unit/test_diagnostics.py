@@ -51,14 +51,10 @@ def test_unlisted_failures_are_named_apart_from_the_required_tests() -> None:
 
 
 def test_reviewer_comment_reaches_the_packet() -> None:
-    ev = ValidationEvidence(
-        diff_nonempty=True, exit_code=0, report=(FIXTURES / "pytest_all_pass.xml").read_bytes()
-    )
+    ev = ValidationEvidence(diff_nonempty=True, exit_code=0, report=(FIXTURES / "pytest_all_pass.xml").read_bytes())
     verdict = grade(ev)
     assert verdict.passed
-    text = build_diagnostics(
-        verdict, ev, attempt=1, diff_stats=STATS, review_comment="Please rename foo to bar."
-    )
+    text = build_diagnostics(verdict, ev, attempt=1, diff_stats=STATS, review_comment="Please rename foo to bar.")
     assert "## Reviewer's comment\nPlease rename foo to bar." in text
     assert "Result: PASSED" in text
 

@@ -242,8 +242,7 @@ def test_parser_reads_a_report_from_the_installed_pytest(tmp_path: Path) -> None
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "__init__.py").write_text("")
     (tmp_path / "tests" / "test_live.py").write_text(
-        "class TestLive:\n    def test_ok(self):\n        pass\n\n"
-        "def test_bad():\n    assert 1 == 2, 'live failure'\n"
+        "class TestLive:\n    def test_ok(self):\n        pass\n\ndef test_bad():\n    assert 1 == 2, 'live failure'\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=r.xml", "tests"],
@@ -292,9 +291,7 @@ def test_listed_tests_passing_passes_even_if_unlisted_tests_fail() -> None:
 
 
 def test_failing_fail_to_pass_test_fails_with_its_id() -> None:
-    verdict = grade(
-        evidence("pytest_mixed.xml", exit_code=1, fail_to_pass=["tests/test_sample.py::test_fail"])
-    )
+    verdict = grade(evidence("pytest_mixed.xml", exit_code=1, fail_to_pass=["tests/test_sample.py::test_fail"]))
     assert not verdict.passed and verdict.cause == Cause.test_failure
     assert verdict.failing_tests == ["tests/test_sample.py::test_fail"]
     assert verdict.tests[0].id == "tests/test_sample.py::test_fail"
@@ -320,9 +317,7 @@ def test_listed_test_missing_from_report_counts_as_not_passing() -> None:
 
 
 def test_listed_test_that_was_skipped_counts_as_not_passing() -> None:
-    verdict = grade(
-        evidence("pytest_mixed.xml", exit_code=1, pass_to_pass=["tests/test_sample.py::test_skipped"])
-    )
+    verdict = grade(evidence("pytest_mixed.xml", exit_code=1, pass_to_pass=["tests/test_sample.py::test_skipped"]))
     assert verdict.cause == Cause.test_failure
     assert verdict.failing_tests == ["tests/test_sample.py::test_skipped"]
 
@@ -362,9 +357,7 @@ def test_nonzero_exit_with_all_pass_report_is_exit_mismatch() -> None:
 
 
 def test_forced_exit_zero_with_lists_satisfied_but_other_failures_is_exit_mismatch() -> None:
-    verdict = grade(
-        evidence("pytest_mixed.xml", exit_code=0, fail_to_pass=["tests/test_sample.py::test_pass"])
-    )
+    verdict = grade(evidence("pytest_mixed.xml", exit_code=0, fail_to_pass=["tests/test_sample.py::test_pass"]))
     assert verdict.cause == Cause.exit_mismatch
 
 
@@ -373,9 +366,7 @@ def test_tampered_report_is_not_trusted() -> None:
     assert verdict.cause == Cause.report_unparseable
 
 
-@pytest.mark.parametrize(
-    "name", ["truncated.xml", "empty.xml", "not_xml.xml", "billion_laughs.xml", "wrong_root.xml"]
-)
+@pytest.mark.parametrize("name", ["truncated.xml", "empty.xml", "not_xml.xml", "billion_laughs.xml", "wrong_root.xml"])
 @pytest.mark.parametrize("exit_code", [0, 1])
 def test_malformed_report_never_passes(name: str, exit_code: int) -> None:
     verdict = grade(evidence(name, exit_code=exit_code))
@@ -417,14 +408,10 @@ def test_missing_expected_report_with_exit_zero_never_passes() -> None:
 
 
 def test_terminal_fallback_when_no_report_is_expected() -> None:
-    ok = grade(
-        evidence(None, report_format=None, stdout_tail=fixture("pytest_all_pass.terminal.txt").decode())
-    )
+    ok = grade(evidence(None, report_format=None, stdout_tail=fixture("pytest_all_pass.terminal.txt").decode()))
     assert ok.passed and ok.report_format == "pytest_terminal"
     bad = grade(
-        evidence(
-            None, report_format=None, exit_code=1, stdout_tail=fixture("pytest_mixed.terminal.txt").decode()
-        )
+        evidence(None, report_format=None, exit_code=1, stdout_tail=fixture("pytest_mixed.terminal.txt").decode())
     )
     assert bad.cause == Cause.test_failure
     nothing = grade(evidence(None, report_format=None, stdout_tail="all good, trust me\n"))
@@ -498,8 +485,7 @@ def test_every_cause_is_reachable_and_documented() -> None:
 
 def test_verdict_is_bounded_for_temporal_payloads() -> None:
     cases = "".join(
-        f'<testcase classname="tests.test_big" name="test_{i}"><failure message="m">{"y" * 10_000}</failure>'
-        "</testcase>"
+        f'<testcase classname="tests.test_big" name="test_{i}"><failure message="m">{"y" * 10_000}</failure></testcase>'
         for i in range(1000)
     )
     verdict = grade(evidence(f'<testsuite name="pytest">{cases}</testsuite>'.encode(), exit_code=1))

@@ -101,9 +101,7 @@ def test_limits_from_spec_checks_every_budget_with_the_breaker_first() -> None:
     spec = BudgetSpec(max_attempts=5, max_wall_clock_s=60, max_tokens=100, max_cost_usd=1.0)
     limits = Limits.from_spec(spec)
     assert limits.check(LoopState(attempts_made=1, now_s=10, started_at_s=0)) is None
-    state = LoopState(
-        attempts_made=5, now_s=100, started_at_s=0, tokens_used=100, cost_usd=2.0, fingerprints=(A, A, A)
-    )
+    state = LoopState(attempts_made=5, now_s=100, started_at_s=0, tokens_used=100, cost_usd=2.0, fingerprints=(A, A, A))
     assert [h.kind for h in limits.check_all(state)] == [
         "breaker",
         "attempts",
@@ -125,13 +123,8 @@ def test_limits_from_spec_checks_every_budget_with_the_breaker_first() -> None:
 
 def test_unset_budgets_are_not_checked_unless_the_operator_sets_a_ceiling() -> None:
     free = Limits.from_spec(BudgetSpec(max_attempts=3))
-    assert (
-        free.check(LoopState(attempts_made=1, now_s=10**9, started_at_s=0, tokens_used=10**9, cost_usd=1e9))
-        is None
-    )
-    capped = Limits.from_spec(
-        BudgetSpec(max_attempts=3), OperatorCeilings(max_tokens=1000, max_wall_clock_s=60)
-    )
+    assert free.check(LoopState(attempts_made=1, now_s=10**9, started_at_s=0, tokens_used=10**9, cost_usd=1e9)) is None
+    capped = Limits.from_spec(BudgetSpec(max_attempts=3), OperatorCeilings(max_tokens=1000, max_wall_clock_s=60))
     hit = capped.check(LoopState(attempts_made=1, tokens_used=5000))
     assert hit is not None and hit.kind == "tokens"
     hit = capped.check(LoopState(attempts_made=1, now_s=61, started_at_s=0))
