@@ -13,9 +13,12 @@ they are cancelled (and retried elsewhere by Temporal).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+import tempfile
 from datetime import timedelta
+from pathlib import Path
 
 from temporalio.worker import Worker
 
@@ -30,6 +33,8 @@ log = logging.getLogger("crewwork.workers")
 
 POOLS = ("control", "agent", "validate")
 GRACEFUL_SHUTDOWN = timedelta(seconds=20)
+HEALTH_DIR = Path(tempfile.gettempdir()) / "crewwork-health"
+HEALTH_INTERVAL_S = 5.0
 
 
 def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:  # type: ignore[no-untyped-def]
@@ -84,7 +89,24 @@ async def run_pool(pool: str, settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     log.info("pool %s polling task queue %s", pool, settings.task_queue(pool))
     print(f"crewwork worker: pool {pool} polling {settings.task_queue(pool)}", flush=True)
+    alive = asyncio.create_task(_report_alive(pool, stop))
     async with worker:
         await stop.wait()
         log.info("pool %s draining (grace %ss)", pool, GRACEFUL_SHUTDOWN.total_seconds())
+        print(f"crewwork worker: pool {pool} draining", flush=True)
+    await alive
     await store.close()
+    print(f"crewwork worker: pool {pool} drained", flush=True)
+
+
+async def _report_alive(pool: str, stop: asyncio.Event) -> None:
+    """Touch HEALTH_DIR/worker-POOL.alive from the event loop: a container health check reads its age, so a
+    wedged loop (not just a dead process) makes the container unhealthy."""
+    path = HEALTH_DIR / f"worker-{pool}.alive"
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            path.touch()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), HEALTH_INTERVAL_S)
