@@ -154,5 +154,18 @@ def apply_rlimits(memory_mb: int, pids: int, cpu_seconds: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
 
 
+def rlimit_prefix(memory_mb: int, pids: int, cpu_seconds: int) -> list[str] | None:
+    """The same caps as apply_rlimits via util-linux `prlimit`, so the spawn needs no preexec_fn."""
+    import shutil
+
+    exe = shutil.which("prlimit")
+    if exe is None:
+        return None
+    args = [exe, f"--as={memory_mb * 1024 * 1024}", f"--cpu={cpu_seconds}:{cpu_seconds + 1}", "--core=0"]
+    if os.geteuid() != 0:
+        args.append(f"--nproc={pids}")
+    return [*args, "--"]
+
+
 def rlimit_enforcement() -> str:
     return "rlimit" if os.geteuid() != 0 else "rlimit(no-pids-cap-as-root)"

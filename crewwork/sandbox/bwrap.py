@@ -14,13 +14,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from crewwork.sandbox._proc import (
     apply_rlimits,
     rlimit_enforcement,
+    rlimit_prefix,
     run_process,
     shell_status,
     signal_from_returncode,
@@ -35,7 +36,7 @@ from crewwork.sandbox.base import (
     check_argv_and_workspace,
     host_python_path,
 )
-from crewwork.sandbox.cgroups import RunCgroup
+from crewwork.sandbox.cgroups import JOIN_FAILED, RunCgroup
 from crewwork.sandbox.config import SandboxSettings
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
@@ -119,12 +120,17 @@ class BwrapSandbox(Sandbox):
             except OSError:
                 cg = None
         cpu_s = math.ceil(limits.timeout_s * limits.cpus) + 1
-
-        def preexec() -> None:
-            if cg is not None:
-                cg.join_from_child()
+        preexec: Callable[[], None] | None = None
+        if cg is not None:
+            cmd = [*cg.exec_prefix(), *cmd]
+        else:
+            prefix = rlimit_prefix(limits.memory_mb, limits.pids, cpu_s)
+            if prefix is not None:
+                cmd = [*prefix, *cmd]
             else:
-                apply_rlimits(limits.memory_mb, limits.pids, cpu_s)
+
+                def preexec() -> None:
+                    apply_rlimits(limits.memory_mb, limits.pids, cpu_s)
 
         try:
             outcome = await run_process(
@@ -145,6 +151,8 @@ class BwrapSandbox(Sandbox):
             if cg is not None:
                 cg.kill_all()
                 cg.remove()
+        if cg is not None and outcome.returncode == JOIN_FAILED and b"cgroup.procs" in outcome.stderr[:2000]:
+            raise SandboxError(f"could not enter the run's cgroup: {outcome.stderr[:2000].decode(errors='replace')}")
         if outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: "):
             # bwrap's own setup failed (bad mount, no user namespaces): the machinery, not the command.
             raise SandboxError(f"bwrap could not build the sandbox: {outcome.stderr.decode(errors='replace')}")

@@ -19,6 +19,9 @@ from crewwork.sandbox.base import SandboxLimits
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
+# Exit status of the join prefix when it could not enter the group (a machinery failure, not the command's).
+JOIN_FAILED = 125
+JOIN_SCRIPT = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 _V1_CONTROLLERS = ("memory", "pids", "cpu")
 
 
@@ -146,6 +149,11 @@ class RunCgroup:
                 last = exc
         assert last is not None
         raise last
+
+    def exec_prefix(self) -> list[str]:
+        """argv prefix that joins the group, then execs the rest: cheaper than a preexec_fn, which forces a
+        full fork() of the (large) worker process instead of vfork()."""
+        return ["/bin/sh", "-c", JOIN_SCRIPT, "cgroup-join", str(len(self.procs_files)), *self.procs_files]
 
     def join_from_child(self) -> None:
         """Called in the forked child before exec: only raw syscalls, no allocation-heavy Python."""
