@@ -1,69 +1,130 @@
-"""The FastAPI application: the workflow-start API (OpenAPI at /openapi.json) and health."""
+"""The FastAPI application: the workflow-start API (OpenAPI at /openapi.json), live events, webhooks, the review
+console (/console), Prometheus metrics (/metrics) and health (/healthz)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crewwork import __version__
 from crewwork.api import problems
+from crewwork.api.admin import router as admin_router
+from crewwork.api.hotfix import router as hotfix_router
+from crewwork.api.options import ApiOptions
+from crewwork.api.ratelimit import TokenBuckets
+from crewwork.api.streams import EventHorizon
+from crewwork.api.streams import router as events_router
+from crewwork.api.webhooks import router as webhooks_router
 from crewwork.api.work_items import router as work_items_router
 from crewwork.config import Settings, get_settings
+from crewwork.observability import CONTENT_TYPE, HTTP_LATENCY, HTTP_REQUESTS, REGISTRY, store_collector
 from crewwork.service import WorkItemService
+from crewwork.store.outbox import DeliveryPolicy, OutboxDeliverer
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
 
 log = logging.getLogger("crewwork.api")
 
 MAX_BODY_BYTES = 1024 * 1024
+STATIC_DIR = Path(__file__).parent / "static"
 
 
-def create_app(settings: Settings | None = None, *, store: Store | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, store: Store | None = None, options: ApiOptions | None = None
+) -> FastAPI:
     settings = settings or get_settings()
+    options = options or ApiOptions()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own_store = store is None
         app.state.store = store or Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
-        app.state.settings = settings
         app.state.service = WorkItemService(app.state.store, None, settings)
-        connector = asyncio.create_task(_connect_forever(app, settings))
+        app.state.horizon = EventHorizon(app.state.store, poll_s=options.sse_poll_s)
+        await app.state.horizon.start()
+        collector = store_collector(app.state.store)
+        REGISTRY.add_collector(collector)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(_connect_forever(app, settings))]
+        if options.webhook_delivery:
+            app.state.deliverer = OutboxDeliverer(
+                app.state.store,
+                DeliveryPolicy(
+                    max_attempts=options.webhook_max_attempts,
+                    backoff_s=options.webhook_backoff_s,
+                    max_backoff_s=options.webhook_max_backoff_s,
+                ),
+            )
+            tasks.append(asyncio.create_task(app.state.deliverer.run(stop)))
         try:
             yield
         finally:
-            connector.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await connector
+            stop.set()
+            REGISTRY.remove_collector(collector)
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            await app.state.horizon.stop()
             if own_store:
                 await app.state.store.close()
 
     app = FastAPI(
         title="crewwork",
         version=__version__,
-        description="A durable runtime for AI agent work, built on Temporal. Submit work items, follow them, "
-        "review their changes.",
+        description="A durable runtime for AI agent work, built on Temporal. Submit work items, follow them live, "
+        "review their changes. Errors are `application/problem+json` with a stable machine-readable `code`. "
+        "Authenticate with `Authorization: Bearer <API key>`; requests are rate limited per key (429 with "
+        "Retry-After).",
         lifespan=lifespan,
     )
+    app.state.settings = settings
+    app.state.options = options
+    app.state.rate_limiter = TokenBuckets(options.api_rate_per_s, options.api_rate_burst)
     app.add_exception_handler(problems.ProblemError, problems.problem_handler)
     app.add_exception_handler(RequestValidationError, problems.validation_handler)
     app.add_exception_handler(StarletteHTTPException, problems.http_handler)
     app.add_exception_handler(Exception, problems.unhandled_handler)
     app.include_router(work_items_router)
+    app.include_router(hotfix_router)
+    app.include_router(events_router)
+    app.include_router(webhooks_router)
+    app.include_router(admin_router)
 
     @app.middleware("http")
-    async def limit_body(request, call_next):  # type: ignore[no-untyped-def]
+    async def limit_body_and_measure(request: Request, call_next):  # type: ignore[no-untyped-def]
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             return problems.problem_response(
                 problems.ProblemError(413, "payload_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
             )
-        return await call_next(request)
+        if (
+            request.method in ("POST", "PUT", "PATCH")
+            and length is None
+            and "chunked" in request.headers.get("transfer-encoding", "")
+        ):
+            return problems.problem_response(
+                problems.ProblemError(411, "length_required", "send Content-Length (chunked bodies are not accepted)")
+            )
+        t0 = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        HTTP_REQUESTS.inc(method=request.method, route=path, status=str(response.status_code))
+        if response.media_type != "text/event-stream":
+            HTTP_LATENCY.observe(time.perf_counter() - t0, method=request.method, route=path)
+        return response
 
     @app.get("/healthz", tags=["health"], summary="Liveness and readiness")
     async def healthz() -> dict[str, object]:
@@ -80,6 +141,33 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
             "version": __version__,
         }
 
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        summary="Prometheus metrics (text format)",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
+    async def metrics() -> Response:
+        await REGISTRY.collect()
+        return Response(REGISTRY.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/console")
+
+    @app.get("/console", include_in_schema=False)
+    async def console() -> FileResponse:
+        return FileResponse(
+            STATIC_DIR / "index.html",
+            headers={
+                "Content-Security-Policy": "default-src 'self'; style-src 'self'; script-src 'self'; "
+                "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+                "Cache-Control": "no-cache",
+            },
+        )
+
+    app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     return app
 
 

@@ -67,3 +67,30 @@ class EventView(BaseModel):
 class ReviewResponse(BaseModel):
     id: str
     message: str
+
+
+class ArtifactView(BaseModel):
+    id: str
+    name: str
+    content_type: str
+    size: int
+    sha256: str
+    created_at: float
+    url: str
+
+
+class EvidenceView(BaseModel):
+    """One attempt's evidence: what the platform measured (validation) apart from what the agent said (agent)."""
+
+    number: int
+    verdict: str
+    reason: str
+    cause: str | None
+    fingerprint: str | None
+    token: int
+    created_at: float
+    agent: dict[str, Any] | None
+    validation: dict[str, Any] | None
+    artifacts: dict[str, str] = Field(
+        default_factory=dict, description="Role (diff, transcript, log, report) -> download URL."
+    )

@@ -1,30 +1,42 @@
-"""The work-items resource: submit, get, list, events, review, cancel."""
+"""The work-items resource: submit, get, list, attempts, evidence, diff, artifacts, events (JSON or SSE), review,
+cancel. Every query is scoped to the caller's tenant: another tenant's work item is a 404, never a 403."""
 
 from __future__ import annotations
 
 import base64
 import json
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from sqlalchemy import JSON, and_, cast, func, or_, select
+from sqlalchemy.dialects.postgresql import JSONB
 
 from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
 from crewwork.api.problems import ProblemError
 from crewwork.api.schemas import (
+    ArtifactView,
     AttemptView,
     EventView,
+    EvidenceView,
     ReviewResponse,
     SubmitResponse,
     WorkItemPage,
     WorkItemView,
 )
-from crewwork.models import ReviewDecision, WorkItemSpec, WorkItemState
+from crewwork.api.streams import SSE_HEADERS, SSE_RESPONSE, event_stream, resume_point
+from crewwork.models import ReviewDecision, WorkItemKind, WorkItemSpec, WorkItemState
 from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavailable
-from crewwork.store.tables import WorkItem
+from crewwork.store.store import Principal, Store
+from crewwork.store.tables import Artifact, Attempt, WorkItem
 
 router = APIRouter(prefix="/v1/work-items", tags=["work items"])
 
-MAX_BODY_BYTES = 1024 * 1024
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+LABEL_RE = re.compile(r"^([^=]{1,63})=(.{0,256})$", re.S)
+# Artifact types served inline as what they are; anything else is a download (never rendered on the API's origin).
+INLINE_TYPES = {"text/plain", "text/x-diff", "text/x-patch", "application/json", "application/xml", "text/xml"}
 
 
 def _links(request: Request, row: WorkItem) -> dict[str, str]:
@@ -33,6 +45,10 @@ def _links(request: Request, row: WorkItem) -> dict[str, str]:
     return {
         "self": f"/v1/work-items/{row.id}",
         "events": f"/v1/work-items/{row.id}/events",
+        "events_stream": f"/v1/work-items/{row.id}/events/stream",
+        "evidence": f"/v1/work-items/{row.id}/evidence",
+        "diff": f"/v1/work-items/{row.id}/diff",
+        "console": f"/console#/items/{row.id}",
         "temporal_ui": f"{ui}/namespaces/{ns}/workflows/{row.workflow_id}",
     }
 
@@ -60,28 +76,24 @@ def view(request: Request, row: WorkItem) -> WorkItemView:
     )
 
 
-async def _owned(store: StoreDep, principal: PrincipalDep, work_item_id: str) -> WorkItem:
-    row = await store.get_work_item(work_item_id, principal.tenant_id)
+async def owned(store: Store, principal: Principal, work_item_id: str) -> WorkItem:
+    """The work item if the caller may see it (its tenant's, or any for an admin key), else a 404."""
+    if not re.match(ID_PATTERN, work_item_id):
+        raise ProblemError(404, "not_found", "no such work item")
+    row = await store.get_work_item(work_item_id, None if principal.admin else principal.tenant_id)
     if row is None:
         # Another tenant's item is indistinguishable from a missing one.
         raise ProblemError(404, "not_found", f"no work item {work_item_id}")
     return row
 
 
-@router.post(
-    "",
-    status_code=202,
-    response_model=SubmitResponse,
-    summary="Submit a work item",
-    responses={200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key)"}},
-)
-async def submit(
+async def submit_spec(
     request: Request,
     response: Response,
     spec: WorkItemSpec,
-    principal: PrincipalDep,
-    service: ServiceDep,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
+    principal: Principal,
+    service: Any,
+    idempotency_key: str | None,
 ) -> SubmitResponse:
     if idempotency_key and spec.idempotency_key is None:
         spec = spec.model_copy(update={"idempotency_key": idempotency_key})
@@ -104,6 +116,26 @@ async def submit(
     )
 
 
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitResponse,
+    summary="Submit a work item",
+    description="Validated field by field before anything is stored. Send an `Idempotency-Key` header (or the "
+    "`idempotency_key` field) to make retries safe: the same key returns the same work item with status 200.",
+    responses={200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key)"}},
+)
+async def submit(
+    request: Request,
+    response: Response,
+    spec: WorkItemSpec,
+    principal: PrincipalDep,
+    service: ServiceDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
+) -> SubmitResponse:
+    return await submit_spec(request, response, spec, principal, service, idempotency_key)
+
+
 def _cursor_encode(row: WorkItem) -> str:
     return base64.urlsafe_b64encode(json.dumps([row.created_at, row.id]).encode()).decode()
 
@@ -111,9 +143,32 @@ def _cursor_encode(row: WorkItem) -> str:
 def _cursor_decode(cursor: str) -> tuple[float, str]:
     try:
         ts, wid = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return float(ts), str(wid)
+        if not isinstance(wid, str) or isinstance(ts, bool):
+            raise ValueError("bad cursor")
+        return float(ts), wid
     except Exception as exc:
         raise ProblemError(400, "invalid_cursor", "the cursor is not one this API returned") from exc
+
+
+def _parse_labels(labels: list[str]) -> dict[str, str]:
+    out = {}
+    for item in labels:
+        m = LABEL_RE.match(item)
+        if not m:
+            raise ProblemError(
+                400,
+                "invalid_label_filter",
+                f"label filter {item[:80]!r} must look like key=value",
+                errors=[{"field": "label", "message": "expected key=value"}],
+            )
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def _finite(name: str, v: float | None) -> float | None:
+    if v is not None and (v != v or v in (float("inf"), float("-inf"))):
+        raise ProblemError(400, "invalid_request", f"{name} must be a finite number")
+    return v
 
 
 @router.get("", response_model=WorkItemPage, summary="List work items, newest first (keyset pagination)")
@@ -122,22 +177,68 @@ async def list_items(
     principal: PrincipalDep,
     store: StoreDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    cursor: Annotated[str | None, Query(max_length=500)] = None,
-    state: WorkItemState | None = None,
-    kind: Annotated[str | None, Query(max_length=32)] = None,
+    cursor: Annotated[str | None, Query(max_length=500, description="`next_cursor` of the previous page")] = None,
+    state: Annotated[WorkItemState | None, Query()] = None,
+    kind: Annotated[WorkItemKind | None, Query()] = None,
+    label: Annotated[
+        list[str] | None, Query(max_length=16, description="key=value; repeat to require several labels")
+    ] = None,
+    created_after: Annotated[float | None, Query(description="Unix seconds (inclusive)")] = None,
+    created_before: Annotated[float | None, Query(description="Unix seconds (exclusive)")] = None,
+    q: Annotated[str | None, Query(min_length=1, max_length=100, description="Search: id prefix or repo text")] = None,
+    all_tenants: Annotated[bool, Query(description="Admin only: list every tenant's work items.")] = False,
 ) -> WorkItemPage:
-    rows = await store.list_work_items(
-        principal.tenant_id,
-        limit=limit + 1,
-        before=_cursor_decode(cursor) if cursor else None,
-        state=state.value if state else None,
-        kind=kind,
-    )
+    if all_tenants and not principal.admin:
+        raise ProblemError(403, "forbidden", "all_tenants needs an API key with the `admin` scope")
+    _finite("created_after", created_after)
+    _finite("created_before", created_before)
+    wanted = _parse_labels(label or [])
+    stmt = select(WorkItem)
+    if not all_tenants:
+        stmt = stmt.where(WorkItem.tenant_id == principal.tenant_id)
+    if state:
+        stmt = stmt.where(WorkItem.state == state.value)
+    if kind:
+        stmt = stmt.where(WorkItem.kind == kind.value)
+    if created_after is not None:
+        stmt = stmt.where(WorkItem.created_at >= created_after)
+    if created_before is not None:
+        stmt = stmt.where(WorkItem.created_at < created_before)
+    if wanted:
+        if store.is_sqlite:
+            for k, v in wanted.items():
+                stmt = stmt.where(func.json_extract(WorkItem.labels, f'$."{k.replace(chr(34), "")}"') == v)
+        else:
+            stmt = stmt.where(cast(WorkItem.labels, JSONB).op("@>")(cast(cast(wanted, JSON), JSONB)))
+    if q:
+        like = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        stmt = stmt.where(
+            or_(WorkItem.id.like(f"{like}%", escape="\\"), WorkItem.repo_url.like(f"%{like}%", escape="\\"))
+        )
+    if cursor:
+        ts, bid = _cursor_decode(cursor)
+        stmt = stmt.where(or_(WorkItem.created_at < ts, and_(WorkItem.created_at == ts, WorkItem.id < bid)))
+    stmt = stmt.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit + 1)
+    async with store.session() as s:
+        rows = list((await s.scalars(stmt)).all())
     more = len(rows) > limit
     rows = rows[:limit]
     return WorkItemPage(
         items=[view(request, r) for r in rows],
         next_cursor=_cursor_encode(rows[-1]) if more and rows else None,
+    )
+
+
+def _attempt_view(a: Attempt) -> AttemptView:
+    return AttemptView(
+        number=a.number,
+        verdict=a.verdict,
+        reason=a.reason,
+        cause=a.cause,
+        fingerprint=a.fingerprint,
+        token=a.token,
+        agent=a.agent,
+        validation=a.validation,
     )
 
 
@@ -148,79 +249,248 @@ async def get_item(
     principal: PrincipalDep,
     store: StoreDep,
     service: ServiceDep,
-    live: bool = True,
+    live: Annotated[bool, Query(description="Also ask the running workflow for its live status")] = True,
 ) -> WorkItemView:
-    row = await _owned(store, principal, work_item_id)
+    row = await owned(store, principal, work_item_id)
     v = view(request, row)
-    v.attempts = [
-        AttemptView(
+    v.attempts = [_attempt_view(a) for a in await store.list_attempts(row.id)]
+    if live and not WorkItemState(row.state).terminal:
+        v.live = await service.live_status(row)
+    return v
+
+
+@router.get("/{work_item_id}/attempts", response_model=list[AttemptView], summary="The attempts, in order")
+async def attempts(work_item_id: str, principal: PrincipalDep, store: StoreDep) -> list[AttemptView]:
+    row = await owned(store, principal, work_item_id)
+    return [_attempt_view(a) for a in await store.list_attempts(row.id)]
+
+
+_REF_ROLES = (
+    ("agent", "diff_ref", "diff"),
+    ("agent", "transcript_ref", "transcript"),
+    ("validation", "log_ref", "log"),
+    ("validation", "report_ref", "report"),
+)
+
+
+def _refs(row_id: str, a: Attempt) -> dict[str, str]:
+    out = {}
+    for side, key, role in _REF_ROLES:
+        doc = getattr(a, side) or {}
+        ref = doc.get(key) if isinstance(doc, dict) else None
+        if isinstance(ref, dict) and ref.get("id"):
+            out[role] = f"/v1/work-items/{row_id}/artifacts/{ref['id']}"
+    return out
+
+
+@router.get(
+    "/{work_item_id}/evidence",
+    response_model=list[EvidenceView],
+    summary="Evidence per attempt: measured validation, the agent's outcome, and artifact links",
+)
+async def evidence(work_item_id: str, principal: PrincipalDep, store: StoreDep) -> list[EvidenceView]:
+    row = await owned(store, principal, work_item_id)
+    return [
+        EvidenceView(
             number=a.number,
             verdict=a.verdict,
             reason=a.reason,
             cause=a.cause,
             fingerprint=a.fingerprint,
             token=a.token,
+            created_at=a.created_at,
             agent=a.agent,
             validation=a.validation,
+            artifacts=_refs(row.id, a),
         )
         for a in await store.list_attempts(row.id)
     ]
-    if live and not WorkItemState(row.state).terminal:
-        v.live = await service.live_status(row)
-    return v
 
 
-@router.get("/{work_item_id}/events", response_model=list[EventView], summary="The work item's event log")
-async def events(
+@router.get(
+    "/{work_item_id}/diff",
+    summary="The change as a unified diff (latest attempt with a diff, or `attempt=N`)",
+    response_class=Response,
+    responses={200: {"content": {"text/x-diff": {"schema": {"type": "string"}}}}},
+)
+async def diff(
     work_item_id: str,
     principal: PrincipalDep,
     store: StoreDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    attempt: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+) -> Response:
+    row = await owned(store, principal, work_item_id)
+    chosen = None
+    for a in reversed(await store.list_attempts(row.id)):
+        if attempt is not None and a.number != attempt:
+            continue
+        ref = (a.agent or {}).get("diff_ref") if isinstance(a.agent, dict) else None
+        if isinstance(ref, dict) and ref.get("id"):
+            chosen = (a.number, str(ref["id"]))
+            break
+    if chosen is None:
+        raise ProblemError(
+            404, "no_diff", f"work item {row.id} has no diff" + (f" for attempt {attempt}" if attempt else "")
+        )
+    art = await _artifact_row(store, row, chosen[1], with_content=True)
+    return Response(
+        bytes(art.content),
+        media_type="text/x-diff; charset=utf-8",
+        headers={"X-Crewwork-Attempt": str(chosen[0]), "X-Content-Type-Options": "nosniff"},
+    )
+
+
+async def _artifact_row(store: Store, row: WorkItem, artifact_id: str, *, with_content: bool) -> Artifact:
+    from sqlalchemy.orm import undefer
+
+    if not re.match(ID_PATTERN, artifact_id):
+        raise ProblemError(404, "not_found", "no such artifact")
+    async with store.session() as s:
+        q = select(Artifact).where(Artifact.id == artifact_id, Artifact.work_item_id == row.id)
+        if with_content:
+            q = q.options(undefer(Artifact.content))
+        art = await s.scalar(q)
+    if art is None:
+        raise ProblemError(404, "not_found", f"no artifact {artifact_id} on {row.id}")
+    return art
+
+
+@router.get("/{work_item_id}/artifacts", response_model=list[ArtifactView], summary="The work item's artifacts")
+async def artifacts(work_item_id: str, principal: PrincipalDep, store: StoreDep) -> list[ArtifactView]:
+    row = await owned(store, principal, work_item_id)
+    async with store.session() as s:
+        arts = (
+            await s.scalars(select(Artifact).where(Artifact.work_item_id == row.id).order_by(Artifact.created_at))
+        ).all()
+    return [
+        ArtifactView(
+            id=a.id,
+            name=a.name,
+            content_type=a.content_type,
+            size=a.size,
+            sha256=a.sha256,
+            created_at=a.created_at,
+            url=f"/v1/work-items/{row.id}/artifacts/{a.id}",
+        )
+        for a in arts
+    ]
+
+
+@router.get(
+    "/{work_item_id}/artifacts/{artifact_id}",
+    summary="Download an artifact (text types inline, anything else as an attachment)",
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+)
+async def artifact(
+    request: Request,
+    work_item_id: str,
+    artifact_id: str,
+    principal: PrincipalDep,
+    store: StoreDep,
+    download: Annotated[bool, Query(description="Force Content-Disposition: attachment")] = False,
+) -> Response:
+    row = await owned(store, principal, work_item_id)
+    meta = await _artifact_row(store, row, artifact_id, with_content=False)
+    limit = request.app.state.options.max_download_bytes
+    if meta.size > limit:
+        raise ProblemError(413, "artifact_too_large", f"artifact is {meta.size} bytes; this API serves at most {limit}")
+    art = await _artifact_row(store, row, artifact_id, with_content=True)
+    ctype = (art.content_type or "application/octet-stream").split(";")[0].strip().lower()
+    inline = ctype in INLINE_TYPES and not download
+    safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", art.name)[:120] or "artifact"
+    media = (
+        f"{ctype}; charset=utf-8"
+        if inline and (ctype.startswith("text/") or ctype.endswith("json"))
+        else (ctype if inline else "application/octet-stream")
+    )
+    return Response(
+        bytes(art.content),
+        media_type=media,
+        headers={
+            "Content-Disposition": f'{"inline" if inline else "attachment"}; filename="{safe_name}"',
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
+            "ETag": f'"{art.sha256}"',
+        },
+    )
+
+
+@router.get(
+    "/{work_item_id}/events",
+    response_model=list[EventView],
+    summary="The work item's event log (JSON), or a live stream with `Accept: text/event-stream`",
+    responses=SSE_RESPONSE,
+)
+async def events(
+    request: Request,
+    work_item_id: str,
+    principal: PrincipalDep,
+    store: StoreDep,
+    after: Annotated[int, Query(ge=0, le=2**62)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
-) -> list[EventView]:
-    row = await _owned(store, principal, work_item_id)
+    accept: Annotated[str | None, Header(max_length=1000)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+) -> Any:
+    row = await owned(store, principal, work_item_id)
+    if accept and "text/event-stream" in accept:
+        return _stream(request, store, row, resume_point(last_event_id, after))
     return [
         EventView(id=e.id, type=e.type, data=e.data, token=e.token, created_at=e.created_at)
         for e in await store.list_events(row.id, after_id=after, limit=limit)
     ]
 
 
-@router.get("/{work_item_id}/artifacts/{artifact_id}", summary="Download an artifact")
-async def artifact(work_item_id: str, artifact_id: str, principal: PrincipalDep, store: StoreDep) -> Response:
-    row = await _owned(store, principal, work_item_id)
-    from sqlalchemy import select
+def _stream(request: Request, store: Store, row: WorkItem, after: int) -> StreamingResponse:
+    return StreamingResponse(
+        event_stream(
+            request,
+            store,
+            request.app.state.horizon,
+            after=after,
+            work_item_id=row.id,
+            keepalive_s=request.app.state.options.sse_keepalive_s,
+        ),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+    )
 
-    from crewwork.store.tables import Artifact
 
-    async with store.session() as s:
-        found = (
-            await s.execute(
-                select(Artifact.content, Artifact.content_type, Artifact.name).where(
-                    Artifact.id == artifact_id, Artifact.work_item_id == row.id
-                )
-            )
-        ).first()
-    if found is None:
-        raise ProblemError(404, "not_found", f"no artifact {artifact_id} on {work_item_id}")
-    content, ctype, name = found
-    return Response(bytes(content), media_type=ctype, headers={"Content-Disposition": f'inline; filename="{name}"'})
+@router.get(
+    "/{work_item_id}/events/stream",
+    summary="Live events of one work item (Server-Sent Events, resumable with Last-Event-ID)",
+    response_class=StreamingResponse,
+    responses=SSE_RESPONSE,
+)
+async def events_stream(
+    request: Request,
+    work_item_id: str,
+    principal: PrincipalDep,
+    store: StoreDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+    after: Annotated[int | None, Query(ge=0, le=2**62, description="Resume after this event id.")] = None,
+) -> StreamingResponse:
+    row = await owned(store, principal, work_item_id)
+    return _stream(request, store, row, resume_point(last_event_id, after))
 
 
 @router.post("/{work_item_id}/review", response_model=ReviewResponse, summary="Approve, reject or request changes")
 async def review(
     work_item_id: str, decision: ReviewDecision, principal: PrincipalDep, store: StoreDep, service: ServiceDep
 ) -> ReviewResponse:
-    row = await _owned(store, principal, work_item_id)
+    row = await owned(store, principal, work_item_id)
     try:
         msg = await service.review(row, decision)
     except ReviewRejected as exc:
         raise ProblemError(409, "review_not_allowed", str(exc)) from exc
+    except WorkflowUnavailable as exc:
+        raise ProblemError(503, "temporal_unavailable", str(exc)) from exc
     return ReviewResponse(id=row.id, message=msg)
 
 
 @router.post("/{work_item_id}/cancel", status_code=202, response_model=ReviewResponse, summary="Cancel")
 async def cancel(work_item_id: str, principal: PrincipalDep, store: StoreDep, service: ServiceDep) -> ReviewResponse:
-    row = await _owned(store, principal, work_item_id)
+    row = await owned(store, principal, work_item_id)
     if WorkItemState(row.state).terminal:
         raise ProblemError(409, "already_finished", f"work item {row.id} is already {row.state}")
     try:

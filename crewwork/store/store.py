@@ -456,6 +456,26 @@ class Store:
                     created_at=now,
                 )
             )
+            # --- webhooks outbox (issue 7): notifications commit atomically with the change they announce.
+            from crewwork.store.outbox import enqueue as _enqueue_webhooks
+
+            await _enqueue_webhooks(
+                s,
+                tenant_id=tenant_id,
+                work_item_id=work_item_id,
+                event_type="work_item.state_changed",
+                payload=mask_secrets(
+                    {
+                        "work_item_id": work_item_id,
+                        "state": state.value,
+                        "reason": reason or "",
+                        "token": token,
+                        "occurred_at": now,
+                    }
+                ),
+                now=now,
+            )
+            # --- end webhooks outbox
 
         return await self.fenced_write(
             key=work_item_fence_key(work_item_id),

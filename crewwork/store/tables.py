@@ -157,3 +157,44 @@ class Artifact(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     content: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+# ---------------------------------------------------------------- webhooks and the outbox (migration 0002)
+
+
+class Webhook(Base):
+    """A tenant's webhook endpoint. The secret signs deliveries (HMAC-SHA256), so it is kept, not hashed."""
+
+    __tablename__ = "webhooks"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(128))
+    event_types: Mapped[str] = mapped_column(String(500), default="")
+    """Comma-separated event types to deliver; empty means all."""
+    active: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class OutboxMessage(Base):
+    """One delivery of one change to one webhook, written in the same transaction as the change."""
+
+    __tablename__ = "outbox"
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    webhook_id: Mapped[str] = mapped_column(String(64))
+    work_item_id: Mapped[str] = mapped_column(String(64))
+    event_type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    """pending | delivered | dead"""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (
+        Index("ix_outbox_due", "status", "next_attempt_at"),
+        Index("ix_outbox_webhook", "webhook_id", "id"),
+    )

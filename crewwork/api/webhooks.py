@@ -1,0 +1,143 @@
+"""The webhooks resource: register endpoints that receive signed notifications of state changes."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from crewwork.api.deps import PrincipalDep, StoreDep
+from crewwork.api.problems import ProblemError
+from crewwork.store.outbox import OutboxStore
+from crewwork.store.tables import OutboxMessage, Webhook
+
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
+
+EVENT_TYPES = ("work_item.state_changed",)
+
+
+class WebhookCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(min_length=8, max_length=2000, description="http(s) URL that receives POSTed JSON.")
+    event_types: list[str] = Field(
+        default_factory=list, max_length=len(EVENT_TYPES), description="Event types to deliver; empty: all."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("url must be an absolute http:// or https:// URL")
+        if parts.username or parts.password:
+            raise ValueError("url must not carry credentials")
+        return v
+
+    @field_validator("event_types")
+    @classmethod
+    def _known_types(cls, v: list[str]) -> list[str]:
+        unknown = [t for t in v if t not in EVENT_TYPES]
+        if unknown:
+            raise ValueError(f"unknown event types {unknown}; known: {list(EVENT_TYPES)}")
+        return v
+
+
+class WebhookView(BaseModel):
+    id: str
+    url: str
+    event_types: list[str]
+    created_at: float
+
+
+class WebhookCreated(WebhookView):
+    secret: str = Field(description="Signs every delivery (HMAC-SHA256). Shown only in this response.")
+
+
+class DeliveryView(BaseModel):
+    id: int
+    work_item_id: str
+    event_type: str
+    status: str = Field(description="pending | delivered | dead (dead-letter after the last retry)")
+    attempts: int
+    last_error: str | None
+    created_at: float
+    delivered_at: float | None
+    next_attempt_at: float
+
+
+def _view(h: Webhook) -> WebhookView:
+    return WebhookView(
+        id=h.id, url=h.url, event_types=[t for t in h.event_types.split(",") if t], created_at=h.created_at
+    )
+
+
+def _delivery(m: OutboxMessage) -> DeliveryView:
+    return DeliveryView(
+        id=m.id,
+        work_item_id=m.work_item_id,
+        event_type=m.event_type,
+        status=m.status,
+        attempts=m.attempts,
+        last_error=m.last_error,
+        created_at=m.created_at,
+        delivered_at=m.delivered_at,
+        next_attempt_at=m.next_attempt_at,
+    )
+
+
+async def _owned(outbox: OutboxStore, tenant_id: str, webhook_id: str) -> Webhook:
+    hook = await outbox.get_webhook(tenant_id, webhook_id)
+    if hook is None:
+        raise ProblemError(404, "not_found", f"no webhook {webhook_id}")
+    return hook
+
+
+@router.post("", status_code=201, response_model=WebhookCreated, summary="Register a webhook")
+async def create(body: WebhookCreate, principal: PrincipalDep, store: StoreDep) -> WebhookCreated:
+    outbox = OutboxStore(store)
+    if len(await outbox.list_webhooks(principal.tenant_id)) >= 20:
+        raise ProblemError(409, "too_many_webhooks", "a tenant may register at most 20 webhooks")
+    hook = await outbox.create_webhook(principal.tenant_id, body.url, body.event_types)
+    return WebhookCreated(**_view(hook).model_dump(), secret=hook.secret)
+
+
+@router.get("", response_model=list[WebhookView], summary="List the tenant's webhooks")
+async def list_hooks(principal: PrincipalDep, store: StoreDep) -> list[WebhookView]:
+    return [_view(h) for h in await OutboxStore(store).list_webhooks(principal.tenant_id)]
+
+
+@router.get("/{webhook_id}", response_model=WebhookView, summary="Get a webhook")
+async def get_hook(webhook_id: str, principal: PrincipalDep, store: StoreDep) -> WebhookView:
+    return _view(await _owned(OutboxStore(store), principal.tenant_id, webhook_id))
+
+
+@router.delete("/{webhook_id}", status_code=204, summary="Remove a webhook (pending deliveries stop)")
+async def delete_hook(webhook_id: str, principal: PrincipalDep, store: StoreDep) -> Response:
+    if not await OutboxStore(store).delete_webhook(principal.tenant_id, webhook_id):
+        raise ProblemError(404, "not_found", f"no webhook {webhook_id}")
+    return Response(status_code=204)
+
+
+@router.get("/{webhook_id}/deliveries", response_model=list[DeliveryView], summary="Recent deliveries, newest first")
+async def deliveries(
+    webhook_id: str,
+    principal: PrincipalDep,
+    store: StoreDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[DeliveryView]:
+    outbox = OutboxStore(store)
+    await _owned(outbox, principal.tenant_id, webhook_id)
+    return [_delivery(m) for m in await outbox.deliveries(principal.tenant_id, webhook_id, limit)]
+
+
+class RedeliverResponse(BaseModel):
+    requeued: int
+
+
+@router.post("/{webhook_id}/redeliver", response_model=RedeliverResponse, summary="Retry dead-lettered deliveries")
+async def redeliver(webhook_id: str, principal: PrincipalDep, store: StoreDep) -> RedeliverResponse:
+    outbox = OutboxStore(store)
+    await _owned(outbox, principal.tenant_id, webhook_id)
+    return RedeliverResponse(requeued=await outbox.redeliver_dead(principal.tenant_id, webhook_id))
