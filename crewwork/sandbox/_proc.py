@@ -63,6 +63,7 @@ async def run_process(
     max_log_bytes: int,
     preexec_fn: Callable[[], None] | None = None,
     kill_extra: Callable[[], None] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ProcessOutcome:
     """Run `argv`; on timeout or cancellation SIGKILL the process group (and `kill_extra`, e.g. a cgroup)."""
     out, err = _Capture(max_log_bytes), _Capture(max_log_bytes)
@@ -76,6 +77,7 @@ async def run_process(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
         preexec_fn=preexec_fn,
+        pass_fds=tuple(pass_fds),
     )
     assert proc.stdout is not None and proc.stderr is not None
     readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))

@@ -38,6 +38,7 @@ from crewwork.sandbox.base import (
 )
 from crewwork.sandbox.cgroups import JOIN_FAILED, RunCgroup
 from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.seccomp import filter_fd
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
 NOBODY = 65534
@@ -85,9 +86,18 @@ class BwrapSandbox(Sandbox):
     def available(cls) -> tuple[bool, str]:
         return _probe()
 
-    def command(self, argv: Sequence[str], ws: Path, limits: SandboxLimits, ro_mounts: Sequence[Path]) -> list[str]:
+    def command(
+        self,
+        argv: Sequence[str],
+        ws: Path,
+        limits: SandboxLimits,
+        ro_mounts: Sequence[Path],
+        seccomp_fd: int | None = None,
+    ) -> list[str]:
         assert self.bwrap is not None
         args = [self.bwrap, "--unshare-all", "--new-session", "--die-with-parent", "--hostname", "sandbox"]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         if os.geteuid() == 0:
             # As root, bwrap would keep full capabilities inside; run as nobody with none instead.
             args += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL"]
@@ -112,7 +122,23 @@ class BwrapSandbox(Sandbox):
         ro_mounts: Sequence[Path] = (),
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
-        cmd = self.command(argv, ws, limits, ro_mounts)
+        seccomp_fd = filter_fd() if self.settings.bwrap_seccomp else None
+        try:
+            return await self._run(argv, ws, limits, env, ro_mounts, seccomp_fd)
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+
+    async def _run(
+        self,
+        argv: list[str],
+        ws: Path,
+        limits: SandboxLimits,
+        env: Mapping[str, str] | None,
+        ro_mounts: Sequence[Path],
+        seccomp_fd: int | None,
+    ) -> SandboxRunResult:
+        cmd = self.command(argv, ws, limits, ro_mounts, seccomp_fd)
         cg: RunCgroup | None = None
         if self.settings.bwrap_cgroups:
             try:
@@ -141,6 +167,7 @@ class BwrapSandbox(Sandbox):
                 max_log_bytes=limits.max_log_bytes,
                 preexec_fn=preexec,
                 kill_extra=cg.kill_all if cg is not None else None,
+                pass_fds=(seccomp_fd,) if seccomp_fd is not None else (),
             )
             oom = cg.oom_killed() if cg else False
             pids_hit = cg.pids_limited() if cg else False
@@ -168,7 +195,8 @@ class BwrapSandbox(Sandbox):
             pids_limited=pids_hit,
             killed_by_signal=signal_from_returncode(outcome.returncode, shell_style=True),
             peak_memory_bytes=peak,
-            enforcement=cg.version if cg is not None else rlimit_enforcement(),
+            enforcement=(cg.version if cg is not None else rlimit_enforcement())
+            + ("+seccomp" if seccomp_fd is not None else ""),
             truncated=outcome.truncated,
         )
 

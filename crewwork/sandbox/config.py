@@ -46,6 +46,11 @@ class SandboxSettings(BaseSettings):
         description="Give each bwrap run its own cgroup; when false or unavailable, rlimits are used.",
     )
 
+    bwrap_seccomp: bool = Field(
+        default=True,
+        description="Install crewwork's seccomp filter in bwrap runs (no nested namespaces, no keyctl/bpf/...).",
+    )
+
     memory_mb: int = Field(default=1024, gt=0, description="Default memory cap of one run, in MiB.")
     pids: int = Field(default=256, gt=0, description="Default cap on processes and threads alive in one run.")
     cpus: float = Field(default=1.0, gt=0, description="Default CPU bandwidth of one run, in cores.")

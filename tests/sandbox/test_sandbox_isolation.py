@@ -202,3 +202,20 @@ def _wait_for_file(path: Path, timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+async def test_nested_user_namespaces_are_refused(sandbox: Sandbox, workspace: Path) -> None:
+    # A new user namespace would hand the command every capability again inside it: a kernel attack surface.
+    probe = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "rc = libc.unshare(0x10000000)\n"
+        "print('unshare', rc, os.strerror(ctypes.get_errno()) if rc else 'ok')\n"
+    )
+    r = await sandbox.run([PY, "-c", probe], workspace=workspace, limits=limits())
+    assert r.exit_code == 0, r.stderr
+    if sandbox.name == "gvisor":
+        # gVisor implements namespaces in its own user-space kernel; the host kernel never sees them.
+        assert r.stdout.startswith(b"unshare "), r.stdout
+    else:
+        assert r.stdout.startswith(b"unshare -1 Operation not permitted"), r.stdout
