@@ -26,7 +26,7 @@ def canonical(name: str) -> str:
 
 
 def closure(root: str) -> dict[str, str]:
-    env = default_environment()
+    env: dict[str, str] = {k: str(v) for k, v in default_environment().items()}
     pinned: dict[str, str] = {}
     todo: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
     while todo:

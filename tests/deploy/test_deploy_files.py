@@ -41,7 +41,7 @@ def compose_command() -> list[str] | None:
 
     if shutil.which("docker") and is_v2(["docker", "compose"]):
         return ["docker", "compose"]
-    candidates = []
+    candidates: list[str | None] = []
     spec = importlib.util.find_spec("compose")
     if spec is not None and spec.submodule_search_locations:
         candidates += [str(Path(p) / "docker-compose") for p in spec.submodule_search_locations]
