@@ -35,6 +35,8 @@ from crewwork.sandbox.config import SandboxSettings
 
 NOBODY = "65534:65534"
 AVAILABILITY_TTL_S = 5.0
+# Beyond the run's own timeout, how long to wait for the engine to report the (killed) container's exit.
+WAIT_GRACE_S = 120
 _AVAILABILITY: dict[str, tuple[float, tuple[bool, str]]] = {}
 # The runtime deletes a container's cgroup (and its counters) as soon as it exits, and v1 cgroups send no
 # notification, so counters are sampled this often while it runs.
@@ -200,6 +202,8 @@ class DockerSandbox(Sandbox):
 
     async def _run_container(self, container: Any, limits: SandboxLimits) -> SandboxRunResult:
         docker = _docker()
+        import requests
+
         out, err = _Capture(limits.max_log_bytes), _Capture(limits.max_log_bytes)
         try:
             # Attach before start so not a byte of output is missed; the stream ends when the container exits.
@@ -216,7 +220,9 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"starting the sandbox container failed: {exc}") from exc
         watcher = _CgroupWatcher(container.id)
         poller = asyncio.create_task(asyncio.to_thread(watcher.poll))
-        waiter = asyncio.create_task(asyncio.to_thread(container.wait))
+        # The SDK's default request timeout (120 s) would cut long runs short; the deadline is ours.
+        wait_timeout = int(limits.timeout_s) + WAIT_GRACE_S
+        waiter = asyncio.create_task(asyncio.to_thread(container.wait, timeout=wait_timeout))
         timed_out = False
         try:
             done, _ = await asyncio.wait({waiter}, timeout=limits.timeout_s)
@@ -227,7 +233,7 @@ class DockerSandbox(Sandbox):
             duration = time.monotonic() - started
             await asyncio.wait({reader}, timeout=5)
             await asyncio.to_thread(container.reload)
-        except docker.errors.DockerException as exc:
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxError(f"waiting for the sandbox container failed: {exc}") from exc
         finally:
             watcher.stop.set()
