@@ -19,7 +19,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork.store.store import Store, work_item_fence_key
+from crewwork.store.store import Store, WriteResult, mask_secrets, work_item_fence_key
+from crewwork.store.tables import Event
 
 log = logging.getLogger("crewwork.activities")
 
@@ -43,6 +44,9 @@ class ExecutionLease:
     heartbeat_every_s: float = 2.0
     token: int = 0
     lost: bool = False
+    partitioned: bool = False
+    """Test-only fault injection: this attempt has stopped heartbeating and renewing (a zombie cut off from
+    Temporal), but it still runs and still tries its writes, which the store must then reject."""
     details: list[Any] = field(default_factory=list)
 
     def holder(self) -> str:
@@ -52,11 +56,47 @@ class ExecutionLease:
         except RuntimeError:
             return "outside-activity"
 
+    def simulate_partition(self) -> None:
+        """Fault injection (tests only): stop all liveness of this attempt for the rest of its life."""
+        self.partitioned = True
+
     def heartbeat(self, *details: Any) -> None:
         if details:
             self.details = list(details)
+        if self.partitioned:
+            return
         with contextlib.suppress(RuntimeError):
             activity.heartbeat(*self.details)
+
+
+async def record_step(
+    lease: ExecutionLease, tenant_id: str, type_: str, data: dict[str, Any], writer: str
+) -> WriteResult[None]:
+    """A fenced event with the attempt's own lease token: what this attempt produced (its evidence refs).
+
+    The event log then names the accepted attempt's artifacts; a superseded attempt's write is rejected and
+    recorded as `stale_write_rejected`, so its artifacts stay unreferenced."""
+
+    async def _apply(s: Any, now: float) -> None:
+        s.add(
+            Event(
+                work_item_id=lease.work_item_id,
+                tenant_id=tenant_id,
+                type=type_,
+                data=mask_secrets(data),
+                token=lease.token,
+                created_at=now,
+            )
+        )
+
+    return await lease.store.fenced_write(
+        key=work_item_fence_key(lease.work_item_id),
+        token=lease.token,
+        work_item_id=lease.work_item_id,
+        tenant_id=tenant_id,
+        writer=writer,
+        apply=_apply,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -73,6 +113,8 @@ async def execution_lease(
     async def keep_alive() -> None:
         while True:
             await asyncio.sleep(heartbeat_every_s)
+            if lease.partitioned:
+                return
             lease.heartbeat()
             try:
                 renewed = await store.renew_lease(key, token, ttl_s)

@@ -188,13 +188,20 @@ class ControlActivities:
             data=diff.encode(),
             content_type="text/x-diff",
         )
-        await self.store.append_event(
-            inp.work_item_id,
-            inp.tenant_id,
-            "landed",
-            {"branch": branch, "commit": commit, "created": created},
-            token=token,
+        # A retried landing (the ref moved but the activity did not complete) finds the same commit: record the
+        # landing once, so the event log holds exactly one `landed` per delivered change.
+        already = any(
+            e.type == "landed" and e.data.get("commit") == commit
+            for e in await self.store.list_events(inp.work_item_id)
         )
+        if not already:
+            await self.store.append_event(
+                inp.work_item_id,
+                inp.tenant_id,
+                "landed",
+                {"branch": branch, "commit": commit, "created": created},
+                token=token,
+            )
         return LandResult(
             branch=branch,
             commit=commit,

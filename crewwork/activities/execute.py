@@ -20,7 +20,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops
-from crewwork.activities.common import AGENT_ERROR, bad_input, execution_lease
+from crewwork.activities.common import AGENT_ERROR, bad_input, execution_lease, record_step
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
@@ -169,7 +169,12 @@ class ExecuteActivities:
                 heartbeat=lease.heartbeat,
                 resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
                 save_artifact=save,
-                extra={"repo": spec.repo.url if spec.repo else None, "labels": dict(spec.labels)},
+                extra={
+                    "repo": spec.repo.url if spec.repo else None,
+                    "labels": dict(spec.labels),
+                    # Test-only fault injection (the scripted agent's `stall_s`): turn this attempt into a zombie.
+                    "fault_partition": lease.simulate_partition,
+                },
             )
             try:
                 try:
@@ -222,6 +227,20 @@ class ExecuteActivities:
                     inp.work_item_id,
                     time.monotonic() - started,
                 )
+                done = await record_step(
+                    lease,
+                    inp.tenant_id,
+                    "agent_finished",
+                    {
+                        "attempt": inp.attempt,
+                        "activity_attempt": info.attempt,
+                        "diff_ref": outcome.diff_ref.id if outcome.diff_ref else None,
+                        "transcript_ref": outcome.transcript_ref.id if outcome.transcript_ref else None,
+                    },
+                    writer=f"run_agent#{info.attempt}",
+                )
+                if done.stale:
+                    outcome.stale = True
                 return outcome
             finally:
                 if workspace is not None and repo is not None:
@@ -244,7 +263,23 @@ class ExecuteActivities:
             )
             if w.stale:
                 return ValidationOutcome(passed=False, reason="superseded", cause="infrastructure", stale=True)
-            return await self._validate(inp, lease.token, lease.heartbeat)
+            outcome = await self._validate(inp, lease.token, lease.heartbeat)
+            done = await record_step(
+                lease,
+                inp.tenant_id,
+                "validation_finished",
+                {
+                    "attempt": inp.attempt,
+                    "activity_attempt": info.attempt,
+                    "passed": outcome.passed,
+                    "cause": outcome.cause,
+                    "log_ref": outcome.log_ref.id if outcome.log_ref else None,
+                },
+                writer=f"validate_change#{info.attempt}",
+            )
+            if done.stale:
+                outcome.stale = True
+            return outcome
 
     async def _validate(self, inp: ValidateInput, token: int, heartbeat: Any) -> ValidationOutcome:
         spec = inp.validation

@@ -19,9 +19,11 @@ Attempt k uses `attempts[k-1]` (the last entry repeats when there are more attem
 (whole-file contents; `null` deletes) and/or applies `diff` in the attempt's workspace.
 
 **Fault injection, for tests only** (documented in docs/reliability.md). Each step may also carry, keyed by the
-Temporal activity attempt it fires on (`on_activity_attempt`, default 1):
+Temporal activity attempt it fires on (`on_activity_attempt`, default 1; `"all"` fires on every attempt):
 - `"fail": "message"`  raise an infrastructure error (retried by the activity retry policy);
-- `"stall_s": N`       block for N seconds without heartbeating, then carry on and try to write normally;
+- `"stall_s": N`       become a zombie: stop heartbeating and renewing the lease for good, block for N seconds
+                       ignoring cancellation (as blocking code does), then carry on and try to write normally
+                       (the store must reject those writes);
 - `"crash": true`      hard-exit the worker process (`os._exit`), as if it was killed.
 - `"error": "message"` raise a non-retryable agent error (the attempt fails, the loop goes on).
 """
@@ -99,14 +101,19 @@ class ScriptedAgent(Agent):
 
     async def run(self, ctx: AgentContext) -> AgentRunResult:
         step = self.step_for(ctx.config, ctx.attempt)
-        fires = ctx.activity_attempt == int(step.get("on_activity_attempt", 1))
+        on = step.get("on_activity_attempt", 1)
+        fires = on == "all" or ctx.activity_attempt == int(on)
         if fires and step.get("crash"):
             os._exit(137)
         if fires and step.get("fail"):
             raise AgentInfraError(f"scripted fault: {step['fail']}")
         if fires and step.get("stall_s"):
-            # Deliberately block the event loop's view of progress: no heartbeats while stalled.
-            await asyncio.to_thread(time.sleep, float(step["stall_s"]))
+            # A zombie: this attempt stops heartbeating and renewing its lease for good (as if cut off from
+            # Temporal), sleeps, then carries on and tries its writes, which the store must reject.
+            partition = ctx.extra.get("fault_partition")
+            if callable(partition):
+                partition()
+            await _ignoring_cancellation(asyncio.to_thread(time.sleep, float(step["stall_s"])))
         if step.get("error"):
             raise AgentError(f"scripted error: {step['error']}")
         delay = float(step.get("delay_s", 0))
@@ -147,3 +154,16 @@ def _safe_rel(p: str) -> Path:
     if path.is_absolute() or ".." in path.parts or not p or p.startswith(".git/") or p == ".git":
         raise AgentConfigError(f"scripted agent: file path {p!r} must be relative and stay inside the repository")
     return path
+async def _ignoring_cancellation(coro: Any) -> None:
+    """Run `coro` to the end even if this task is cancelled meanwhile (a zombie that does not honour cancellation,
+    like code blocked in a thread or in C). The cancellation is swallowed, so the caller carries on afterwards."""
+    fut = asyncio.ensure_future(coro)
+    task = asyncio.current_task()
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if task is not None:
+                task.uncancel()
+
+

@@ -16,7 +16,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from crewwork.contracts import (
@@ -354,6 +354,7 @@ class WorkItemWorkflow:
                 result_type=result_type or _RESULT_TYPES[name],
             )
         except ActivityError as exc:
+            _reraise_cancellation(exc)
             raise _Dead(f"{name} failed after retries: {_cause(exc)}") from exc
 
     async def _agent(
@@ -379,6 +380,7 @@ class WorkItemWorkflow:
                 result_type=AgentOutcome,
             )
         except ActivityError as exc:
+            _reraise_cancellation(exc)
             if _is_non_retryable(exc, "BadInput"):
                 raise _Dead(f"bad input: {_cause(exc)}") from exc
             raise _Dead(f"agent step failed after {AGENT_RETRY.maximum_attempts} tries: {_cause(exc)}") from exc
@@ -411,6 +413,7 @@ class WorkItemWorkflow:
                 result_type=ValidationOutcome,
             )
         except ActivityError as exc:
+            _reraise_cancellation(exc)
             raise _Dead(f"validation failed after {VALIDATE_RETRY.maximum_attempts} tries: {_cause(exc)}") from exc
 
     async def _record(
@@ -588,6 +591,13 @@ def _cause(exc: BaseException) -> str:
         msg = str(cur) or msg
         cur = cur.__cause__
     return msg
+
+
+def _reraise_cancellation(exc: ActivityError) -> None:
+    """A cancelled workflow sees its running activity fail with a cancelled cause: that is the cancellation itself,
+    not an infrastructure failure, so it must reach `run`'s cancellation handler (ending `cancelled`, not `dead`)."""
+    if is_cancelled_exception(exc):
+        raise asyncio.CancelledError(str(exc)) from exc
 
 
 def _is_non_retryable(exc: BaseException, type_: str) -> bool:

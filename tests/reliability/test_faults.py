@@ -1,0 +1,387 @@
+"""Leases, fencing and recovery under real faults: a zombie activity attempt, SIGKILLed pool processes, a restarted
+Temporal server, PostgreSQL connections terminated mid-run, contention for one branch, cancellation, and retries
+running out. Real Temporal dev server, real PostgreSQL, real git, real bubblewrap; every test ends with the
+invariant checker (crewwork/invariants.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import is_cancelled_exception
+
+from crewwork.demo import RIGHT
+from crewwork.invariants import check_invariants
+from crewwork.models import ReviewDecision, WorkItemResult
+from crewwork.store.store import Store, work_item_fence_key
+from crewwork.store.tables import Lease, LeaseHistory
+from crewwork.temporal.devserver import DevServer, free_port
+from tests.conftest import Crew, make_repo, make_settings, running_crew
+from tests.reliability.conftest import pool_processes
+
+pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+VALIDATION = {
+    "command": ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=.crewwork/junit.xml"],
+    "junit_path": ".crewwork/junit.xml",
+    "timeout_s": 60,
+    "test_files": ["tests/test_calc.py"],
+}
+
+
+def code_change(repo: Path, step: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "kind": "code_change",
+        "repo": {"url": str(repo), "ref": "main"},
+        "instruction": "Fix add() so the tests pass",
+        "validation": VALIDATION,
+        "agent": {"name": "scripted", "config": {"attempts": [step]}},
+        "budget": {"max_attempts": 1},
+    }
+    item.update(kw)
+    return item
+
+
+def calc(path: Path) -> Path:
+    from crewwork.demo import BUGGY, TEST
+
+    return make_repo(path, {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+async def until(what: str, probe: Any, timeout_s: float = 90, every_s: float = 0.2) -> Any:
+    """Poll `probe()` until it returns something truthy; database errors while polling count as 'not yet'."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = await probe()
+        except Exception as exc:  # a fault this test injects may break a probe too
+            last = exc
+        else:
+            if last:
+                return last
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+async def terminal(store: Store, wid: str, timeout_s: float = 120) -> Any:
+    async def probe() -> Any:
+        row = await store.get_work_item(wid)
+        return row if row is not None and row.result is not None else None
+
+    return await until(f"{wid} to end", probe, timeout_s)
+
+
+async def lease_grants(store: Store, key: str) -> list[LeaseHistory]:
+    async with store.session() as s:
+        q = select(LeaseHistory).where(LeaseHistory.key == key).order_by(LeaseHistory.acquired_at)
+        return list((await s.scalars(q)).all())
+
+
+async def leases_of(store: Store, wid: str, repo: Path | None = None) -> list[Lease]:
+    keys = [work_item_fence_key(wid)] + ([f"ws:{repo}#main"] if repo else [])
+    async with store.session() as s:
+        return list((await s.scalars(select(Lease).where(Lease.key.in_(keys)))).all())
+
+
+async def assert_invariants(store: Store, ids: list[str]) -> None:
+    report = await check_invariants(store, ids, check_git=True)
+    assert report.ok, str(report)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str) -> Any:
+    return make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend)
+
+
+@contextlib.asynccontextmanager
+async def submitter(settings: Any) -> AsyncIterator[Crew]:
+    """The service and store without any worker: the pools run elsewhere (subprocesses)."""
+    async with running_crew(settings, pools=()) as c:
+        yield c
+
+
+# ------------------------------------------------------------------------------------------------ zombie attempt
+
+
+async def test_late_attempt_cannot_overwrite_newer_result(crew: Crew, tmp_path: Path) -> None:
+    """Activity attempt 1 of run_agent goes silent (no heartbeats, no lease renewal) past the heartbeat timeout;
+    Temporal starts attempt 2, which supersedes the lease and delivers. Attempt 1 then wakes, finishes and writes:
+    the store rejects it, naming both tokens, and what is stored and landed is attempt 2's."""
+    repo = calc(tmp_path / "zombie")
+    wid = await crew.submit(
+        code_change(
+            repo, {"files": {"calc.py": RIGHT}, "stall_s": 20, "on_activity_attempt": 1}, review={"required": True}
+        )
+    )
+    await crew.wait_state(wid, "awaiting_review", timeout_s=90)
+    key = work_item_fence_key(wid)
+
+    async def stale_events() -> list[Any]:
+        return [e for e in await crew.store.list_events(wid) if e.type == "stale_write_rejected"]
+
+    (stale,) = await until("the zombie's late write", stale_events, timeout_s=60)
+    grants = {g.holder.rsplit("#", 1)[-1]: g for g in await lease_grants(crew.store, key) if "run_agent" in g.holder}
+    zombie, winner = grants["1"], grants["2"]
+    assert zombie.end_reason == "superseded" and winner.token > zombie.token
+    assert stale.data["presented_token"] == zombie.token
+    assert stale.data["current_token"] >= winner.token and stale.data["writer"] == "run_agent#1"
+
+    row = await crew.store.get_work_item(wid)
+    assert row is not None
+    await crew.service.review(row, ReviewDecision(action="approve"))
+    result = await crew.result(wid)
+    assert result.state == "succeeded", result.reason
+
+    # The stored evidence is attempt 2's: its diff is the one recorded and landed; the zombie's diff artifact
+    # exists but nothing references it.
+    (finished,) = [e for e in await crew.store.list_events(wid) if e.type == "agent_finished"]
+    assert finished.token == winner.token and finished.data["activity_attempt"] == 2
+    (attempt,) = await crew.store.list_attempts(wid)
+    assert attempt.agent is not None and attempt.agent["diff_ref"]["id"] == finished.data["diff_ref"]
+    diffs = [a.id for a in await crew.store.list_artifacts(wid) if a.name == "attempt-1.diff"]
+    assert len(diffs) == 2 and finished.data["diff_ref"] in diffs
+    assert git(repo, "show", f"crewwork/{wid}:calc.py") == RIGHT.strip()
+    row = await crew.store.get_work_item(wid)
+    assert row is not None and row.result_token is not None and row.result_token > zombie.token
+    await assert_invariants(crew.store, [wid])
+
+
+# ------------------------------------------------------------------------------------------------ process death
+
+
+async def test_sigkilled_agent_pool_process_is_restarted_and_the_item_completes(settings: Any, tmp_path: Path) -> None:
+    repo = calc(tmp_path / "killed")
+    with pool_processes(settings) as stack:
+        async with submitter(settings) as crew:
+            wid = await crew.submit(code_change(repo, {"files": {"calc.py": RIGHT}, "delay_s": 6}))
+            key = work_item_fence_key(wid)
+
+            async def agent_running() -> bool:
+                return any("run_agent" in g.holder for g in await lease_grants(crew.store, key))
+
+            await until("the agent to start", agent_running)
+            agent = next(p for p in stack.processes if p.name == "agent-0")
+            assert agent.proc is not None
+            killed_pid = agent.proc.pid
+            stack.kill("agent-0", signal.SIGKILL)
+
+            row = await terminal(crew.store, wid, timeout_s=150)
+            assert row.state == "succeeded", row.reason
+            assert agent.restarts >= 1 and agent.proc.pid != killed_pid
+            grants = [g for g in await lease_grants(crew.store, key) if "run_agent" in g.holder]
+            assert [g.holder.rsplit("#", 1)[-1] for g in grants] == ["1", "2"], "the retry ran on the new process"
+            assert [a.number for a in await crew.store.list_attempts(wid)] == [1]
+            assert await leases_of(crew.store, wid, repo) == []
+            assert not (settings.resolved_worktree_dir() / wid).exists()
+            assert "crewwork" not in git(repo, "worktree", "list")
+            await assert_invariants(crew.store, [wid])
+
+
+async def test_temporal_server_restart_mid_run_lets_in_flight_items_complete(
+    tmp_path: Path, pg_url: str, sandbox_backend: str
+) -> None:
+    server = DevServer(tmp_path / "temporal", port=free_port(), ui=False)
+    server.start()
+    try:
+        settings = make_settings(tmp_path, server, pg_url, sandbox_backend=sandbox_backend)
+        repos = [calc(tmp_path / f"r{i}") for i in range(2)]
+        async with running_crew(settings) as crew:
+            wids = [await crew.submit(code_change(r, {"files": {"calc.py": RIGHT}, "delay_s": 3})) for r in repos]
+            for wid in wids:
+                await crew.wait_state(wid, "running", timeout_s=60)
+            server.stop()
+            await asyncio.sleep(1)
+            server.start()
+            rows = [await terminal(crew.store, wid, timeout_s=150) for wid in wids]
+            assert [r.state for r in rows] == ["succeeded", "succeeded"], [r.reason for r in rows]
+            for wid, repo in zip(wids, repos, strict=True):
+                assert git(repo, "show", f"crewwork/{wid}:calc.py") == RIGHT.strip()
+                assert await leases_of(crew.store, wid, repo) == []
+            await assert_invariants(crew.store, wids)
+    finally:
+        server.stop()
+
+
+async def test_terminated_database_connections_are_retried_and_nothing_is_written_twice(
+    crew: Crew, tmp_path: Path, pg_url: str
+) -> None:
+    repos = [calc(tmp_path / f"pg{i}") for i in range(2)]
+    wids = [await crew.submit(code_change(r, {"files": {"calc.py": RIGHT}, "delay_s": 2})) for r in repos]
+    dbname = pg_url.rsplit("/", 1)[1]
+    killed = 0
+    stop = asyncio.Event()
+
+    async def terminator() -> None:
+        nonlocal killed
+        admin = Store(pg_url.rsplit("/", 1)[0] + "/postgres", pool_size=1)
+        try:
+            while not stop.is_set():
+                async with admin.session() as s:
+                    res = await s.execute(
+                        text(
+                            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE datname = :db AND pid <> pg_backend_pid()"
+                        ),
+                        {"db": dbname},
+                    )
+                    killed += int(res.scalar_one() or 0)
+                await asyncio.sleep(0.7)
+        finally:
+            await admin.close()
+
+    task = asyncio.create_task(terminator())
+    try:
+        rows = [await terminal(crew.store, wid, timeout_s=180) for wid in wids]
+    finally:
+        stop.set()
+        await task
+    assert killed > 0, "the fault was never injected"
+    assert [r.state for r in rows] == ["succeeded", "succeeded"], [r.reason for r in rows]
+    for wid, repo in zip(wids, repos, strict=True):
+        assert [a.number for a in await crew.store.list_attempts(wid)] == [1]
+        landed = [e for e in await crew.store.list_events(wid) if e.type == "landed"]
+        assert len(landed) == 1 and landed[0].data["commit"] == git(repo, "rev-parse", f"crewwork/{wid}")
+        assert await leases_of(crew.store, wid, repo) == []
+    await assert_invariants(crew.store, wids)
+
+
+# ------------------------------------------------------------------------------------------------ contention
+
+
+async def test_two_items_on_the_same_branch_never_overlap_and_both_land(crew: Crew, calc_repo: Path) -> None:
+    wids = [
+        await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT + f"# item {i}\n"}, "delay_s": 2}))
+        for i in range(2)
+    ]
+    rows = [await terminal(crew.store, wid) for wid in wids]
+    assert [r.state for r in rows] == ["succeeded", "succeeded"], [r.reason for r in rows]
+    grants = await lease_grants(crew.store, f"ws:{calc_repo}#main")
+    assert sorted(g.holder for g in grants) == sorted(wids)
+    first, second = grants
+    assert first.ended_at is not None and first.ended_at <= second.acquired_at and second.ended_at is not None
+    assert second.token > first.token
+    # The event log on the database clock agrees: the second item acquired after the first released.
+    events = {w: {e.type: e.created_at for e in await crew.store.list_events(w)} for w in wids}
+    assert events[first.holder]["workspace_released"] <= events[second.holder]["workspace_acquired"]
+    for i, wid in enumerate(wids):
+        assert git(calc_repo, "show", f"crewwork/{wid}:calc.py").endswith(f"# item {i}")
+    await assert_invariants(crew.store, wids)
+
+
+async def test_concurrent_token_issuance_and_lease_acquisition_on_postgres(pg_url: str) -> None:
+    stores = [Store(pg_url, pool_size=2) for _ in range(8)]
+    try:
+        key = "wi:concurrency-probe"
+        start = await stores[0].issue_token(key)
+        tokens = await asyncio.gather(*(stores[i % 8].issue_token(key) for i in range(200)))
+        assert sorted(tokens) == list(range(start + 1, start + 201)), "tokens are unique and dense"
+
+        lease_key = "ws:concurrency-probe#main"
+        won = await asyncio.gather(*(stores[i % 8].acquire_lease(lease_key, f"holder-{i}", 30) for i in range(40)))
+        winners = [i for i, (t, _) in enumerate(won) if t is not None]
+        assert len(winners) == 1, "exactly one of 40 concurrent acquirers holds the lease"
+        assert {h for t, h in won if t is None} == {f"holder-{winners[0]}"}, "the others are told who holds it"
+        grants = await lease_grants(stores[0], lease_key)
+        assert len(grants) == 1 and grants[0].token == won[winners[0]][0]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+# ------------------------------------------------------------------------------------------------ endings
+
+
+async def test_cancellation_releases_leases_and_removes_worktrees(crew: Crew, calc_repo: Path) -> None:
+    wid = await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT}, "delay_s": 60}))
+    key = work_item_fence_key(wid)
+
+    async def agent_running() -> bool:
+        return any("run_agent" in g.holder for g in await lease_grants(crew.store, key))
+
+    await until("the agent to start", agent_running)
+    row = await crew.store.get_work_item(wid)
+    assert row is not None
+    await crew.service.cancel(row)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await crew.result(wid)
+    assert is_cancelled_exception(failure.value.cause), "the workflow ends cancelled, not failed"
+    row = await crew.store.get_work_item(wid)
+    assert row is not None and row.state == "cancelled"
+
+    async def all_released() -> bool:
+        gone = not (crew.settings.resolved_worktree_dir() / wid).exists()
+        return gone and await leases_of(crew.store, wid, calc_repo) == []
+
+    await until("leases and worktrees to be released", all_released, timeout_s=30)
+    assert "crewwork" not in git(calc_repo, "worktree", "list")
+    assert git(calc_repo, "branch", "--list", f"crewwork/{wid}") == ""
+    await assert_invariants(crew.store, [wid])
+
+
+async def test_infrastructure_errors_exhausting_retries_end_dead_with_last_error(crew: Crew) -> None:
+    wid = await crew.submit(
+        {
+            "kind": "task",
+            "input": {},
+            "agent": {"name": "scripted", "config": {"fail": "disk on fire", "on_activity_attempt": "all"}},
+        }
+    )
+    result = await crew.result(wid)
+    assert result.state == "dead"
+    assert "after 3 tries" in result.reason and "scripted fault: disk on fire" in result.reason
+    grants = [g.holder for g in await lease_grants(crew.store, work_item_fence_key(wid))]
+    assert [h.rsplit("#", 1)[-1] for h in grants] == ["1", "2", "3"]
+    row = await crew.store.get_work_item(wid)
+    assert row is not None and row.state == "dead" and "disk on fire" in row.reason
+    await assert_invariants(crew.store, [wid])
+
+
+async def test_bad_input_fails_fast_without_retries(crew: Crew) -> None:
+    from temporalio.api.enums.v1 import EventType
+
+    from crewwork.models import WorkItemInput, WorkItemSpec
+    from crewwork.workflows.work_item import WorkItemWorkflow
+
+    # Past the API's checks (as if the submission were from an older version): an agent config no agent accepts.
+    spec = WorkItemSpec.model_validate(
+        {"kind": "task", "input": {}, "agent": {"name": "scripted", "config": {"no_such_key": 1}}}
+    )
+    row, _ = await crew.store.create_work_item(tenant_id=crew.tenant_id, spec=spec, base_commit=None, repo_path=None)
+    handle = await crew.client.start_workflow(
+        WorkItemWorkflow.run,
+        WorkItemInput(work_item_id=row.id, tenant_id=row.tenant_id, spec=spec),
+        id=row.workflow_id,
+        task_queue=crew.settings.task_queue("control"),
+        result_type=WorkItemResult,
+    )
+    result = await asyncio.wait_for(handle.result(), 60)
+    assert result.state == "dead" and result.reason.startswith("bad input:") and "no_such_key" in result.reason
+    history = await handle.fetch_history()
+    scheduled = {
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "run_agent"
+    }
+    started = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.scheduled_event_id in scheduled
+    ]
+    assert started == [1], "a non-retryable error is not retried"
+    await assert_invariants(crew.store, [row.id])
