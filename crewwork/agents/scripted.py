@@ -154,6 +154,8 @@ def _safe_rel(p: str) -> Path:
     if path.is_absolute() or ".." in path.parts or not p or p.startswith(".git/") or p == ".git":
         raise AgentConfigError(f"scripted agent: file path {p!r} must be relative and stay inside the repository")
     return path
+
+
 async def _ignoring_cancellation(coro: Any) -> None:
     """Run `coro` to the end even if this task is cancelled meanwhile (a zombie that does not honour cancellation,
     like code blocked in a thread or in C). The cancellation is swallowed, so the caller carries on afterwards."""
@@ -165,5 +167,3 @@ async def _ignoring_cancellation(coro: Any) -> None:
         except asyncio.CancelledError:
             if task is not None:
                 task.uncancel()
-
-
