@@ -91,6 +91,7 @@ class RunCgroup:
     @classmethod
     def _create_v1(cls, limits: SandboxLimits) -> RunCgroup:
         own = _own_paths()
+        _sweep_stale([CGROUP_ROOT / c / own.get(c, "/").lstrip("/") for c in _V1_CONTROLLERS], "crewwork-*")
         name = f"crewwork-{uuid.uuid4().hex[:12]}"
         dirs: dict[str, Path] = {}
         cg = cls("cgroup-v1", dirs)
@@ -131,6 +132,7 @@ class RunCgroup:
                     with contextlib.suppress(OSError):
                         _write(base / "cgroup.subtree_control", ctl)
                     _write(parent / "cgroup.subtree_control", ctl)
+                _sweep_stale([parent], "*")
                 d = parent / uuid.uuid4().hex[:12]
                 d.mkdir()
                 cg = cls("cgroup-v2", {"unified": d})
@@ -219,6 +221,30 @@ class RunCgroup:
                     # Killed processes leave the group only once reaped; give the kernel a moment.
                     time.sleep(delay)
                     delay = min(delay * 2, 0.1)
+
+
+_last_sweep = 0.0
+SWEEP_EVERY_S = 600.0
+# A group younger than this may have been created by another worker that has not moved its child in yet.
+STALE_AFTER_S = 120.0
+
+
+def _sweep_stale(parents: list[Path], pattern: str) -> None:
+    """Remove empty run groups left by workers that were killed before their cleanup ran.
+
+    rmdir refuses a group that still has processes, so only abandoned, empty groups go.
+    """
+    global _last_sweep
+    now = time.time()
+    if now - _last_sweep < SWEEP_EVERY_S:
+        return
+    _last_sweep = now
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            for d in parent.glob(pattern):
+                with contextlib.suppress(OSError):
+                    if d.is_dir() and now - d.stat().st_mtime > STALE_AFTER_S and not (d / "cgroup.procs").read_text():
+                        d.rmdir()
 
 
 def cgroups_usable() -> tuple[bool, str]:
