@@ -232,10 +232,15 @@ async def tenant_stream(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
     after: Annotated[int | None, Query(ge=0, le=2**62, description="Resume after this event id.")] = None,
     all_tenants: Annotated[bool, Query(description="Admin only: every tenant's events.")] = False,
+    tail: Annotated[bool, Query(description="Without a resume point, start after the newest event.")] = False,
 ) -> StreamingResponse:
     if all_tenants and not principal.admin:
         raise ProblemError(403, "forbidden", "all_tenants needs an API key with the `admin` scope")
     start = resume_point(last_event_id, after)
+    horizon: EventHorizon = request.app.state.horizon
+    if tail and not last_event_id and after is None:
+        await asyncio.wait_for(horizon.ready.wait(), 30)
+        start = horizon.safe
     opts = request.app.state.options
     return StreamingResponse(
         event_stream(

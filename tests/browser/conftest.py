@@ -1,0 +1,3 @@
+"""The browser tests drive the same real stack as the API tests."""
+
+from tests.api.conftest import api_settings, stack  # noqa: F401 (fixtures)

@@ -1,0 +1,139 @@
+"""The review console in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright): sign in, watch
+a work item move to awaiting review live, approve it from the page, see it succeed. Screenshots of every page go to
+test-artifacts/ (representative ones are committed under docs/images/)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from crewwork.demo import RIGHT, WRONG
+from tests.api.conftest import Stack
+
+pytestmark = [pytest.mark.postgres, pytest.mark.temporal, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+VALIDATION = {
+    "command": ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml=.crewwork/junit.xml"],
+    "junit_path": ".crewwork/junit.xml",
+    "timeout_s": 60,
+    "test_files": ["tests/test_calc.py"],
+}
+
+
+@pytest.fixture(scope="module")
+def chromium_path() -> str:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed: apt-get install -y chromium")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright (the Python package) is not installed")
+    return CHROMIUM
+
+
+async def test_console_shows_live_progress_and_approving_from_the_page_lands_the_change(
+    stack: Stack, calc_repo: Path, chromium_path: str
+) -> None:
+    from playwright.async_api import async_playwright, expect
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    spec = {
+        "kind": "code_change",
+        "repo": {"url": str(calc_repo), "ref": "main"},
+        "instruction": "Fix add() so that the tests pass",
+        "validation": VALIDATION,
+        "agent": {
+            "name": "scripted",
+            "config": {
+                "attempts": [
+                    {"files": {"calc.py": WRONG}, "delay_s": 1.5, "claims": "I fixed it"},
+                    {"files": {"calc.py": RIGHT}, "delay_s": 1.5, "claims": "Fixed add()"},
+                ]
+            },
+        },
+        "review": {"required": True},
+        "labels": {"team": "payments", "ticket": "PAY-142"},
+    }
+    async with stack.client() as c:
+        for n in range(2):  # some history in the list
+            await c.post("/v1/work-items", json={"kind": "task", "input": {"n": n}, "labels": {"team": "search"}})
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+        page = await browser.new_page(viewport={"width": 1366, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            await page.goto(f"{stack.api.url}/console")
+            await page.screenshot(path=str(ARTIFACTS / "console-login.png"))
+            await page.get_by_label("API key").fill(stack.alpha.key)
+            await page.keyboard.press("Enter")
+            await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
+            await expect(page.locator("#live-status")).to_have_text("● live", timeout=15_000)
+
+            # Submitted while the list is open: it appears and moves through its states live.
+            async with stack.client() as c:
+                wid = (await c.post("/v1/work-items", json=spec)).json()["id"]
+            row = page.locator(f'tr[data-id="{wid}"]')
+            await expect(row).to_be_visible(timeout=15_000)
+            await expect(row.locator('[data-state="awaiting_review"]')).to_be_visible(timeout=120_000)
+            await page.screenshot(path=str(ARTIFACTS / "console-list.png"), full_page=True)
+
+            # Keyboard: "/" focuses the search box.
+            await page.keyboard.press("/")
+            await expect(page.locator("#f-search")).to_be_focused()
+
+            await row.get_by_role("link", name=wid).click()
+            await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "awaiting_review")
+            await expect(page.locator(".diff .add").first).to_be_visible(timeout=15_000)
+            await expect(page.locator(".timeline button")).to_have_count(2)
+            await expect(page.locator(".log")).to_contain_text("passed", timeout=15_000)
+            await expect(page.locator(".events li").first).to_be_visible(timeout=15_000)
+            href = await page.locator("#temporal-workflow-link").get_attribute("href")
+            assert href and href.endswith(f"/workflows/work-item-{wid}")
+            await page.screenshot(path=str(ARTIFACTS / "console-detail-review.png"), full_page=True)
+
+            # Evidence of the failed first attempt is one keypress away.
+            await page.locator('.timeline button[data-n="1"]').focus()
+            await page.keyboard.press("Enter")
+            await expect(page.locator("#evidence-1")).to_contain_text("test_failure")
+            await page.screenshot(path=str(ARTIFACTS / "console-attempt-evidence.png"), full_page=True)
+
+            await page.get_by_role("button", name="Approve").click()
+            await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "succeeded", timeout=60_000)
+            await expect(page.locator(".events")).to_contain_text("succeeded")
+            await page.screenshot(path=str(ARTIFACTS / "console-detail-succeeded.png"), full_page=True)
+
+            # The workers view needs the admin scope.
+            await page.goto(f"{stack.api.url}/console#/workers")
+            await expect(page.get_by_text("admin scope")).to_be_visible()
+            await page.evaluate("k => sessionStorage.setItem('crewwork.apiKey', k)", stack.admin.key)
+            await page.reload()
+            await expect(page.get_by_role("table", name="Task queues")).to_be_visible(timeout=15_000)
+            await expect(page.locator("td", has_text="control").first).to_be_visible()
+            await page.screenshot(path=str(ARTIFACTS / "console-workers.png"), full_page=True)
+        finally:
+            await browser.close()
+        assert not errors, errors
+
+    async with stack.client() as c:
+        item = (await c.get(f"/v1/work-items/{wid}")).json()
+    assert item["state"] == "succeeded" and item["delivery_branch"] == f"crewwork/{wid}"
+
+    images = Path(__file__).resolve().parents[2] / "docs" / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    for name in ("console-list.png", "console-detail-review.png", "console-workers.png"):
+        shutil.copy(ARTIFACTS / name, images / name)
