@@ -77,12 +77,21 @@ async def until(what: str, probe: Any, timeout_s: float = 90, every_s: float = 0
     raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
-async def terminal(store: Store, wid: str, timeout_s: float = 120) -> Any:
+async def terminal(crew: Crew, wid: str, timeout_s: float = 120) -> Any:
+    """The work item's final row, once its workflow has closed (so release and cleanup have run too)."""
+
     async def probe() -> Any:
-        row = await store.get_work_item(wid)
+        row = await crew.store.get_work_item(wid)
         return row if row is not None and row.result is not None else None
 
-    return await until(f"{wid} to end", probe, timeout_s)
+    await until(f"{wid} to end", probe, timeout_s)
+
+    async def closed() -> bool:
+        await crew.result(wid, timeout_s=30)
+        return True
+
+    await until(f"{wid}'s workflow to close", closed, timeout_s=60)
+    return await crew.store.get_work_item(wid)
 
 
 async def lease_grants(store: Store, key: str) -> list[LeaseHistory]:
@@ -179,7 +188,7 @@ async def test_sigkilled_agent_pool_process_is_restarted_and_the_item_completes(
             killed_pid = agent.proc.pid
             stack.kill("agent-0", signal.SIGKILL)
 
-            row = await terminal(crew.store, wid, timeout_s=150)
+            row = await terminal(crew, wid, timeout_s=150)
             assert row.state == "succeeded", row.reason
             assert agent.restarts >= 1 and agent.proc.pid != killed_pid
             grants = [g for g in await lease_grants(crew.store, key) if "run_agent" in g.holder]
@@ -206,7 +215,7 @@ async def test_temporal_server_restart_mid_run_lets_in_flight_items_complete(
             server.stop()
             await asyncio.sleep(1)
             server.start()
-            rows = [await terminal(crew.store, wid, timeout_s=150) for wid in wids]
+            rows = [await terminal(crew, wid, timeout_s=150) for wid in wids]
             assert [r.state for r in rows] == ["succeeded", "succeeded"], [r.reason for r in rows]
             for wid, repo in zip(wids, repos, strict=True):
                 assert git(repo, "show", f"crewwork/{wid}:calc.py") == RIGHT.strip()
@@ -245,7 +254,7 @@ async def test_terminated_database_connections_are_retried_and_nothing_is_writte
 
     task = asyncio.create_task(terminator())
     try:
-        rows = [await terminal(crew.store, wid, timeout_s=180) for wid in wids]
+        rows = [await terminal(crew, wid, timeout_s=180) for wid in wids]
     finally:
         stop.set()
         await task
@@ -267,7 +276,7 @@ async def test_two_items_on_the_same_branch_never_overlap_and_both_land(crew: Cr
         await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT + f"# item {i}\n"}, "delay_s": 2}))
         for i in range(2)
     ]
-    rows = [await terminal(crew.store, wid) for wid in wids]
+    rows = [await terminal(crew, wid) for wid in wids]
     assert [r.state for r in rows] == ["succeeded", "succeeded"], [r.reason for r in rows]
     grants = await lease_grants(crew.store, f"ws:{calc_repo}#main")
     assert sorted(g.holder for g in grants) == sorted(wids)
