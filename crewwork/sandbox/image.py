@@ -1,8 +1,9 @@
 """Build the default sandbox image locally, with no registry: host files in a tarball, `docker import`ed.
 
 The image holds this worker's Python interpreter (at the same absolute path, so its compiled-in prefix is
-right), the standard library, this environment's site-packages (pytest included, so `python -m pytest`
-works inside), a shell with the basic tools, and exactly the shared libraries all of those link against.
+right), the standard library, pytest and pip from this environment (with their dependencies, so
+`python -m pytest` works inside), a shell with the basic tools, and exactly the shared libraries all of
+those link against.
 It builds in seconds and needs nothing from the network.
 
 Production path: point CREWWORK_SANDBOX_DOCKER_IMAGE at any image with a `python` on PATH (for example a
@@ -25,8 +26,9 @@ import sysconfig
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from crewwork.sandbox.base import SandboxError, SandboxUnavailable
 from crewwork.sandbox.config import DEFAULT_IMAGE
@@ -36,17 +38,15 @@ TOOLS = (
     "xargs sort uniq tr cut dirname basename readlink realpath chmod ln pwd test [ date stat diff cmp patch "
     "tee uname nproc timeout yes dd seq printf expr which git"
 ).split()
-STDLIB_SKIP = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages"}
+STDLIB_SKIP = (
+    "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages",
+    "config-",  # the static libpython, only for embedding
+)  # fmt: skip
+STDLIB_SKIP_NESTED = ("test", "tests", "idle_test")
 # Development tools of the worker's environment that no sandboxed command needs.
-SITE_SKIP_PREFIXES = (
-    "mypy",
-    "mypyc",
-    "ruff",
-    "__editable__",
-    "crewwork",
-    "_crewwork",
-    "6ec57f84c680d3a3778b__mypyc",
-)
+# Distributions (with their dependencies) copied from this environment: enough to run a repository's tests
+# and to install a work item's dependencies from mounted wheels. Operators add more with --package.
+IMAGE_PACKAGES = ("pytest", "pip", "setuptools", "wheel")
 IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -117,23 +117,33 @@ class _RootfsTar:
         elif os.path.isfile(path):
             self._add_host(path, path.lstrip("/"))
 
-    def add_tree(self, src: str, dest: str | None = None, skip: Iterable[str] = ()) -> None:
-        """Copy a directory tree, optionally to another place in the image, skipping top-level names."""
+    def add_tree(
+        self, src: str, dest: str | None = None, skip: Iterable[str] = (), skip_nested: Iterable[str] = ()
+    ) -> None:
+        """Copy a directory tree, skipping top-level names in `skip` and directories named `skip_nested`
+        anywhere (test suites), and optimised bytecode nobody runs by default."""
         src = os.path.realpath(src)
         dest = dest or src
         skip_set = tuple(skip)
+        nested = set(skip_nested)
         self._dir_chain(dest + "/x")
         for root, dirs, files in os.walk(src):
             rel = os.path.relpath(root, src)
             if rel == ".":
                 dirs[:] = [d for d in dirs if not d.startswith(skip_set) and d not in skip_set]
                 files = [f for f in files if not f.startswith(skip_set)]
+            dirs[:] = [d for d in dirs if d not in nested]
+            files = [f for f in files if ".opt-" not in f]
             target_root = os.path.normpath(os.path.join(dest, rel))
             for name in dirs:
                 self._add_host(os.path.join(root, name), os.path.join(target_root, name)[1:])
                 self.seen.add(os.path.join(target_root, name))
             for name in files:
                 self._add_host(os.path.join(root, name), os.path.join(target_root, name)[1:])
+
+    def add_file_as(self, source: str, dest: str) -> None:
+        self._dir_chain(dest)
+        self._add_host(source, dest.lstrip("/"))
 
     def add_bytes(self, path: str, data: bytes, mode: int = 0o644) -> None:
         self._dir_chain(path)
@@ -183,17 +193,41 @@ def _elf_files(tree: str) -> list[str]:
     ]
 
 
-def fingerprint() -> str:
-    """What the image is made of: the interpreter and the installed distributions (a stale image differs)."""
+def distribution_closure(names: Iterable[str]) -> list[Any]:
+    """The installed distributions `names` and everything they require (markers evaluated for this host)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, Any] = {}
+    todo = list(names)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in found:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found[name] = dist
+        for spec in dist.requires or []:
+            req = Requirement(spec)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return sorted(found.values(), key=lambda d: canonicalize_name(d.metadata["Name"]))
+
+
+def fingerprint(packages: Sequence[str] = IMAGE_PACKAGES) -> str:
+    """What the image is made of: the interpreter and the copied distributions (a stale image differs)."""
     import hashlib
 
-    site = sysconfig.get_paths()["purelib"]
-    dists = sorted(d for d in os.listdir(site) if d.endswith(".dist-info") and not d.startswith(SITE_SKIP_PREFIXES))
+    dists = [f"{d.metadata['Name']}=={d.version}" for d in distribution_closure(packages)]
     text = "\n".join([os.path.realpath(sys.executable), sys.version, *dists])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def image_is_current(name: str, *, base_url: str | None = None) -> bool:
+def image_is_current(name: str, *, base_url: str | None = None, packages: Sequence[str] = IMAGE_PACKAGES) -> bool:
     """True if `name` exists locally and was built from this interpreter and these packages."""
     import docker
     import docker.errors
@@ -203,25 +237,30 @@ def image_is_current(name: str, *, base_url: str | None = None) -> bool:
         labels = client.images.get(name).labels or {}
     except docker.errors.DockerException:
         return False
-    return labels.get("crewwork.sandbox.fingerprint") == fingerprint()
+    return labels.get("crewwork.sandbox.fingerprint") == fingerprint(packages)
 
 
-def write_rootfs_tar(out: io.BufferedWriter) -> dict[str, str]:
+def write_rootfs_tar(out: io.BufferedWriter, packages: Sequence[str] = IMAGE_PACKAGES) -> dict[str, str]:
     """Write the image's root filesystem as a tar stream. Returns facts for the image's labels."""
     base = os.path.realpath(sys.base_prefix)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     exe = os.path.realpath(sys.executable)
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    site = os.path.realpath(sysconfig.get_paths()["purelib"])
-    platsite = os.path.realpath(sysconfig.get_paths()["platlib"])
     image_site = os.path.join(stdlib, "site-packages")
+    # (host file, image path) of every file the chosen distributions installed (their RECORD).
+    dist_files: list[tuple[str, str]] = []
+    for dist in distribution_closure(packages):
+        for f in dist.files or []:
+            host = os.path.realpath(dist.locate_file(f))
+            if os.path.isfile(host) and not str(f).startswith(".."):
+                dist_files.append((host, os.path.normpath(os.path.join(image_site, str(f)))))
 
     rootfs = _RootfsTar(out)
     for top_dir in ("/bin", "/sbin", "/lib", "/lib64"):
         if os.path.islink(top_dir):
             rootfs.add(top_dir)
     tools = [t for t in (shutil.which(n, path="/usr/bin:/bin") for n in TOOLS) if t]
-    elf = [exe, *tools, *_elf_files(os.path.join(stdlib, "lib-dynload")), *_elf_files(site)]
+    elf = [exe, *tools, *_elf_files(os.path.join(stdlib, "lib-dynload")), *(h for h, _ in dist_files if ".so" in h)]
     for libdir in ("lib", "lib64"):
         for f in Path(base, libdir).glob("libpython*.so*"):
             rootfs.add(str(f))
@@ -231,11 +270,10 @@ def write_rootfs_tar(out: io.BufferedWriter) -> dict[str, str]:
     # git execs helpers from git-core; without them `git diff` inside fails confusingly.
     if shutil.which("git", path="/usr/bin:/bin") and os.path.isdir("/usr/lib/git-core"):
         rootfs.add_tree("/usr/lib/git-core")
-    rootfs.add_tree(stdlib, skip=STDLIB_SKIP)
+    rootfs.add_tree(stdlib, skip=STDLIB_SKIP, skip_nested=STDLIB_SKIP_NESTED)
     # The worker's venv packages become the image interpreter's own site-packages (no venv in the image).
-    rootfs.add_tree(site, image_site, skip=SITE_SKIP_PREFIXES)
-    if platsite != site:
-        rootfs.add_tree(platsite, image_site, skip=SITE_SKIP_PREFIXES)
+    for host, image_path in dist_files:
+        rootfs.add_file_as(host, image_path)
     for etc_file in ("/etc/ld.so.cache", "/etc/ld.so.conf"):
         if os.path.exists(etc_file):
             rootfs.add(etc_file)
@@ -257,11 +295,13 @@ def write_rootfs_tar(out: io.BufferedWriter) -> dict[str, str]:
     return {
         "crewwork.sandbox.python": exe,
         "crewwork.sandbox.python-version": sys.version.split()[0],
-        "crewwork.sandbox.fingerprint": fingerprint(),
+        "crewwork.sandbox.fingerprint": fingerprint(packages),
     }
 
 
-def build_image(name: str = DEFAULT_IMAGE, *, base_url: str | None = None) -> str:
+def build_image(
+    name: str = DEFAULT_IMAGE, *, base_url: str | None = None, packages: Sequence[str] = IMAGE_PACKAGES
+) -> str:
     """Build `name` from host files and import it into the local engine. Returns the image id."""
     import docker
     import docker.errors
@@ -281,7 +321,7 @@ def build_image(name: str = DEFAULT_IMAGE, *, base_url: str | None = None) -> st
     with tempfile.TemporaryDirectory(prefix="crewwork-image-") as tmp:
         tar_path = os.path.join(tmp, "rootfs.tar")
         with open(tar_path, "wb") as f:
-            labels = write_rootfs_tar(f)
+            labels = write_rootfs_tar(f, packages)
         changes = [
             f"ENV PATH={IMAGE_PATH}",
             "ENV LANG=C.UTF-8",
@@ -310,13 +350,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the crewwork sandbox image from host files.")
     parser.add_argument("--name", default=DEFAULT_IMAGE, help=f"image name (default {DEFAULT_IMAGE})")
     parser.add_argument("--if-stale", action="store_true", help="build only if missing or built from other packages")
+    parser.add_argument(
+        "--package",
+        action="append",
+        default=[],
+        metavar="DIST",
+        help="also copy this installed distribution and its dependencies (repeatable)",
+    )
     args = parser.parse_args(argv)
-    if args.if_stale and image_is_current(args.name):
-        print(f"{args.name} is current (fingerprint {fingerprint()})")
+    packages = [*IMAGE_PACKAGES, *args.package]
+    if args.if_stale and image_is_current(args.name, packages=packages):
+        print(f"{args.name} is current (fingerprint {fingerprint(packages)})")
         return 0
     started = time.monotonic()
     try:
-        image_id = build_image(args.name)
+        image_id = build_image(args.name, packages=packages)
     except SandboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
