@@ -62,8 +62,6 @@ def _system_binds() -> list[str]:
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
-    for d in _python_dirs():
-        args += ["--ro-bind", d, d]
     for f in MASKED_FILES:
         if os.path.exists(f):
             args += ["--ro-bind", "/dev/null", f]
@@ -104,6 +102,9 @@ class BwrapSandbox(Sandbox):
         args += _system_binds()
         args += ["--dev", "/dev", "--proc", "/proc"]
         args += ["--size", str(limits.tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        # After the private /tmp, so an interpreter that lives under /tmp (a CI checkout, say) stays visible.
+        for d in _python_dirs():
+            args += ["--ro-bind", d, d]
         for m in ro_mounts:
             p = os.path.realpath(m)
             if not os.path.exists(p):
