@@ -58,6 +58,7 @@ _STEP_KEYS = {
     "error",
     "on_activity_attempt",
     "tokens",
+    "cost_usd",
 }
 
 
@@ -129,8 +130,13 @@ class ScriptedAgent(Agent):
         return AgentRunResult(
             output=step.get("output") if ctx.kind == WorkItemKind.task else None,
             claims=step.get("claims", "scripted change applied (mock agent)"),
-            transcript=f"scripted agent, attempt {ctx.attempt}: applied step keys {sorted(step)}",
+            transcript=(
+                f"scripted agent, attempt {ctx.attempt}: applied step keys {sorted(step)}\n"
+                f"review comment received: {ctx.review_comment!r}\n"
+                f"diagnostics received:\n{ctx.diagnostics or '(none)'}\n"
+            ),
             tokens_used=int(step.get("tokens", 0)),
+            cost_usd=float(step.get("cost_usd", 0.0)),
         )
 
     async def _apply_step(self, ws: Path, step: dict[str, Any]) -> None:

@@ -79,6 +79,8 @@ WORKSPACE_POLL = timedelta(seconds=2)
 WORKSPACE_POLL_MAX = timedelta(seconds=30)
 WORKSPACE_LEASE_TTL_S = 600.0
 BREAKER_K = 3
+# Attempts per workflow run before continue-as-new (Temporal may suggest it sooner).
+ATTEMPTS_PER_RUN = 20
 
 SA_STATE = SearchAttributeKey.for_keyword("CrewworkState")
 SA_KIND = SearchAttributeKey.for_keyword("CrewworkKind")
@@ -222,8 +224,10 @@ class WorkItemWorkflow:
                 )
             )
             if hit is not None:
-                return await self._finish(inp, WorkItemState.failed, f"{hit.kind}: {hit.reason}", mock=mock)
-            if workflow.info().is_continue_as_new_suggested():
+                reason = hit.reason if hit.reason.startswith(f"{hit.kind}:") else f"{hit.kind}: {hit.reason}"
+                return await self._finish(inp, WorkItemState.failed, reason, mock=mock)
+            if workflow.info().is_continue_as_new_suggested() or attempt - carry.next_attempt >= ATTEMPTS_PER_RUN:
+                # Keep each run's history small however long the loop: start afresh with the loop state carried.
                 self._continuing = True
                 workflow.continue_as_new(
                     WorkItemInput(

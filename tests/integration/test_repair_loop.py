@@ -1,0 +1,184 @@
+"""The repair loop: evidence-based completion, budgets, the same-cause breaker, review and long loops.
+
+Real Temporal dev server, real PostgreSQL, real bubblewrap sandbox and real pytest runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from crewwork.demo import RIGHT, WRONG
+from crewwork.models import ReviewDecision
+from crewwork.store.tables import Artifact
+from tests.conftest import Crew, running_crew
+from tests.integration.test_lifecycle import VALIDATION, code_change, git
+
+pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+
+async def _artifact_text(crew: Crew, artifact_id: str) -> str:
+    async with crew.store.session() as s:
+        data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
+    assert data is not None
+    return bytes(data).decode()
+
+
+async def test_no_tests_collected_is_a_failure(crew: Crew, calc_repo: Path) -> None:
+    validation = {**VALIDATION, "command": [*VALIDATION["command"], "-k", "no_test_has_this_name"]}
+    wid = await crew.submit(
+        code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], validation=validation, budget={"max_attempts": 1})
+    )
+    result = await crew.result(wid)
+    assert result.state == "failed"
+    assert result.attempts[0].validation is not None
+    assert result.attempts[0].validation.cause == "no_tests", result.attempts[0].validation.reason
+
+
+async def test_diagnostics_of_a_failed_attempt_reach_the_next_attempt(crew: Crew, calc_repo: Path) -> None:
+    wid = await crew.submit(code_change(calc_repo, [{"files": {"calc.py": WRONG}}, {"files": {"calc.py": RIGHT}}]))
+    result = await crew.result(wid)
+    assert result.state == "succeeded"
+    second = result.attempts[1].agent
+    assert second is not None and second.transcript_ref is not None
+    transcript = await _artifact_text(crew, second.transcript_ref.id)
+    assert "test_adds_negative_numbers" in transcript, transcript
+    assert "assert 2 == 0" in transcript
+
+
+async def test_breaker_stops_after_k_same_cause_failures_across_a_worker_restart(
+    tmp_path: Path, temporal_server: object, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend)  # type: ignore[arg-type]
+    async with running_crew(settings) as crew:
+        wid = await crew.submit(code_change(calc_repo, [{"files": {"calc.py": WRONG}}], budget={"max_attempts": 10}))
+        for _ in range(600):
+            if len(await crew.store.list_attempts(wid)) >= 2:
+                break
+            await asyncio.sleep(0.1)
+    # Every worker is gone now, mid-loop. New workers pick the same workflow up from its history.
+    async with running_crew(settings) as crew2:
+        result = await crew2.result(wid)
+    assert result.state == "failed"
+    assert result.reason.startswith("breaker:"), result.reason
+    from crewwork.store.store import Store
+
+    store = Store(pg_url)
+    try:
+        attempts = await store.list_attempts(wid)
+    finally:
+        await store.close()
+    assert len(attempts) == 3, "K=3 consecutive same-cause failures, then stop"
+    assert len({a.fingerprint for a in attempts}) == 1
+
+
+async def test_wall_clock_budget_ends_the_item(crew: Crew, calc_repo: Path) -> None:
+    wid = await crew.submit(
+        code_change(
+            calc_repo,
+            [{"files": {"calc.py": WRONG}, "delay_s": 1.5}],
+            budget={"max_attempts": 10, "max_wall_clock_s": 1.0},
+        )
+    )
+    result = await crew.result(wid)
+    assert result.state == "failed" and result.reason.startswith("wall_clock:"), result.reason
+    assert len(result.attempts) == 1
+
+
+async def test_token_budget_ends_the_item(crew: Crew, calc_repo: Path) -> None:
+    wid = await crew.submit(
+        code_change(
+            calc_repo,
+            [
+                {"files": {"calc.py": WRONG}, "tokens": 600},
+                {"files": {"calc.py": "def add(a, b):\n    return 1\n"}, "tokens": 600},
+            ],
+            budget={"max_attempts": 10, "max_tokens": 1000},
+        )
+    )
+    result = await crew.result(wid)
+    assert result.state == "failed" and result.reason.startswith("tokens:"), result.reason
+    assert len(result.attempts) == 2
+
+
+async def test_cost_budget_ends_the_item(crew: Crew, calc_repo: Path) -> None:
+    wid = await crew.submit(
+        code_change(
+            calc_repo,
+            [
+                {"files": {"calc.py": WRONG}, "cost_usd": 0.30},
+                {"files": {"calc.py": "def add(a, b):\n    return 1\n"}, "cost_usd": 0.30},
+            ],
+            budget={"max_attempts": 10, "max_cost_usd": 0.5},
+        )
+    )
+    result = await crew.result(wid)
+    assert result.state == "failed" and result.reason.startswith("cost:"), result.reason
+    assert len(result.attempts) == 2
+
+
+async def test_budget_above_operator_ceiling_is_not_admitted(crew: Crew, calc_repo: Path) -> None:
+    crew.settings.max_attempts_ceiling = 5
+    wid = await crew.submit(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], budget={"max_attempts": 50}))
+    result = await crew.result(wid)
+    assert result.state == "failed" and "ceiling" in result.reason, result.reason
+    assert result.attempts == []
+
+
+async def test_review_comment_reaches_the_agent(crew: Crew, calc_repo: Path) -> None:
+    wid = await crew.submit(
+        code_change(
+            calc_repo,
+            [{"files": {"calc.py": RIGHT}}, {"files": {"calc.py": RIGHT + "# tidy\n"}}],
+            review={"required": True},
+        )
+    )
+    row = await crew.wait_state(wid, "awaiting_review")
+    await crew.service.review(row, ReviewDecision(action="request_changes", comment="please keep it tidy"))
+    await crew.wait_state(wid, "running")
+    row = await crew.wait_state(wid, "awaiting_review")
+    await crew.service.review(row, ReviewDecision(action="approve"))
+    result = await crew.result(wid)
+    assert result.state == "succeeded"
+    second = result.attempts[-1].agent
+    assert second is not None and second.transcript_ref is not None
+    assert "please keep it tidy" in await _artifact_text(crew, second.transcript_ref.id)
+
+
+async def test_review_timeout_ends_the_item(crew: Crew, calc_repo: Path) -> None:
+    wid = await crew.submit(
+        code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], review={"required": True, "timeout_s": 1})
+    )
+    result = await crew.result(wid)
+    assert result.state == "failed" and result.reason == "review timed out"
+    assert git(calc_repo, "branch", "--list", f"crewwork/{wid}") == ""
+
+
+async def test_sixty_attempt_loop_continues_as_new_and_keeps_history_small(crew: Crew, calc_repo: Path) -> None:
+    # Each failing attempt fails differently (a different failing test), so the breaker does not stop the loop.
+    steps: list[dict[str, object]] = [
+        {"files": {"calc.py": RIGHT, f"tests/test_extra_{k}.py": f"def test_extra_{k}():\n    assert False\n"}}
+        for k in range(1, 60)
+    ]
+    steps.append({"files": {"calc.py": RIGHT}})
+    wid = await crew.submit(code_change(calc_repo, steps, budget={"max_attempts": 60}))
+    result = await crew.result(wid, timeout_s=600)
+    assert result.state == "succeeded", result.reason
+    attempts = await crew.store.list_attempts(wid)
+    assert [a.number for a in attempts] == list(range(1, 61))
+    assert attempts[-1].verdict == "passed" and all(a.verdict == "failed" for a in attempts[:-1])
+
+    row = await crew.store.get_work_item(wid)
+    assert row is not None
+    runs = []
+    async for wf in crew.client.list_workflows(f"WorkflowId = '{row.workflow_id}'"):
+        runs.append(wf.run_id)
+    assert len(runs) >= 3, "60 attempts at 20 per run continue-as-new at least twice"
+    for run_id in runs:
+        history = await crew.client.get_workflow_handle(row.workflow_id, run_id=run_id).fetch_history()
+        assert len(history.events) < 1000, f"run {run_id} has {len(history.events)} events"
