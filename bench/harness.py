@@ -1,0 +1,235 @@
+"""Shared machinery of the benchmarks: throwaway PostgreSQL databases, a Temporal dev server, in-process pools,
+percentiles, tables and the JSON results file.
+
+Every benchmark measures the things it compares side by side in one run on the same machine, and prints ratios
+next to the absolute figures: the machines are shared and noisy, so only ratios travel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from crewwork.config import Settings  # noqa: E402
+from crewwork.store.db import upgrade_sync  # noqa: E402
+from crewwork.store.store import Store  # noqa: E402
+from crewwork.temporal.devserver import DevServer, free_port  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+PG_ADMIN = os.environ.get("CREWWORK_BENCH_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432")
+
+
+# ------------------------------------------------------------------------------------------------ services
+
+
+def psql(sql: str, db: str = "postgres") -> str:
+    return subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-qAtc", sql],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+@contextlib.contextmanager
+def pg_database(prefix: str = "crewwork_bench", migrate: bool = True) -> Iterator[tuple[str, str]]:
+    """A throwaway PostgreSQL database: yields (SQLAlchemy async URL, database name); dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    psql(f"CREATE DATABASE {name}")
+    url = f"{PG_ADMIN}/{name}"
+    try:
+        if migrate:
+            import concurrent.futures
+
+            # In a thread: callers may already run an event loop, and the migration runs its own.
+            with concurrent.futures.ThreadPoolExecutor(1) as ex:
+                ex.submit(upgrade_sync, url).result()
+        yield url, name
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextlib.contextmanager
+def dev_server(data_dir: Path) -> Iterator[DevServer]:
+    server = DevServer(data_dir, port=free_port(), ui=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def bench_settings(data_dir: Path, temporal: DevServer, db_url: str, **kw: Any) -> Settings:
+    return Settings(
+        data_dir=data_dir,
+        database_url=db_url,
+        temporal_address=temporal.address,
+        task_queue_prefix=f"b{uuid.uuid4().hex[:8]}",
+        **kw,
+    )
+
+
+@contextlib.asynccontextmanager
+async def in_process_pools(
+    settings: Settings, pools: Sequence[str] = ("control", "agent", "validate")
+) -> AsyncIterator[tuple[Any, Store, str]]:
+    """crewwork's worker pools in this process (as tests/conftest.running_crew): yields (service, store, tenant)."""
+    from crewwork.service import WorkItemService
+    from crewwork.temporal.client import connect
+    from crewwork.workers.pools import build_worker
+
+    store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
+    client = await connect(settings)
+    workers = [build_worker(p, client, store, settings) for p in pools]
+    service = WorkItemService(store, client, settings)
+    tenant = await store.ensure_tenant(f"bench-{uuid.uuid4().hex[:6]}")
+    async with contextlib.AsyncExitStack() as stack:
+        for w in workers:
+            await stack.enter_async_context(w)
+        yield service, store, tenant
+    await store.close()
+
+
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@x",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@x",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "PATH": os.environ.get("PATH", ""),
+}
+
+
+def make_repo(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(content)
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", "base"]):
+        subprocess.run(cmd, cwd=path, check=True, env=GIT_ENV)
+    return path
+
+
+# A validation that passes trivially but is real evidence: exit 0 and a JUnit report with one passing test.
+PASSING_JUNIT = (
+    "import pathlib; p = pathlib.Path('.crewwork/junit.xml'); p.parent.mkdir(exist_ok=True); "
+    'p.write_text(\'<testsuite name="b" tests="1" failures="0" errors="0">'
+    '<testcase classname="t" name="test_ok" time="0.001"/></testsuite>\')'
+)
+TRIVIAL_VALIDATION = {
+    "command": ["python3", "-c", PASSING_JUNIT],
+    "junit_path": ".crewwork/junit.xml",
+    "timeout_s": 60,
+}
+
+
+def task_spec(delay_s: float = 0.0, **kw: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "kind": "task",
+        "instruction": "no-op",
+        "input": {"n": 1},
+        "agent": {"name": "scripted", "config": {"output": {"ok": True}, "delay_s": delay_s}},
+        "budget": {"max_attempts": 3},
+    }
+    spec.update(kw)
+    return spec
+
+
+def code_change_spec(repo: Path, **kw: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "kind": "code_change",
+        "repo": {"url": str(repo), "ref": "main"},
+        "instruction": "no-op change",
+        "validation": TRIVIAL_VALIDATION,
+        "agent": {"name": "scripted", "config": {"files": {"note.txt": "changed\n"}}},
+        "budget": {"max_attempts": 2},
+    }
+    spec.update(kw)
+    return spec
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """The p-th percentile (nearest rank), 0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(p / 100 * len(s) + 0.5) - 1))
+    return float(s[k])
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": pct(values, 50),
+        "p95": pct(values, 95),
+        "p99": pct(values, 99),
+        "mean": statistics.fmean(values) if values else 0.0,
+        "max": max(values) if values else 0.0,
+    }
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+        return str(v)
+
+    cells = [[fmt(v) for v in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    return "\n".join([line, sep, *body])
+
+
+def machine() -> dict[str, Any]:
+    mem_kb = 0
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    return {
+        "cpus": os.cpu_count(),
+        "mem_gib": round(mem_kb / 1024 / 1024, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def write_results(name: str, data: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    data = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(), **data}
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    print(f"\nresults written to {path.relative_to(ROOT)}")
+    return path
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of a process (and nothing else), in MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
