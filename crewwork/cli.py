@@ -159,6 +159,33 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hotfix(args: argparse.Namespace) -> int:
+    trace = ""
+    if args.trace_file:
+        try:
+            trace = sys.stdin.read() if args.trace_file == "-" else Path(args.trace_file).read_text()
+        except FileNotFoundError:
+            sys.exit(f"crewwork: no such file: {args.trace_file}")
+    repo = args.repo if "://" in args.repo else str(Path(args.repo).resolve())
+    body: dict[str, Any] = {"message": args.message, "stack_trace": trace, "repo": {"url": repo, "ref": args.ref}}
+    if args.test_command:
+        import shlex
+
+        body["test_command"] = shlex.split(args.test_command)
+    if args.agent_file:
+        try:
+            body["agent"] = json.loads(Path(args.agent_file).read_text())
+        except (FileNotFoundError, json.JSONDecodeError) as exc:
+            sys.exit(f"crewwork: cannot read the agent spec {args.agent_file}: {exc}")
+    if args.no_review:
+        body["review"] = {"required": False}
+    r = _api(args, "POST", "/v1/hotfix", json=body)
+    _fail_on_problem(r)
+    data = r.json()
+    print(f"{data['id']}  hotfix {'submitted' if data['created'] else 'already submitted'}  ({data['state']})")
+    return _wait(args, data["id"]) if args.wait else 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from crewwork.workers.pools import run_pool
 
@@ -318,6 +345,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.add_argument("--idempotency-key")
     d.set_defaults(fn=cmd_submit)
+
+    d = sub.add_parser("hotfix", help="hand off an error report as a `hotfix` work item")
+    d.add_argument("--repo", required=True, help="repository path or file:// URL")
+    d.add_argument("--ref", default="HEAD")
+    d.add_argument("--message", required=True, help="the error message")
+    d.add_argument("--trace-file", help="file with the stack trace ('-' for stdin)")
+    d.add_argument("--test-command", help="a command that fails now and must pass after the fix (quoted)")
+    d.add_argument("--agent-file", help="JSON file with the agent spec ({name, config})")
+    d.add_argument("--no-review", action="store_true", help="land without waiting for a person")
+    d.add_argument("--wait", action="store_true")
+    d.set_defaults(fn=cmd_hotfix)
 
     d = sub.add_parser("status", help="show a work item")
     d.add_argument("id")
