@@ -35,6 +35,11 @@ from crewwork.sandbox.config import SandboxSettings
 
 NOBODY = "65534:65534"
 AVAILABILITY_TTL_S = 5.0
+DEADLINE_LABEL = "crewwork.sandbox.deadline"
+# A container still there this long after its run's timeout lost the worker that owned it.
+ORPHAN_GRACE_S = 60
+REAP_EVERY_S = 60.0
+_last_reap = 0.0
 # Beyond the run's own timeout, how long to wait for the engine to report the (killed) container's exit.
 WAIT_GRACE_S = 120
 _AVAILABILITY: dict[str, tuple[float, tuple[bool, str]]] = {}
@@ -154,7 +159,11 @@ class DockerSandbox(Sandbox):
             security_opt=["no-new-privileges"],
             hostname="sandbox",
             log_config={"type": "none", "config": {}},
-            labels={"crewwork.sandbox": self.name},
+            labels={
+                "crewwork.sandbox": self.name,
+                # Lets any worker remove the container if the one that started it died mid-run.
+                DEADLINE_LABEL: str(int(time.time() + limits.timeout_s + ORPHAN_GRACE_S)),
+            },
             detach=True,
             stdin_open=False,
         )
@@ -180,6 +189,7 @@ class DockerSandbox(Sandbox):
         client = await asyncio.to_thread(self.client)
         if kwargs["user"] == NOBODY:
             await asyncio.to_thread(_open_for_nobody, ws)
+        await asyncio.to_thread(reap_orphans, client)
         container = await asyncio.to_thread(self._create, client, kwargs)
         try:
             return await self._run_container(container, limits)
@@ -286,6 +296,36 @@ def _connect(base_url: str | None) -> Any:
     except docker.errors.DockerException as exc:
         raise SandboxUnavailable(f"cannot reach the Docker engine ({exc}); {ENGINE_HINT}") from exc
     return client
+
+
+def reap_orphans(
+    client: Any, *, force: bool = False, now: float | None = None, only_ids: set[str] | None = None
+) -> list[str]:
+    """Remove sandbox containers past their deadline label: their worker died before it could.
+
+    The run's deadline lives in the container's own label, so any worker on the engine can clean up after
+    any other. Runs at most every REAP_EVERY_S per process unless forced; `only_ids` limits it to some
+    containers. Returns the removed ids.
+    """
+    global _last_reap
+    docker = _docker()
+    if not force and time.time() - _last_reap < REAP_EVERY_S:
+        return []
+    _last_reap = time.time()
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        for c in client.containers.list(all=True, filters={"label": DEADLINE_LABEL}):
+            deadline = c.labels.get(DEADLINE_LABEL, "")
+            if only_ids is not None and c.id not in only_ids:
+                continue
+            if deadline.isdigit() and int(deadline) < now:
+                with contextlib.suppress(docker.errors.DockerException):
+                    c.remove(force=True)
+                    removed.append(c.id)
+    except docker.errors.DockerException:
+        pass  # housekeeping must never fail a run
+    return removed
 
 
 def _sandbox_user(ws: Path) -> str:

@@ -219,3 +219,41 @@ async def test_nested_user_namespaces_are_refused(sandbox: Sandbox, workspace: P
         assert r.stdout.startswith(b"unshare "), r.stdout
     else:
         assert r.stdout.startswith(b"unshare -1 Operation not permitted"), r.stdout
+
+
+async def test_a_dead_worker_leaves_no_sandbox_running(sandbox: Sandbox, workspace: Path) -> None:
+    """SIGKILL the process that started a run: bwrap dies with its parent; a container is reaped by deadline."""
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from crewwork.sandbox import SandboxLimits, get_sandbox\n"
+        "ticker = \"import time\\nwhile True:\\n    open('ticks', 'a').write('.')\\n    time.sleep(0.05)\\n\"\n"
+        "asyncio.run(get_sandbox(sys.argv[1]).run(['python3', '-c', ticker], workspace=Path(sys.argv[2]),\n"
+        "            limits=SandboxLimits(timeout_s=1)))\n"
+    )
+    worker = await asyncio.create_subprocess_exec(sys.executable, "-c", script, sandbox.name, str(workspace))
+    ticks = workspace / "ticks"
+    assert await asyncio.to_thread(_wait_for_file, ticks, 30.0), "the sandboxed command never started"
+    worker.kill()
+    await worker.wait()
+    if sandbox.name != "bwrap":
+        import docker
+
+        from crewwork.sandbox.docker import ORPHAN_GRACE_S, reap_orphans
+
+        client = docker.from_env()
+        mine = {
+            c.id
+            for c in client.containers.list(filters={"label": "crewwork.sandbox"})
+            if any(m.get("Source") == str(workspace) for m in c.attrs.get("Mounts", []))
+        }
+        assert mine, "the container should outlive its killed worker until reaped"
+        assert await asyncio.to_thread(reap_orphans, client, force=True, only_ids=mine) == []
+        # Reap as a worker would once the deadline (timeout 1 s + grace) has passed.
+        later = time.time() + ORPHAN_GRACE_S + 5
+        removed = await asyncio.to_thread(reap_orphans, client, force=True, now=later, only_ids=mine)
+        assert set(removed) == mine
+    await asyncio.sleep(0.5)
+    size = ticks.stat().st_size
+    await asyncio.sleep(0.5)
+    assert ticks.stat().st_size == size, "the sandboxed command outlived its worker"
