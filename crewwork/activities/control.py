@@ -116,6 +116,9 @@ class ControlActivities:
     @activity.defn(name="release_workspace")
     async def release_workspace(self, inp: ReleaseInput) -> bool:
         released = await self.store.release_lease(inp.key, token=inp.token, holder=inp.work_item_id)
+        if not released:
+            # Landing may have taken the lease back under a new token after it expired: free whatever this item holds.
+            released = await self.store.release_lease(inp.key, holder=inp.work_item_id)
         if released:
             await self.store.append_event(
                 inp.work_item_id, inp.tenant_id, "workspace_released", {"key": inp.key}, token=inp.token
@@ -161,13 +164,18 @@ class ControlActivities:
         diff = (await self._artifact_bytes(inp.diff_ref.id)).decode()
         repo = Path(inp.repo_path)
         if inp.workspace_token is not None and inp.workspace_key:
-            # The workspace lease guards the repository's refs: a holder that lost it must not land.
             key = inp.workspace_key
             if not await self.store.renew_lease(key, inp.workspace_token, self.settings.lease_ttl_s * 10):
-                raise ApplicationError(
-                    f"workspace lease {key} token {inp.workspace_token} is no longer held; not landing",
-                    type=LANDING_CONFLICT,
-                    non_retryable=True,
+                # The lease expired while the item waited (typically for a slow review). Landing stays safe without
+                # it: it writes only this item's own delivery branch, by compare-and-swap, and this activity is the
+                # item's newest fenced writer (checked above). Take the lease back if it is free, and say so.
+                again, holder = await self.store.acquire_lease(key, inp.work_item_id, self.settings.lease_ttl_s * 10)
+                await self.store.append_event(
+                    inp.work_item_id,
+                    inp.tenant_id,
+                    "workspace_lease_expired",
+                    {"key": key, "expired_token": inp.workspace_token, "reacquired_token": again, "holder": holder},
+                    token=again,
                 )
         scratch = self.settings.resolved_worktree_dir() / inp.work_item_id / f"land-t{token}"
         try:

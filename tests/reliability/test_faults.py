@@ -394,3 +394,20 @@ async def test_bad_input_fails_fast_without_retries(crew: Crew) -> None:
     ]
     assert started == [1], "a non-retryable error is not retried"
     await assert_invariants(crew.store, [row.id])
+
+
+async def test_review_outlasting_the_workspace_lease_still_lands(crew: Crew, calc_repo: Path) -> None:
+    """A reviewer who takes longer than the workspace lease's lifetime must not turn an approved change into a dead
+    work item; the delivery branch is this item's own, guarded by compare-and-swap, and the lease is still freed."""
+    wid = await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT}}, review={"required": True}))
+    row = await crew.wait_state(wid, "awaiting_review", timeout_s=60)
+    key = f"ws:{calc_repo}#main"
+    async with crew.store.session() as s:
+        # The database clock moves past the lease's expiry while the item waits for its review.
+        await s.execute(text("UPDATE leases SET expires_at = expires_at - 3600 WHERE key = :k"), {"k": key})
+    await crew.service.review(row, ReviewDecision(action="approve"))
+    result = await crew.result(wid)
+    assert result.state == "succeeded", result.reason
+    assert git(calc_repo, "show", f"crewwork/{wid}:calc.py") == RIGHT.strip()
+    assert await leases_of(crew.store, wid, calc_repo) == []
+    await assert_invariants(crew.store, [wid])
