@@ -121,10 +121,11 @@ class RunCgroup:
         own = _own_paths().get("", "/")
         # A v2 group that holds processes cannot delegate controllers to children, so try a sibling
         # namespace under our parent first, then the root.
-        candidates = [CGROUP_ROOT / own.lstrip("/") / "..", CGROUP_ROOT]
+        candidates = [CGROUP_ROOT]
+        if own.strip("/"):
+            candidates.insert(0, (CGROUP_ROOT / own.lstrip("/")).parent)
         last: OSError | None = None
         for base in candidates:
-            base = base.resolve()
             parent = base / "crewwork"
             try:
                 parent.mkdir(exist_ok=True)
