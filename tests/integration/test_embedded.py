@@ -1,0 +1,132 @@
+"""The embedded defaults: `crewwork demo` (the main job) and `crewwork dev` (supervised stack), as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from crewwork.temporal.devserver import free_port
+
+pytestmark = [pytest.mark.temporal]
+
+
+def test_demo_succeeds_after_a_repair_on_embedded_defaults(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "crewwork", "demo", "--data-dir", str(tmp_path / "demo")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert re.search(r"attempt 1: failed .*1 test of 2 failed", out), out
+    assert re.search(r"attempt 2: passed .*All 2 tests passed", out), out
+    assert "reviewer: approving" in out
+    m = re.search(r"delivered   (crewwork/wi_\w+) @ ([0-9a-f]{12})", out)
+    assert m, out
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "-n", "1", m.group(1)],
+        cwd=tmp_path / "demo" / "sample-repo",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert log.startswith("Fix add()")
+    assert "+    return a + b" in out
+    assert "/namespaces/default/workflows/work-item-" in out
+    assert "demo wall time" in out
+
+
+def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Path) -> None:
+    api_port, temporal_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
+    env["CREWWORK_DATA_DIR"] = str(tmp_path / "data")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crewwork", "dev", "--temporal-port", str(temporal_port), "--api-port", str(api_port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        text = "".join(lines)
+        assert "crewwork is running" in text, text
+        assert f"http://127.0.0.1:{api_port}" in text and f"http://127.0.0.1:{temporal_port + 1000}" in text
+        key = (tmp_path / "data" / "api_key").read_text().strip()
+        assert (tmp_path / "data" / "api_key").stat().st_mode & 0o077 == 0, "the key file must be private"
+        health = httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=5).json()
+        assert health["ok"] and health["database"] and health["temporal"]
+        r = httpx.post(
+            f"http://127.0.0.1:{api_port}/v1/work-items",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"kind": "task", "input": {}, "agent": {"config": {"output": {"ok": True}}}},
+        )
+        assert r.status_code == 202, r.text
+
+        pids = _pool_pids("agent", tmp_path)
+        assert pids, "an agent pool process must be running"
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        restarted: list[int] = []
+        while time.monotonic() < deadline:
+            restarted = [p for p in _pool_pids("agent", tmp_path) if p != pids[0]]
+            if restarted:
+                break
+            time.sleep(0.5)
+        assert restarted, "the supervisor must restart a pool process that died"
+        wid = r.json()["id"]
+        deadline = time.monotonic() + 60
+        state = ""
+        while time.monotonic() < deadline:
+            state = httpx.get(
+                f"http://127.0.0.1:{api_port}/v1/work-items/{wid}", headers={"Authorization": f"Bearer {key}"}
+            ).json()["state"]
+            if state == "succeeded":
+                break
+            time.sleep(0.3)
+        assert state == "succeeded"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    assert proc.returncode == 0
+    time.sleep(0.5)
+    assert not _pool_pids("agent", tmp_path) and not _pool_pids("control", tmp_path), "no process may be left behind"
+
+
+def _pool_pids(pool: str, tmp_path: Path) -> list[int]:
+    """Pool processes of this test's stack (identified by the data directory in their environment)."""
+    out = subprocess.run(["pgrep", "-f", f"crewwork worker --pool {pool}"], capture_output=True, text=True).stdout
+    pids = []
+    for pid in (int(p) for p in out.split()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"CREWWORK_DATA_DIR={tmp_path / 'data'}".encode() in environ:
+            pids.append(pid)
+    return pids
