@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # The crewwork image: one image for the API, every worker pool and the migration step (the command picks the role):
 #   docker run IMAGE api | worker --pool control|agent|validate | db upgrade | config
 #

@@ -208,3 +208,14 @@ def _seconds(value: Any) -> float:
     m = re.fullmatch(r"(\d+)s", str(value))
     assert m, value
     return float(m.group(1))
+
+
+def test_deployment_docs_list_every_setting() -> None:
+    from crewwork.config import Settings
+    from crewwork.sandbox.config import SandboxSettings
+
+    docs = (ROOT / "docs" / "deployment.md").read_text()
+    names = [f"CREWWORK_{n.upper()}" for n in Settings.model_fields]
+    names += [f"CREWWORK_SANDBOX_{n.upper()}" for n in SandboxSettings.model_fields]
+    missing = [n for n in names if f"`{n}`" not in docs]
+    assert not missing, f"docs/deployment.md does not document: {missing}"
