@@ -101,8 +101,16 @@ async def record_step(
 
 @contextlib.asynccontextmanager
 async def execution_lease(
-    store: Store, work_item_id: str, ttl_s: float, heartbeat_every_s: float = 2.0
+    store: Store,
+    work_item_id: str,
+    ttl_s: float,
+    heartbeat_every_s: float = 2.0,
+    workspace_ttl_s: float | None = None,
 ) -> AsyncIterator[ExecutionLease]:
+    """Supersede the work item's execution lease for this attempt and keep it alive while the body runs.
+
+    With `workspace_ttl_s`, the renewals also keep the item's workspace leases (held by the work item id) alive, so
+    a long agent run or validation cannot let another item take the branch from under it."""
     lease = ExecutionLease(store, work_item_id, ttl_s, heartbeat_every_s)
     key = work_item_fence_key(work_item_id)
     token, _ = await store.acquire_lease(key, lease.holder(), ttl_s, supersede=True)
@@ -118,6 +126,8 @@ async def execution_lease(
             lease.heartbeat()
             try:
                 renewed = await store.renew_lease(key, token, ttl_s)
+                if renewed and workspace_ttl_s:
+                    await store.renew_leases_held_by(work_item_id, "ws:", workspace_ttl_s)
             except Exception as exc:  # a database blip must not kill the work; the next renewal retries
                 log.warning("lease renewal failed for %s: %s", key, exc)
                 continue

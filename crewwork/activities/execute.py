@@ -120,7 +120,9 @@ class ExecuteActivities:
             agent_cls.validate_config(spec.kind, config)
         except AgentConfigError as exc:
             raise bad_input(str(exc)) from exc
-        async with execution_lease(self.store, inp.work_item_id, self.settings.lease_ttl_s) as lease:
+        async with execution_lease(
+            self.store, inp.work_item_id, self.settings.lease_ttl_s, workspace_ttl_s=self.settings.lease_ttl_s * 10
+        ) as lease:
             w = await self.store.set_state(
                 work_item_id=inp.work_item_id,
                 tenant_id=inp.tenant_id,
@@ -251,7 +253,9 @@ class ExecuteActivities:
     @activity.defn(name="validate_change")
     async def validate_change(self, inp: ValidateInput) -> ValidationOutcome:
         info = activity.info()
-        async with execution_lease(self.store, inp.work_item_id, self.settings.lease_ttl_s) as lease:
+        async with execution_lease(
+            self.store, inp.work_item_id, self.settings.lease_ttl_s, workspace_ttl_s=self.settings.lease_ttl_s * 10
+        ) as lease:
             w = await self.store.set_state(
                 work_item_id=inp.work_item_id,
                 tenant_id=inp.tenant_id,

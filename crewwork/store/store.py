@@ -628,6 +628,22 @@ class Store:
                 )
             return bool(rows)
 
+    async def renew_leases_held_by(self, holder: str, key_prefix: str, ttl_s: float) -> int:
+        """Extend (never shorten) every unexpired lease `holder` holds under `key_prefix`. Returns how many."""
+        async with self.session() as s:
+            now = await self._now(s)
+            res = await s.execute(
+                update(Lease)
+                .where(
+                    Lease.holder == holder,
+                    Lease.key.startswith(key_prefix, autoescape=True),
+                    Lease.expires_at > now,
+                    Lease.expires_at < now + ttl_s,
+                )
+                .values(expires_at=now + ttl_s)
+            )
+            return int(res.rowcount)  # type: ignore[attr-defined]
+
     async def get_lease(self, key: str) -> Lease | None:
         async with self.session() as s:
             return await s.scalar(select(Lease).where(Lease.key == key))

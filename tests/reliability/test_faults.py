@@ -411,3 +411,34 @@ async def test_review_outlasting_the_workspace_lease_still_lands(crew: Crew, cal
     assert git(calc_repo, "show", f"crewwork/{wid}:calc.py") == RIGHT.strip()
     assert await leases_of(crew.store, wid, calc_repo) == []
     await assert_invariants(crew.store, [wid])
+
+
+async def test_workspace_lease_is_kept_alive_while_the_agent_works(crew: Crew, calc_repo: Path) -> None:
+    """The execution lease's renewals also renew the item's workspace lease: a lease that would expire during a long
+    agent run is extended, so a second item on the branch keeps waiting instead of starting alongside."""
+    first = await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT}, "delay_s": 8}))
+    key = f"ws:{calc_repo}#main"
+
+    async def agent_running() -> bool:
+        return any("run_agent" in g.holder for g in await lease_grants(crew.store, work_item_fence_key(first)))
+
+    await until("the agent to start", agent_running)
+    async with crew.store.session() as s:
+        # As if the agent had already run for most of the workspace lease's lifetime.
+        await s.execute(
+            text("UPDATE leases SET expires_at = extract(epoch from clock_timestamp()) + 5 WHERE key = :k"), {"k": key}
+        )
+    second = await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT + "# second\n"}}))
+
+    async def extended() -> bool:
+        lease = await crew.store.get_lease(key)
+        return lease is not None and lease.holder == first and lease.expires_at > await crew.store.db_now() + 60
+
+    await until("the workspace lease to be renewed", extended, timeout_s=20)
+    rows = [await terminal(crew, wid) for wid in (first, second)]
+    assert [r.state for r in rows] == ["succeeded", "succeeded"], [r.reason for r in rows]
+    ev = {w: {e.type: e.created_at for e in await crew.store.list_events(w)} for w in (first, second)}
+    assert ev[first]["workspace_released"] <= ev[second]["workspace_acquired"], "the second item waited"
+    grants = await lease_grants(crew.store, key)
+    assert [(g.holder, g.end_reason) for g in grants] == [(first, "released"), (second, "released")]
+    await assert_invariants(crew.store, [first, second])
