@@ -172,7 +172,12 @@ async def test_late_attempt_cannot_overwrite_newer_result(crew: Crew, tmp_path: 
 # ------------------------------------------------------------------------------------------------ process death
 
 
-async def test_sigkilled_agent_pool_process_is_restarted_and_the_item_completes(settings: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pool", ["agent", "control"])
+async def test_sigkilled_pool_process_is_restarted_and_the_item_completes(
+    settings: Any, tmp_path: Path, pool: str
+) -> None:
+    """SIGKILL of a real `crewwork worker` process while the agent runs: the agent pool's step is retried on the
+    restarted process; the control pool (workflows and store activities) picks the workflow up again from history."""
     repo = calc(tmp_path / "killed")
     with pool_processes(settings) as stack:
         async with submitter(settings) as crew:
@@ -183,16 +188,19 @@ async def test_sigkilled_agent_pool_process_is_restarted_and_the_item_completes(
                 return any("run_agent" in g.holder for g in await lease_grants(crew.store, key))
 
             await until("the agent to start", agent_running)
-            agent = next(p for p in stack.processes if p.name == "agent-0")
-            assert agent.proc is not None
-            killed_pid = agent.proc.pid
-            stack.kill("agent-0", signal.SIGKILL)
+            victim = next(p for p in stack.processes if p.name == f"{pool}-0")
+            assert victim.proc is not None
+            killed_pid = victim.proc.pid
+            stack.kill(f"{pool}-0", signal.SIGKILL)
 
             row = await terminal(crew, wid, timeout_s=150)
             assert row.state == "succeeded", row.reason
-            assert agent.restarts >= 1 and agent.proc.pid != killed_pid
+            assert victim.restarts >= 1 and victim.proc.pid != killed_pid
             grants = [g for g in await lease_grants(crew.store, key) if "run_agent" in g.holder]
-            assert [g.holder.rsplit("#", 1)[-1] for g in grants] == ["1", "2"], "the retry ran on the new process"
+            tries = [g.holder.rsplit("#", 1)[-1] for g in grants]
+            # A killed agent process loses its step, which Temporal retries on the restarted one; a killed control
+            # process loses nothing the agent was doing.
+            assert tries == (["1", "2"] if pool == "agent" else ["1"])
             assert [a.number for a in await crew.store.list_attempts(wid)] == [1]
             assert await leases_of(crew.store, wid, repo) == []
             assert not (settings.resolved_worktree_dir() / wid).exists()
@@ -416,7 +424,7 @@ async def test_review_outlasting_the_workspace_lease_still_lands(crew: Crew, cal
 async def test_workspace_lease_is_kept_alive_while_the_agent_works(crew: Crew, calc_repo: Path) -> None:
     """The execution lease's renewals also renew the item's workspace lease: a lease that would expire during a long
     agent run is extended, so a second item on the branch keeps waiting instead of starting alongside."""
-    first = await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT}, "delay_s": 8}))
+    first = await crew.submit(code_change(calc_repo, {"files": {"calc.py": RIGHT}, "delay_s": 5}))
     key = f"ws:{calc_repo}#main"
 
     async def agent_running() -> bool:
