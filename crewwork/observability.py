@@ -386,8 +386,94 @@ def configure_logging(level: str = "INFO", *, json_logs: bool = True) -> None:
     )
     root = logging.getLogger()
     for h in list(root.handlers):
-        if getattr(h, "_crewwork", False):
-            root.removeHandler(h)
+        if json_logs or getattr(h, "_crewwork", False):
+            root.removeHandler(h)  # JSON replaces every handler, so each line is emitted once, as JSON
     handler._crewwork = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+# ------------------------------------------------------------------------------------------------ worker pools
+
+ACTIVITY_SECONDS = REGISTRY.histogram(
+    "crewwork_activity_duration_seconds",
+    "Wall time of activity executions in this pool process, by activity type and outcome.",
+    ("activity", "outcome"),
+)
+POOL_INFO = REGISTRY.gauge("crewwork_pool_info", "The pool this process runs (value 1).", ("pool", "task_queue"))
+
+
+_activity_log = logging.getLogger("crewwork.activity")
+
+
+def activity_interceptors() -> list[Any]:
+    """Temporal worker interceptors that time every activity into ACTIVITY_SECONDS and put the work item and
+    workflow id into the logging context for its duration."""
+    from temporalio import activity
+    from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
+
+    class _Inbound(ActivityInboundInterceptor):
+        async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+            info = activity.info()
+            t0 = time.perf_counter()
+            outcome = "error"
+            with log_context(
+                workflow_id=info.workflow_id,
+                work_item_id=work_item_id_from_workflow_id(info.workflow_id or ""),
+                activity=info.activity_type,
+            ):
+                try:
+                    result = await super().execute_activity(input)
+                    outcome = "ok"
+                    return result
+                finally:
+                    took = time.perf_counter() - t0
+                    ACTIVITY_SECONDS.observe(took, activity=info.activity_type, outcome=outcome)
+                    _activity_log.debug(
+                        "activity %s %s in %.3fs (attempt %s)",
+                        info.activity_type,
+                        outcome,
+                        took,
+                        info.attempt,
+                        extra={"duration_s": round(took, 6), "outcome": outcome},
+                    )
+
+    class _Interceptor(Interceptor):
+        def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+            return _Inbound(next)
+
+    return [_Interceptor()]
+
+
+def enable_temporal_runtime_metrics(port: int, host: str = "0.0.0.0") -> None:
+    """Make the Temporal SDK's own metrics (workflow/activity task latencies, pollers, slots, sticky cache...)
+    available in Prometheus format on host:port. Must run before the first Client.connect of the process."""
+    from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+
+    Runtime.set_default(
+        Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=f"{host}:{port}"))),
+        error_if_already_set=False,
+    )
+
+
+async def start_pool_observability(pool: str, task_queue: str, store: Any = None) -> asyncio.AbstractServer | None:
+    """Called by a pool process at start. Environment:
+
+    - CREWWORK_LOG_FORMAT=json: JSON log lines with work_item_id/workflow_id (default: plain text);
+    - CREWWORK_METRICS_PORT=N: crewwork metrics of this process at http://0.0.0.0:N/metrics (the control pool also
+      serves the store projections);
+    - CREWWORK_TEMPORAL_METRICS_PORT=N: the Temporal SDK runtime metrics on port N (must differ from the above)."""
+    import os
+
+    if os.environ.get("CREWWORK_LOG_FORMAT", "").lower() == "json":
+        configure_logging(os.environ.get("CREWWORK_LOG_LEVEL", "INFO"), json_logs=True)
+    sdk_port = os.environ.get("CREWWORK_TEMPORAL_METRICS_PORT")
+    if sdk_port:
+        enable_temporal_runtime_metrics(int(sdk_port))
+    POOL_INFO.set(1, pool=pool, task_queue=task_queue)
+    port = os.environ.get("CREWWORK_METRICS_PORT")
+    if not port:
+        return None
+    if pool == "control" and store is not None:
+        REGISTRY.add_collector(store_collector(store))
+    return await serve_metrics(int(port))

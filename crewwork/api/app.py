@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +28,14 @@ from crewwork.api.streams import router as events_router
 from crewwork.api.webhooks import router as webhooks_router
 from crewwork.api.work_items import router as work_items_router
 from crewwork.config import Settings, get_settings
-from crewwork.observability import CONTENT_TYPE, HTTP_LATENCY, HTTP_REQUESTS, REGISTRY, store_collector
+from crewwork.observability import (
+    CONTENT_TYPE,
+    HTTP_LATENCY,
+    HTTP_REQUESTS,
+    REGISTRY,
+    configure_logging,
+    store_collector,
+)
 from crewwork.service import WorkItemService
 from crewwork.store.outbox import DeliveryPolicy, OutboxDeliverer
 from crewwork.store.store import Store
@@ -47,6 +55,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if os.environ.get("CREWWORK_LOG_FORMAT", "").lower() == "json":
+            configure_logging(settings.log_level, json_logs=True)
         own_store = store is None
         app.state.store = store or Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
         app.state.service = WorkItemService(app.state.store, None, settings)

@@ -3,7 +3,9 @@ cancel. Every query is scoped to the caller's tenant: another tenant's work item
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import re
 from typing import Annotated, Any
@@ -36,6 +38,7 @@ router = APIRouter(prefix="/v1/work-items", tags=["work items"])
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 LABEL_RE = re.compile(r"^([^=]{1,63})=(.{0,256})$", re.S)
 # Artifact types served inline as what they are; anything else is a download (never rendered on the API's origin).
+LIVE_QUERY_TIMEOUT_S = 2.0
 INLINE_TYPES = {"text/plain", "text/x-diff", "text/x-patch", "application/json", "application/xml", "text/xml"}
 
 
@@ -255,7 +258,9 @@ async def get_item(
     v = view(request, row)
     v.attempts = [_attempt_view(a) for a in await store.list_attempts(row.id)]
     if live and not WorkItemState(row.state).terminal:
-        v.live = await service.live_status(row)
+        # Best effort: a busy or unreachable worker must not hold up the store's answer.
+        with contextlib.suppress(TimeoutError):
+            v.live = await asyncio.wait_for(service.live_status(row), LIVE_QUERY_TIMEOUT_S)
     return v
 
 

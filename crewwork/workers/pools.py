@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 from crewwork.activities.control import ControlActivities
 from crewwork.activities.execute import ExecuteActivities
 from crewwork.config import Settings
+from crewwork.observability import activity_interceptors, start_pool_observability
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
 from crewwork.workflows.work_item import WorkItemWorkflow
@@ -60,6 +61,7 @@ def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:
             ],
             max_concurrent_activities=settings.control_concurrency,
             graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+            interceptors=activity_interceptors(),
         )
     execute = ExecuteActivities(store, settings)
     if pool == "agent":
@@ -69,6 +71,7 @@ def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:
             activities=[execute.run_agent],
             max_concurrent_activities=settings.agent_concurrency,
             graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+            interceptors=activity_interceptors(),
         )
     return Worker(
         client,
@@ -76,12 +79,15 @@ def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:
         activities=[execute.validate_change],
         max_concurrent_activities=settings.validate_concurrency,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        interceptors=activity_interceptors(),
     )
 
 
 async def run_pool(pool: str, settings: Settings) -> None:
-    client = await connect(settings)
+    # Observability first: JSON logs and the Temporal SDK metrics runtime must be in place before connecting.
     store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
+    metrics_server = await start_pool_observability(pool, settings.task_queue(pool), store)
+    client = await connect(settings)
     worker = build_worker(pool, client, store, settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -95,6 +101,8 @@ async def run_pool(pool: str, settings: Settings) -> None:
         log.info("pool %s draining (grace %ss)", pool, GRACEFUL_SHUTDOWN.total_seconds())
         print(f"crewwork worker: pool {pool} draining", flush=True)
     await alive
+    if metrics_server is not None:
+        metrics_server.close()
     await store.close()
     print(f"crewwork worker: pool {pool} drained", flush=True)
 

@@ -43,6 +43,7 @@ class LiveApi:
             port=self.port,
             log_level="warning",
             lifespan="on",
+            timeout_graceful_shutdown=3,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
@@ -60,7 +61,6 @@ class LiveApi:
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
-            self._server.force_exit = True
         if self._thread is not None:
             self._thread.join(15)
         self._server = self._thread = None

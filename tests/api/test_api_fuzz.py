@@ -4,6 +4,7 @@ Bounded: a fixed number of examples per operation (CREWWORK_FUZZ_EXAMPLES, defau
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import httpx
@@ -19,7 +20,13 @@ EXAMPLES = int(os.environ.get("CREWWORK_FUZZ_EXAMPLES", "15"))
 STREAMING = ("/events/stream",)  # endless responses; their parameters are covered through /events
 
 
-def test_no_generated_request_gets_a_server_error(stack: Stack) -> None:
+async def test_no_generated_request_gets_a_server_error(stack: Stack) -> None:
+    # Hypothesis drives synchronous calls; run them in a thread so the in-process worker pools (on this event
+    # loop) keep working while the API is fuzzed.
+    await asyncio.to_thread(fuzz, stack)
+
+
+def fuzz(stack: Stack) -> None:
     schema = schemathesis.openapi.from_url(f"{stack.api.url}/openapi.json")
     headers = {**stack.alpha.headers, "Accept": "application/json"}
     failures: list[str] = []
