@@ -34,6 +34,7 @@ from crewwork.models import (
     WorkItemState,
 )
 from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
+from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
 from crewwork.store.store import Store
 from crewwork.store.tables import Artifact
 from crewwork.validation.diagnostics import build_diagnostics
@@ -302,36 +303,34 @@ class ExecuteActivities:
         ws = self.settings.resolved_worktree_dir() / inp.work_item_id / f"validate-{inp.attempt}-t{token}"
         await gitops.add_worktree(repo, ws, inp.base_commit)
         try:
-            ok, err = await gitops.apply_diff(ws, diff)
-            if not ok:
-                evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
-                return self._judge(inp, evidence, outcome_extra)
-            restored = await gitops.reset_paths(ws, inp.base_commit, spec.test_files)
-            if restored:
-                outcome_extra["reset_test_files"] = restored
             sandbox = pick_sandbox(inp.sandbox, self.settings)
             limits = sandbox_limits(inp.sandbox, spec.timeout_s)
-            report_path = ws / spec.junit_path if spec.junit_path else None
-            if report_path is not None:
-                # The diff cannot ship a ready-made report: whatever is there now is not evidence.
-                report_path.unlink(missing_ok=True)
-                report_path.parent.mkdir(parents=True, exist_ok=True)
-            heartbeat()
-            for i, cmd in enumerate(spec.setup):
-                setup = await sandbox.run(cmd, workspace=ws, limits=limits)
-                heartbeat()
-                if not setup.ok:
-                    log_ref = await self._save(
+            run_env: dict[str, str] = {}
+            mounts: list[Path] = []
+            if spec.setup:
+                # Setup runs once per (repository, base commit, setup spec) on this host; every later attempt and
+                # validation mounts the result read-only instead of reinstalling.
+                try:
+                    prepared = await PreparedEnvCache(self.settings.data_dir.resolve() / "prepared").get_or_prepare(
+                        sandbox=sandbox,
+                        repo=inp.repo_path,
+                        base_commit=inp.base_commit,
+                        setup=spec.setup,
+                        source=ws,
+                        limits=limits,
+                    )
+                except SetupFailed as exc:
+                    setup = exc.results[-1]
+                    outcome_extra["log_ref"] = await self._save(
                         inp.work_item_id,
                         inp.tenant_id,
-                        f"attempt-{inp.attempt}-setup-{i}.log",
+                        f"attempt-{inp.attempt}-setup.log",
                         setup.stdout + b"\n--- stderr ---\n" + setup.stderr,
                         "text/plain",
                     )
-                    outcome_extra["log_ref"] = log_ref
                     evidence = ValidationEvidence(
                         **ev,
-                        setup_exit_code=setup.exit_code,
+                        setup_exit_code=setup.exit_code if setup.exit_code not in (None, 0) else 1,
                         timed_out=setup.timed_out,
                         oom_killed=setup.oom_killed,
                         pids_limited=setup.pids_limited,
@@ -340,7 +339,35 @@ class ExecuteActivities:
                         stderr_tail=setup.report(4000).stderr_tail,
                     )
                     return self._judge(inp, evidence, outcome_extra, sandbox_report=setup.report(4000))
-            run = await sandbox.run(spec.command, workspace=ws, limits=limits)
+                run_env.update(prepared.env())
+                mounts.extend(prepared.mounts())
+                await self.store.append_event(
+                    inp.work_item_id,
+                    inp.tenant_id,
+                    "environment_prepared",
+                    {
+                        "attempt": inp.attempt,
+                        "key": prepared.key,
+                        "cold": prepared.cold,
+                        "seconds": round(prepared.prepare_s, 3),
+                    },
+                    token=token,
+                )
+            heartbeat()
+            ok, err = await gitops.apply_diff(ws, diff)
+            if not ok:
+                evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
+                return self._judge(inp, evidence, outcome_extra)
+            restored = await gitops.reset_paths(ws, inp.base_commit, spec.test_files)
+            if restored:
+                outcome_extra["reset_test_files"] = restored
+            report_path = ws / spec.junit_path if spec.junit_path else None
+            if report_path is not None:
+                # The diff cannot ship a ready-made report: whatever is there now is not evidence.
+                report_path.unlink(missing_ok=True)
+                report_path.parent.mkdir(parents=True, exist_ok=True)
+            heartbeat()
+            run = await sandbox.run(spec.command, workspace=ws, limits=limits, env=run_env, ro_mounts=mounts)
             heartbeat()
             rep = run.report(8000)
             outcome_extra["log_ref"] = await self._save(
