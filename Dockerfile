@@ -4,6 +4,7 @@
 # Stage 1 builds crewwork's wheel and a virtualenv with the pinned dependencies (deploy/requirements.txt);
 # stage 2 is a slim Python with git and bubblewrap, the venv copied in, running as an unprivileged user.
 # No secret is baked in: every setting comes from CREWWORK_* environment variables at run time.
+# deploy/smoke-image.sh builds it and checks it against real PostgreSQL and Temporal.
 #
 # Pin the base by digest in your registry mirror for reproducible builds, e.g.
 #   docker build --build-arg PYTHON_IMAGE=python:3.11.11-slim-bookworm@sha256:<digest> -t crewwork .
@@ -22,7 +23,8 @@ COPY crewwork /src/crewwork
 RUN /opt/crewwork/bin/pip wheel --no-deps -w /wheels /src \
     && /opt/crewwork/bin/pip install --no-deps /wheels/crewwork-*.whl \
     && /opt/crewwork/bin/pip uninstall -y pip \
-    && find /opt/crewwork -name '__pycache__' -prune -exec rm -rf {} +
+    && /opt/crewwork/bin/python -m compileall -q -j 0 /opt/crewwork/lib
+# Bytecode is compiled at build time: containers run with a read-only root and start without recompiling.
 
 FROM ${PYTHON_IMAGE} AS runtime
 # git: worktrees and landing; bubblewrap: the daemonless sandbox backend; tini: forwards SIGTERM so pools drain.
