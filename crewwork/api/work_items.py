@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from sqlalchemy import JSON, and_, cast, func, or_, select
+from sqlalchemy import JSON, cast, func, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import JSONB
 
 from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
@@ -220,16 +220,19 @@ async def list_items(
         )
     if cursor:
         ts, bid = _cursor_decode(cursor)
-        stmt = stmt.where(or_(WorkItem.created_at < ts, and_(WorkItem.created_at == ts, WorkItem.id < bid)))
+        # A row-value comparison, so PostgreSQL seeks the (tenant, created_at, id) index instead of filtering.
+        stmt = stmt.where(tuple_(WorkItem.created_at, WorkItem.id) < tuple_(ts, bid))
     stmt = stmt.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit + 1)
     async with store.session() as s:
         rows = list((await s.scalars(stmt)).all())
     more = len(rows) > limit
     rows = rows[:limit]
-    return WorkItemPage(
+    page = WorkItemPage(
         items=[view(request, r) for r in rows],
         next_cursor=_cursor_encode(rows[-1]) if more and rows else None,
     )
+    # Already a validated model: serialize once (FastAPI would validate and serialize it again).
+    return Response(page.model_dump_json(), media_type="application/json")  # type: ignore[return-value]
 
 
 def _attempt_view(a: Attempt) -> AttemptView:
