@@ -69,11 +69,11 @@ async def test_sigterm_lets_the_running_agent_activity_finish_then_exits_cleanly
             result = await crew.result(wid)
             assert result.state == "succeeded", result.reason
             assert result.output == {"a": 1}
-            assert await wait_exit(procs, old.name, GRACEFUL_SHUTDOWN.total_seconds() + 10) == 0
+            assert await wait_exit(procs, old.name, GRACEFUL_SHUTDOWN.total_seconds() + 30) == 0, procs.log(old)
             assert "drained" in procs.log(old)
             # The draining process itself completed the activity, on its first attempt: nothing was redone.
             ran = await activity_identities(crew.client, row.workflow_id)
-            assert ran["run_agent"] == [(1, procs.identity(old))]
+            assert ran["run_agent"] == [(1, procs.identity(old))], (ran, procs.log(old)[-3000:])
     finally:
         procs.stop_all()
 
