@@ -79,6 +79,9 @@ WORKSPACE_POLL = timedelta(seconds=2)
 WORKSPACE_POLL_MAX = timedelta(seconds=30)
 WORKSPACE_LEASE_TTL_S = 600.0
 BREAKER_K = 3
+# While awaiting review, renew the workspace lease this often (well inside its TTL).
+WORKSPACE_RENEW_EVERY = timedelta(seconds=120)
+PATCH_RENEW_WORKSPACE_IN_REVIEW = "renew-workspace-during-review"
 # Attempts per workflow run before continue-as-new (Temporal may suggest it sooner).
 ATTEMPTS_PER_RUN = 20
 
@@ -291,7 +294,7 @@ class WorkItemWorkflow:
             attempt += 1
         agent_out, _val = passed
         if spec.review.required:
-            decision = await self._await_review(inp, spec.review.timeout_s)
+            decision = await self._await_review(inp, spec.review.timeout_s, ws_key, ws_token)
             if decision is None:
                 return await self._finish(inp, WorkItemState.failed, "review timed out", mock=mock)
             if decision.action == "reject":
@@ -474,7 +477,9 @@ class WorkItemWorkflow:
             await workflow.sleep(delay)
             delay = min(delay * 2, WORKSPACE_POLL_MAX)
 
-    async def _await_review(self, inp: WorkItemInput, timeout_s: float | None) -> ReviewDecision | None:
+    async def _await_review(
+        self, inp: WorkItemInput, timeout_s: float | None, ws_key: str | None = None, ws_token: int | None = None
+    ) -> ReviewDecision | None:
         self._review = None
         self._awaiting_review = True
         self._set(WorkItemState.awaiting_review, "awaiting review")
@@ -487,16 +492,42 @@ class WorkItemWorkflow:
                 reason="validated; awaiting review",
             ),
         )
-        try:
-            await workflow.wait_condition(
-                lambda: self._review is not None,
-                timeout=timedelta(seconds=timeout_s) if timeout_s else None,
-            )
-        except TimeoutError:
-            self._awaiting_review = False
-            return None
+        if ws_key is not None and workflow.patched(PATCH_RENEW_WORKSPACE_IN_REVIEW):
+            # A review can outlast the workspace lease: renew it on a timer so no other item takes the branch.
+            decided = await self._wait_review_renewing(inp, timeout_s, ws_key, ws_token)
+        else:
+            try:
+                await workflow.wait_condition(
+                    lambda: self._review is not None,
+                    timeout=timedelta(seconds=timeout_s) if timeout_s else None,
+                )
+                decided = True
+            except TimeoutError:
+                decided = False
         self._awaiting_review = False
-        return self._review
+        return self._review if decided else None
+
+    async def _wait_review_renewing(
+        self, inp: WorkItemInput, timeout_s: float | None, ws_key: str, ws_token: int | None
+    ) -> bool:
+        deadline = workflow.now() + timedelta(seconds=timeout_s) if timeout_s else None
+        while self._review is None:
+            wait = WORKSPACE_RENEW_EVERY
+            if deadline is not None:
+                remaining = deadline - workflow.now()
+                if remaining <= timedelta(0):
+                    return False
+                wait = min(wait, remaining)
+            try:
+                await workflow.wait_condition(lambda: self._review is not None, timeout=wait)
+            except TimeoutError:
+                if deadline is not None and workflow.now() >= deadline:
+                    return False
+                await self._control(
+                    "renew_workspace",
+                    ReleaseInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, key=ws_key, token=ws_token),
+                )
+        return True
 
     async def _finish(
         self,
@@ -621,6 +652,7 @@ def _result_types() -> dict[str, type]:
         "set_state": WriteOutcome,
         "acquire_workspace": WorkspaceLeaseResult,
         "release_workspace": bool,
+        "renew_workspace": bool,
         "record_attempt": RecordResult,
         "land_change": LandResult,
         "finish": WriteOutcome,
