@@ -64,9 +64,22 @@ def pg_database(prefix: str = "crewwork_bench", migrate: bool = True) -> Iterato
             psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+class InMemoryDevServer(DevServer):
+    """The same dev server without its SQLite file (state in memory): no fsync per transition."""
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        i = cmd.index("--db-filename")
+        return cmd[:i] + cmd[i + 2 :]
+
+
 @contextlib.contextmanager
-def dev_server(data_dir: Path) -> Iterator[DevServer]:
-    server = DevServer(data_dir, port=free_port(), ui=False)
+def dev_server(data_dir: Path, memory: bool | None = None) -> Iterator[DevServer]:
+    """The Temporal dev server. With a persistent file by default (as `crewwork dev` runs it); in memory with
+    `memory=True` or CREWWORK_BENCH_TEMPORAL_MEMORY=1."""
+    if memory is None:
+        memory = os.environ.get("CREWWORK_BENCH_TEMPORAL_MEMORY", "") in ("1", "true")
+    server = (InMemoryDevServer if memory else DevServer)(data_dir, port=free_port(), ui=False)
     server.start()
     try:
         yield server

@@ -126,6 +126,17 @@ async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: flo
     }
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="crewwork-load-") as tmp:
         stack = Stack(
@@ -151,13 +162,94 @@ def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> d
             # Warm-up: a few items so imports, connections and first workflow tasks are out of the way.
             asyncio.run(drive(stack, url, 4, 4, 60))
             rss_before = {p.name: rss_mb(p.proc.pid) for p in stack.processes if p.proc}
+            cpu_before = {p.name: cpu_s(p.proc.pid) for p in stack.processes if p.proc}
+            tserver = stack.temporal.proc.pid if stack.temporal and stack.temporal.proc else 0
+            cpu_before["temporal"] = cpu_s(tserver)
             out = asyncio.run(drive(stack, url, items, clients, 300))
+            # CPU seconds each process spent on the run: where the time goes.
+            out["cpu_s"] = {p.name: cpu_s(p.proc.pid) - cpu_before.get(p.name, 0.0) for p in stack.processes if p.proc}
+            out["cpu_s"]["temporal"] = cpu_s(tserver) - cpu_before["temporal"]
             out["rss_mb_after"] = {p.name: rss_mb(p.proc.pid) for p in stack.processes if p.proc}
             out["rss_mb_idle"] = rss_before
         finally:
             stack.stop()
     out.update({"agent_processes": agents, "agent_slots_per_process": slots})
     return out
+
+
+def procrastinate_reference(worker_counts: list[int], items: int, clients: int) -> list[dict[str, Any]]:
+    """The same load on Procrastinate (a PostgreSQL SKIP LOCKED job queue), in this run, on this machine: `workers`
+    worker processes of concurrency 1, jobs deferred by `clients` concurrent coroutines (no HTTP in front)."""
+    import os
+    import subprocess
+
+    import psycopg
+
+    from bench.peers import common
+
+    root = Path(__file__).resolve().parents[1]
+    with pg_database("load_procrastinate", migrate=False) as (_u, db):
+        os.environ["PEER_DB"] = db
+        from bench.peers import procrastinate_peer as peer
+
+        async def go(workers: int) -> dict[str, Any]:
+            async with peer.app.open_async():
+                if workers == worker_counts[0]:
+                    await peer.app.schema_manager.apply_schema_async()
+                    common.setup(db)
+                env = {**os.environ, "PEER_DB": db, "PEER_DELAY_S": "0.1", "PEER_CONCURRENCY": "1"}
+                procs = [
+                    subprocess.Popen(
+                        [sys.executable, "-m", "bench.peers.procrastinate_peer", "worker", f"w{i}"], env=env, cwd=root
+                    )
+                    for i in range(workers)
+                ]
+                try:
+                    await asyncio.sleep(3)
+                    ids = [f"ld-{uuid.uuid4().hex[:10]}" for _ in range(items)]
+                    q: asyncio.Queue[str] = asyncio.Queue()
+                    for i in ids:
+                        q.put_nowait(i)
+                    lat: list[float] = []
+
+                    async def client() -> None:
+                        while not q.empty():
+                            i = q.get_nowait()
+                            t0 = time.perf_counter()
+                            common.insert_items(db, [i])
+                            await peer.peer_process.defer_async(item_id=i)
+                            lat.append(time.perf_counter() - t0)
+
+                    start = time.time()
+                    await asyncio.gather(*(client() for _ in range(clients)))
+                    deadline = time.monotonic() + 300
+                    while time.monotonic() < deadline and common.figures(db, ids, start)["done"] < items:
+                        await asyncio.sleep(0.2)
+                    f = common.figures(db, ids, start)
+                    with psycopg.connect(common.conninfo(db)) as c:
+                        waits = [
+                            r[0]
+                            for r in c.execute(
+                                "SELECT min(e.created_at) - i.submitted_at FROM peer_items i JOIN peer_events e "
+                                "ON e.item_id = i.id AND e.type = 'started' GROUP BY i.id, i.submitted_at"
+                            ).fetchall()
+                        ]
+                    return {
+                        "system": "procrastinate",
+                        "agent_processes": workers,
+                        "agent_slots_per_process": 1,
+                        "tasks_per_s": f["done"] / f["wall_s"],
+                        "submit_latency_s": summary(lat),
+                        "submit_to_result_s": summary(f["latency"]),
+                        "queue_wait_s": summary(waits),
+                        "states": {"succeeded": f["done"]},
+                    }
+                finally:
+                    for p in procs:
+                        p.terminate()
+                        p.wait(10)
+
+        return [asyncio.run(go(w)) for w in worker_counts]
 
 
 def main() -> None:
@@ -167,6 +259,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=12)
     ap.add_argument("--agents", default="1,2", help="agent-pool process counts to run")
     ap.add_argument("--slots", default="1,2", help="concurrent activities per agent process (crewwork default 2)")
+    ap.add_argument("--no-procrastinate", action="store_true", help="skip the same-run SKIP LOCKED reference")
     args = ap.parse_args()
     if args.quick:
         args.items = 40
@@ -177,15 +270,21 @@ def main() -> None:
                 r = run_config(url, agents, slots, args.items, args.clients)
                 print(
                     f"agents={agents} slots={slots}: {r['tasks_per_s']:.1f} tasks/s, submit-to-result p50 "
-                    f"{r['submit_to_result_s']['p50']:.2f}s {r['states']} {r['errors'][:1]}",
+                    f"{r['submit_to_result_s']['p50']:.2f}s {r['states']} {r['errors'][:1]}; CPU s used: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s"].items()),
                     flush=True,
                 )
                 runs.append(r)
+    if not args.no_procrastinate:
+        for r in procrastinate_reference([int(x) for x in args.agents.split(",")], args.items, args.clients):
+            print(f"procrastinate workers={r['agent_processes']}: {r['tasks_per_s']:.1f} tasks/s", flush=True)
+            runs.append(r)
     rows = []
     for r in runs:
         ref = REFERENCE.get(r["agent_processes"])
         rows.append(
             [
+                r.get("system", "crewwork"),
                 r["agent_processes"],
                 r["agent_slots_per_process"],
                 r["tasks_per_s"],
@@ -203,6 +302,7 @@ def main() -> None:
     print(
         table(
             [
+                "system",
                 "agent procs",
                 "slots/proc",
                 "tasks/s",

@@ -34,8 +34,8 @@ def launch(db: str, executor_id: str, concurrency: int = 10) -> None:
         "log_level": "WARNING",
     }
     DBOS(config=config)
-    DBOS.register_queue(QUEUE, worker_concurrency=concurrency, polling_interval_sec=0.1)
     DBOS.launch()
+    DBOS.register_queue(QUEUE, worker_concurrency=concurrency, polling_interval_sec=0.1)
     os.environ["PEER_DB"] = db
 
 

@@ -26,6 +26,7 @@ DB = os.environ.get("PEER_DB", "postgres")
 WORKER = os.environ.get("PEER_WORKER", "bench")
 STALL_ITEM = os.environ.get("PEER_STALL_ITEM", "")
 STALL_S = float(os.environ.get("PEER_STALL_S", "0"))
+DELAY_S = float(os.environ.get("PEER_DELAY_S", "0"))
 
 app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo(DB)))
 _pool: AsyncConnectionPool | None = None
@@ -48,11 +49,12 @@ async def peer_process(context: procrastinate.JobContext, item_id: str) -> None:
         await conn.commit()
         if item_id == STALL_ITEM and STALL_S:
             await asyncio.to_thread(time.sleep, STALL_S)  # the zombie: blocked, then carries on
-        # execute: a no-op job
+        if DELAY_S:
+            await asyncio.sleep(DELAY_S)  # execute: the job (a no-op, or the load test's 100 ms mock agent)
         await write_result(conn, item_id, writer)
 
 
-async def run_worker(name: str, concurrency: int = 1) -> None:
+async def run_worker(name: str, concurrency: int = int(os.environ.get("PEER_CONCURRENCY", "1"))) -> None:
     async with app.open_async():
         await app.run_worker_async(
             queues=["peer"],

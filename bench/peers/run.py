@@ -182,26 +182,32 @@ async def procrastinate_zombie(db: str, peer: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------ DBOS
 
 
-async def dbos_side(db: str, n: int, zombie: bool) -> dict[str, Any]:
+def dbos_side(db: str, n: int, zombie: bool) -> dict[str, Any]:
     os.environ["PEER_DB"] = db
     from dbos import DBOS
 
     from bench.peers import dbos_peer as peer
 
     common.setup(db)
-    peer.launch(db, "bench", concurrency=10)
-    out: dict[str, Any] = {}
+    peer.launch(db, "bench", concurrency=10)  # DBOS is launched outside any event loop
     try:
-        ids = [f"db-{uuid.uuid4().hex[:10]}" for _ in range(n)]
-        common.insert_items(db, ids)
-        started = time.time()
-        handles = [await DBOS.enqueue_workflow_async(peer.QUEUE, peer.peer_process, i) for i in ids]
-        await asyncio.gather(*(h.get_result() for h in handles))
-        out["throughput"] = common.figures(db, ids, started)
-        if zombie:
-            out["zombie"] = await dbos_zombie(db, peer)
+        return asyncio.run(_dbos_runs(db, n, zombie, peer))
     finally:
         DBOS.destroy()
+
+
+async def _dbos_runs(db: str, n: int, zombie: bool, peer: Any) -> dict[str, Any]:
+    from dbos import DBOS
+
+    out: dict[str, Any] = {}
+    ids = [f"db-{uuid.uuid4().hex[:10]}" for _ in range(n)]
+    common.insert_items(db, ids)
+    started = time.time()
+    handles = [await DBOS.enqueue_workflow_async(peer.QUEUE, peer.peer_process, i) for i in ids]
+    await asyncio.gather(*(h.get_result() for h in handles))
+    out["throughput"] = common.figures(db, ids, started)
+    if zombie:
+        out["zombie"] = await dbos_zombie(db, peer)
     return out
 
 
@@ -273,7 +279,7 @@ def main() -> None:
         res["procrastinate"] = asyncio.run(procrastinate_side(db, n, zombie))
         print("procrastinate done", flush=True)
     with pg_database("peer_dbos", migrate=False) as (_u, db):
-        res["dbos"] = asyncio.run(dbos_side(db, n, zombie))
+        res["dbos"] = dbos_side(db, n, zombie)
         print("dbos done", flush=True)
     c = res["crewwork"]["throughput"]
     rows = [tp("crewwork (Temporal + fenced store)", c["items"], c["wall_s"], c["latency_s"])]

@@ -303,7 +303,11 @@ async def analyse(url: str, ids: list[str], faults: list[Fault]) -> dict[str, An
     retried: set[str] = set()
     finished_at: list[float] = []
     stale = 0
+    after_terminal = 0
     for e in events:
+        if e.type == "write_after_terminal_rejected":
+            after_terminal += 1
+            retried.add(e.work_item_id)
         if e.type == "state_changed" and e.data.get("state") in ("running", "validating") and "attempt" in e.data:
             executions[(e.work_item_id, e.data["state"], e.data.get("attempt"))] += 1
         if e.type == "stale_write_rejected":
@@ -328,6 +332,7 @@ async def analyse(url: str, ids: list[str], faults: list[Fault]) -> dict[str, An
         "items_retried": len(retried),
         "duplicates": duplicates,
         "stale": stale,
+        "after_terminal": after_terminal,
         "recover": recover,
     }
 
@@ -444,5 +449,9 @@ def run_soak(
         recover_s=a["recover"],
         invariants=a["report"],
         wall_s=time.monotonic() - started,
-        extra={"pool_restarts": {p.name: p.restarts for p in stack.processes}, "stuck": a.get("stuck", [])},
+        extra={
+            "writes_after_terminal_rejected": a["after_terminal"],
+            "pool_restarts": {p.name: p.restarts for p in stack.processes},
+            "stuck": a.get("stuck", []),
+        },
     )

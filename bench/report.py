@@ -1,0 +1,230 @@
+"""Render the latest bench/results/*.json as the Markdown tables docs/performance.md carries.
+
+.venv/bin/python bench/report.py > /tmp/tables.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import RESULTS, table
+
+
+def load(name: str) -> dict[str, Any] | None:
+    p = RESULTS / f"{name}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def med(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    s = sorted(rounds, key=lambda r: r["items_per_s"])
+    return s[len(s) // 2]
+
+
+def overhead(d: dict[str, Any]) -> str:
+    rows = []
+    for kind in ("task", "code_change"):
+        if kind not in d:
+            continue
+        b, c = med(d[kind]["bare"]), med(d[kind]["crewwork"])
+        for name, r in (("bare Temporal", b), ("crewwork", c)):
+            lat = r["latency_s"]
+            rows.append([kind, name, r["items"], r["items_per_s"], lat["p50"], lat["p95"], lat["p99"]])
+        rows.append(
+            [
+                kind,
+                "**crewwork/bare**",
+                "",
+                c["items_per_s"] / b["items_per_s"],
+                c["latency_s"]["p50"] / b["latency_s"]["p50"],
+                c["latency_s"]["p95"] / b["latency_s"]["p95"],
+                c["latency_s"]["p99"] / b["latency_s"]["p99"],
+            ]
+        )
+    return table(["kind", "run", "items", "items/s", "p50 s", "p95 s", "p99 s"], rows)
+
+
+def load_table(d: dict[str, Any]) -> str:
+    ref = {int(k): v for k, v in d["reference"].items()}
+    rows = []
+    for r in d["runs"]:
+        rf = ref.get(r["agent_processes"])
+        rows.append(
+            [
+                r["agent_processes"],
+                r["agent_slots_per_process"],
+                r["tasks_per_s"],
+                f"{r['tasks_per_s'] / rf['tasks_per_s']:.2f}x" if rf else "",
+                r["submit_latency_s"]["p50"],
+                r["submit_latency_s"]["p95"],
+                r["submit_to_result_s"]["p50"],
+                r["submit_to_result_s"]["p95"],
+                r["queue_wait_s"]["p50"],
+                r["queue_wait_s"]["p95"],
+            ]
+        )
+    return table(
+        [
+            "agent procs",
+            "slots/proc",
+            "tasks/s",
+            "vs reference",
+            "submit p50 s",
+            "submit p95 s",
+            "submit-to-result p50 s",
+            "p95 s",
+            "queue wait p50 s",
+            "p95 s",
+        ],
+        rows,
+    )
+
+
+def peers(d: dict[str, Any]) -> str:
+    rows = d["table"]
+    base = rows[0]["items_per_s"]
+    t1 = table(
+        ["system", "items", "items/s", "crewwork/peer throughput", "p50 s", "p95 s", "p99 s"],
+        [
+            [
+                r["system"],
+                r["items"],
+                r["items_per_s"],
+                base / r["items_per_s"] if r["items_per_s"] else "",
+                r["latency_s"]["p50"],
+                r["latency_s"]["p95"],
+                r["latency_s"]["p99"],
+            ]
+            for r in rows
+        ],
+    )
+    zr = []
+    for key in ("crewwork", "procrastinate", "dbos"):
+        z = d.get(key, {}).get("zombie")
+        if not z:
+            continue
+        if key == "crewwork":
+            what = (
+                f"{z.get('stale_writes_rejected')} stale write(s) rejected (stale_write_rejected events); stored "
+                f"result from the newest token: {z.get('result_token_is_newest')}; final state {z.get('final_state')}"
+            )
+        else:
+            what = (
+                f"newer attempt's result `{z.get('result_after_newer_attempt')}` replaced by the stale attempt's "
+                f"`{z.get('final_result_writer')}` ({z.get('result_writes')} result writes)"
+                if z.get("overwrote")
+                else f"final result `{z.get('final_result_writer')}`"
+            )
+        zr.append([key, "**yes**" if z.get("overwrote") else "no", what])
+    return t1 + "\n\n" + table(["system", "stale late write overwrote the newer result?", "what happened"], zr)
+
+
+def components(d: dict[str, Any]) -> str:
+    rows = []
+    for what in ("token_issue", "fenced_write", "token_plus_fenced_write", "lease_acquire", "lease_renew"):
+        rows.append(
+            [
+                what.replace("_", " "),
+                d["postgres"][what]["p50"] * 1000,
+                d["postgres"][what]["p99"] * 1000,
+                d["sqlite"][what]["p50"] * 1000,
+                d["sqlite"][what]["p99"] * 1000,
+            ]
+        )
+    t1 = table(["store operation", "PostgreSQL p50 ms", "p99 ms", "SQLite p50 ms", "p99 ms"], rows)
+    rows2 = [
+        [w.replace("_", " "), d["git"][w]["p50"] * 1000, d["git"][w]["p99"] * 1000]
+        for w in ("worktree_add", "worktree_remove")
+    ]
+    for name, s in d["sandbox"].items():
+        if "p50" in s:
+            rows2.append([f"sandbox start-to-exit `true`: {name}", s["p50"] * 1000, s["p99"] * 1000])
+        else:
+            rows2.append([f"sandbox: {name}", "unavailable", ""])
+    t2 = table(["operation", "p50 ms", "p99 ms"], rows2)
+    r = d["rss"]
+    t3 = table(
+        ["process", "RSS idle MiB", "RSS peak under load MiB"],
+        [[k, r["idle_mb"][k], r["under_load_peak_mb"][k]] for k in r["idle_mb"]],
+    )
+    return "\n\n".join([t1, t2, t3])
+
+
+def scaling(d: dict[str, Any]) -> str:
+    rows = []
+    for lv in d["levels"]:
+        r, sb = lv["probe"], lv["store_bytes"]
+        rows.append(
+            [
+                lv["work_items"],
+                r["items_per_s"],
+                r["latency_s"]["p50"],
+                r["latency_s"]["p95"],
+                sb["database"] / 1e6,
+                sb.get("work_items", 0) / 1e6,
+                sb.get("events", 0) / 1e6,
+                "yes" if all(p["indexed"] for p in lv["plans"].values()) else "NO",
+            ]
+        )
+    t1 = table(
+        [
+            "work items in store",
+            "probe items/s",
+            "p50 s",
+            "p95 s",
+            "db MB",
+            "work_items MB",
+            "events MB",
+            "reads indexed",
+        ],
+        rows,
+    )
+    last = d["levels"][-1]
+    t2 = table(
+        [f"query at {last['work_items']} items", "indexed (no seq scan of a big table)", "execution"],
+        [[k, "yes" if v["indexed"] else f"NO {v['seq_scans']}", v["execution"]] for k, v in last["plans"].items()],
+    )
+    return t1 + "\n\n" + t2
+
+
+def chaos(d: dict[str, Any]) -> str:
+    rows = [
+        ["work items", d["items"]],
+        ["final states", ", ".join(f"{k}: {v}" for k, v in d["states"].items())],
+        ["faults injected", ", ".join(f"{k}: {v}" for k, v in sorted(d["faults_by_kind"].items()))],
+        ["items retried", d["items_retried"]],
+        ["duplicate executions observed", d["duplicate_executions"]],
+        ["stale writes rejected", d["stale_writes_rejected"]],
+        ["writes after terminal rejected", d.get("writes_after_terminal_rejected", 0)],
+        ["time to recover after a fault, p50 / max s", f"{d['recover_s_p50']:.1f} / {d['recover_s_max']:.1f}"],
+        ["pool restarts", ", ".join(f"{k}: {v}" for k, v in d["pool_restarts"].items() if v)],
+    ]
+    rows += [[f"invariant `{k}`", "ok" if v else "**FAIL**"] for k, v in d["invariant_results"].items()]
+    return table(["chaos soak", "value"], rows)
+
+
+def main() -> None:
+    for name, fn in (
+        ("overhead", overhead),
+        ("load", load_table),
+        ("peers", peers),
+        ("components", components),
+        ("scaling", scaling),
+        ("chaos", chaos),
+    ):
+        d = load(name)
+        if d is None:
+            continue
+        print(
+            f"### {name} ({d['when']}, load average at start {[round(x, 1) for x in d['machine']['loadavg_at_start']]})\n"
+        )
+        print(fn(d))
+        print()
+
+
+if __name__ == "__main__":
+    main()
