@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from crewwork.api.deps import AdminDep, PrincipalDep, ServiceDep
-from crewwork.api.problems import ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 
-router = APIRouter(prefix="/v1", tags=["admin"])
+router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES)
 
 POOLS = ("control", "agent", "validate")
 

@@ -10,10 +10,11 @@ from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from crewwork.api.deps import PrincipalDep, ServiceDep
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.api.schemas import SubmitResponse
 from crewwork.models import AgentSpec, BudgetSpec, RepoSpec, ReviewSpec, ValidationSpec, WorkItemKind, WorkItemSpec
 
-router = APIRouter(prefix="/v1", tags=["work items"])
+router = APIRouter(prefix="/v1", tags=["work items"], responses=PROBLEM_RESPONSES)
 
 MAX_TRACE_CHARS = 12_000
 DEFAULT_TEST_COMMAND = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
@@ -102,7 +103,5 @@ async def hotfix(
     try:
         spec = derive_spec(report)
     except ValueError as exc:
-        from crewwork.api.problems import ProblemError
-
         raise ProblemError(422, "invalid_hotfix", str(exc)) from exc
     return await submit_spec(request, response, spec, principal, service, idempotency_key)

@@ -83,3 +83,20 @@ async def unhandled_handler(_req: Request, exc: Exception) -> JSONResponse:
 
     logging.getLogger("crewwork.api").exception("unhandled error: %s", exc)
     return problem_response(ProblemError(500, "internal_error", "an internal error occurred; it has been logged"))
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {"model": Problem, "description": description, "content": {"application/problem+json": {}}}
+
+
+# Documented on every /v1 route (OpenAPI): the errors all routes can answer with, in the one problem shape.
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _problem("Bad parameter (invalid_cursor, invalid_label_filter, invalid_last_event_id)"),
+    401: _problem("Missing, invalid or revoked API key (unauthorized)"),
+    403: _problem("Needs the admin scope (forbidden)"),
+    404: _problem("No such resource for this tenant (not_found)"),
+    413: _problem("Request body too large (payload_too_large)"),
+    422: _problem("Invalid request (invalid_request, invalid_work_item)"),
+    429: _problem("Rate limited (rate_limited); see Retry-After"),
+    503: _problem("Temporal unreachable (temporal_unavailable)"),
+}

@@ -26,7 +26,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select, text
 
 from crewwork.api.deps import PrincipalDep, StoreDep
-from crewwork.api.problems import ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.observability import SSE_CLIENTS
 from crewwork.store.store import Store
 from crewwork.store.tables import Event
@@ -216,7 +216,7 @@ SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
     }
 }
 
-router = APIRouter(prefix="/v1/events", tags=["events"])
+router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEM_RESPONSES)
 
 
 @router.get(

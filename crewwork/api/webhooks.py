@@ -9,11 +9,11 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.deps import PrincipalDep, StoreDep
-from crewwork.api.problems import ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.tables import OutboxMessage, Webhook
 
-router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=PROBLEM_RESPONSES)
 
 EVENT_TYPES = ("work_item.state_changed",)
 

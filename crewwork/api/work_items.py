@@ -16,7 +16,7 @@ from sqlalchemy import JSON, cast, func, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import JSONB
 
 from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
-from crewwork.api.problems import ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.api.schemas import (
     ArtifactView,
     AttemptView,
@@ -33,7 +33,7 @@ from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavail
 from crewwork.store.store import Principal, Store
 from crewwork.store.tables import Artifact, Attempt, WorkItem
 
-router = APIRouter(prefix="/v1/work-items", tags=["work items"])
+router = APIRouter(prefix="/v1/work-items", tags=["work items"], responses=PROBLEM_RESPONSES)
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 LABEL_RE = re.compile(r"^([^=]{1,63})=(.{0,256})$", re.S)
