@@ -422,6 +422,22 @@ class Store:
                     )
                 )
                 return WriteResult(ok=False, current_token=current)
+            # A terminal work item is closed. A zombie activity attempt that only *starts* after its item finished
+            # (e.g. its process was SIGSTOPped before it took its lease) is issued a token newer than every write
+            # so far; without this check its "running" write would reopen a finished item (found by the chaos soak).
+            closed = await s.scalar(select(WorkItem.state).where(WorkItem.id == work_item_id))
+            if closed is not None and WorkItemState(closed).terminal:
+                s.add(
+                    Event(
+                        work_item_id=work_item_id,
+                        tenant_id=tenant_id,
+                        type="write_after_terminal_rejected",
+                        data={"key": key, "presented_token": token, "state": closed, "writer": writer},
+                        token=token,
+                        created_at=now,
+                    )
+                )
+                return WriteResult(ok=False, current_token=current)
             value = await apply(s, now)
             return WriteResult(ok=True, value=value, current_token=current)
 
