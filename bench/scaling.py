@@ -86,7 +86,8 @@ async def grow(store: Any, template: str, count: int, tag: str) -> None:
         for model in (WorkItem, Attempt, Event):
             await s.execute(text(_clone_sql(model, template, count, tag)))
     async with store.session() as s:
-        await s.execute(text("ANALYZE work_items; ANALYZE events; ANALYZE attempts"))
+        for t in ("work_items", "events", "attempts"):
+            await s.execute(text(f"ANALYZE {t}"))
 
 
 def plans(db: str, params: dict[str, Any]) -> dict[str, Any]:
