@@ -1,9 +1,10 @@
 """The review console in a real headless Chromium (Debian's /usr/bin/chromium driven by Playwright): sign in, watch
 a work item move to awaiting review live, approve it from the page, see it succeed. Screenshots of every page go to
-test-artifacts/ (representative ones are committed under docs/images/)."""
+test-artifacts/; with CREWWORK_UPDATE_DOC_IMAGES=1 representative ones are copied to docs/images/."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -133,7 +134,8 @@ async def test_console_shows_live_progress_and_approving_from_the_page_lands_the
         item = (await c.get(f"/v1/work-items/{wid}")).json()
     assert item["state"] == "succeeded" and item["delivery_branch"] == f"crewwork/{wid}"
 
-    images = Path(__file__).resolve().parents[2] / "docs" / "images"
-    images.mkdir(parents=True, exist_ok=True)
-    for name in ("console-list.png", "console-detail-review.png", "console-workers.png"):
-        shutil.copy(ARTIFACTS / name, images / name)
+    if os.environ.get("CREWWORK_UPDATE_DOC_IMAGES"):  # refresh the screenshots committed under docs/images
+        images = Path(__file__).resolve().parents[2] / "docs" / "images"
+        images.mkdir(parents=True, exist_ok=True)
+        for name in ("console-list.png", "console-detail-review.png", "console-workers.png"):
+            shutil.copy(ARTIFACTS / name, images / name)
