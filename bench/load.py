@@ -92,8 +92,8 @@ async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: flo
         await asyncio.sleep(0.2)
     states: dict[str, int] = {}
     async with store.session() as s:
-        rows = (await s.execute(select(WorkItem.id, WorkItem.state).where(WorkItem.id.in_(list(submitted))))).all()
-        for _wid, state in rows:
+        all_rows = (await s.execute(select(WorkItem.id, WorkItem.state).where(WorkItem.id.in_(list(submitted))))).all()
+        for _wid, state in all_rows:
             states[state] = states.get(state, 0) + 1
         # The terminal state change's time (database clock) is when the result was stored.
         finals = (

@@ -133,7 +133,7 @@ async def run(levels: list[int], probe: int) -> dict[str, Any]:
                         _wid, ts = (
                             await s.execute(text("SELECT id, created_at FROM work_items ORDER BY created_at LIMIT 1"))
                         ).one()
-                    level_out = {
+                    level_out: dict[str, Any] = {
                         "work_items": total,
                         "probe": r,
                         "store_bytes": sizes(db),
