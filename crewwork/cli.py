@@ -267,7 +267,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     stack = Stack(
         data_dir=Path(args.data_dir or s.data_dir).resolve(),
         temporal_port=args.temporal_port,
-        ui_port=args.temporal_port + 1000,
+        ui_port=args.ui_port or args.temporal_port + 1000,
         api_port=args.api_port,
         database_url=s.database_url,
         on_event=lambda m: print(f"[dev] {m}", flush=True),
@@ -331,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("dev", help="run Temporal, the API and all worker pools on this machine")
     d.add_argument("--data-dir")
     d.add_argument("--temporal-port", type=int, default=7233)
+    d.add_argument("--ui-port", type=int, help="Temporal Web UI port (default: Temporal port + 1000)")
     d.add_argument("--api-port", type=int, default=8080)
     d.set_defaults(fn=cmd_dev)
 

@@ -152,5 +152,21 @@ async def execution_lease(
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await keeper
-        with contextlib.suppress(Exception):
-            await store.release_lease(key, token=token)
+        await _release_with_retries(store, key, token)
+
+
+RELEASE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+
+
+async def _release_with_retries(store: Store, key: str, token: int) -> None:
+    """Release the execution lease, retrying a few times over a database blip; if it still fails, the lease
+    simply expires after its TTL (releasing is an optimisation, never needed for correctness)."""
+    for delay in (*RELEASE_RETRY_DELAYS_S, None):
+        try:
+            await asyncio.shield(store.release_lease(key, token=token))
+            return
+        except Exception as exc:
+            if delay is None:
+                log.warning("could not release lease %s token %s (it expires on its own): %s", key, token, exc)
+                return
+            await asyncio.sleep(delay)

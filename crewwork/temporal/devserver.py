@@ -105,6 +105,8 @@ class DevServer:
         return cmd
 
     def start(self, timeout_s: float = 60.0) -> None:
+        if self.ui and port_open(self.host, self.ui_port):
+            raise DevServerError(f"port {self.ui_port} for the Temporal Web UI is already in use; choose another")
         if port_open(self.host, self.port):
             raise DevServerError(
                 f"port {self.port} is already in use; is another Temporal server running? "
@@ -125,13 +127,21 @@ class DevServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise DevServerError(
-                    f"the Temporal dev server exited with code {self.proc.returncode}; see {self.log_path}"
+                    f"the Temporal dev server exited with code {self.proc.returncode}: {self._log_tail()} "
+                    f"(full log: {self.log_path})"
                 )
             if port_open(self.host, self.port):
                 return
             time.sleep(0.1)
         self.stop()
         raise DevServerError(f"the Temporal dev server did not open port {self.port} in {timeout_s}s")
+
+    def _log_tail(self, lines: int = 3) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(line[:300] for line in text[-lines:])
 
     def stop(self, timeout_s: float = 15.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

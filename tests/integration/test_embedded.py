@@ -48,11 +48,22 @@ def test_demo_succeeds_after_a_repair_on_embedded_defaults(tmp_path: Path) -> No
 
 
 def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Path) -> None:
-    api_port, temporal_port = free_port(), free_port()
+    api_port, temporal_port, ui_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
     env["CREWWORK_DATA_DIR"] = str(tmp_path / "data")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "crewwork", "dev", "--temporal-port", str(temporal_port), "--api-port", str(api_port)],
+        [
+            sys.executable,
+            "-m",
+            "crewwork",
+            "dev",
+            "--temporal-port",
+            str(temporal_port),
+            "--ui-port",
+            str(ui_port),
+            "--api-port",
+            str(api_port),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -72,7 +83,7 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
                 break
         text = "".join(lines)
         assert "crewwork is running" in text, text
-        assert f"http://127.0.0.1:{api_port}" in text and f"http://127.0.0.1:{temporal_port + 1000}" in text
+        assert f"http://127.0.0.1:{api_port}" in text and f"http://127.0.0.1:{ui_port}" in text
         key = (tmp_path / "data" / "api_key").read_text().strip()
         assert (tmp_path / "data" / "api_key").stat().st_mode & 0o077 == 0, "the key file must be private"
         health = httpx.get(f"http://127.0.0.1:{api_port}/healthz", timeout=5).json()
