@@ -161,7 +161,7 @@ async def test_keyset_pagination_stays_exact_under_concurrent_inserts(stack: Sta
         async with stack.client() as c:
             cursor = None
             while True:
-                params: dict[str, object] = {"limit": 7, "label": "page=test"}
+                params: dict[str, str | int] = {"limit": 7, "label": "page=test"}
                 if cursor:
                     params["cursor"] = cursor
                 page = (await c.get("/v1/work-items", params=params)).json()
