@@ -173,6 +173,15 @@ class Crew:
         handle = self.client.get_workflow_handle(row.workflow_id, result_type=WorkItemResult)
         return await asyncio.wait_for(handle.result(), timeout_s)
 
+    async def wait_attempts(self, work_item_id: str, count: int, timeout_s: float = 120) -> None:
+        """Until at least `count` attempts are recorded (states can pass too quickly to be seen by polling)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if len(await self.store.list_attempts(work_item_id)) >= count:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{work_item_id} did not record {count} attempts in {timeout_s}s")
+
     async def wait_state(self, work_item_id: str, state: str, timeout_s: float = 60) -> Any:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -117,7 +117,7 @@ async def test_review_request_changes_reaches_next_attempt_then_approve(crew: Cr
     with pytest.raises(Exception, match="request_changes needs a comment"):
         await crew.service.review(row, ReviewDecision(action="request_changes", comment=" "))
     await crew.service.review(row, ReviewDecision(action="request_changes", comment="please add a comment line"))
-    await crew.wait_state(wid, "running")
+    await crew.wait_attempts(wid, 2)
     row = await crew.wait_state(wid, "awaiting_review")
     attempts = await crew.store.list_attempts(wid)
     assert len(attempts) == 2

@@ -140,7 +140,7 @@ async def test_review_comment_reaches_the_agent(crew: Crew, calc_repo: Path) -> 
     )
     row = await crew.wait_state(wid, "awaiting_review")
     await crew.service.review(row, ReviewDecision(action="request_changes", comment="please keep it tidy"))
-    await crew.wait_state(wid, "running")
+    await crew.wait_attempts(wid, 2)
     row = await crew.wait_state(wid, "awaiting_review")
     await crew.service.review(row, ReviewDecision(action="approve"))
     result = await crew.result(wid)
