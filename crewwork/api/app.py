@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -136,20 +136,22 @@ def create_app(
             HTTP_LATENCY.observe(time.perf_counter() - t0, method=request.method, route=path)
         return response
 
-    @app.get("/healthz", tags=["health"], summary="Liveness and readiness")
-    async def healthz() -> dict[str, object]:
+    @app.get(
+        "/healthz",
+        tags=["health"],
+        summary="Readiness: 200 when the database and Temporal are reachable, 503 otherwise",
+        responses={503: {"description": "Not ready: the body says which dependency is down"}},
+    )
+    async def healthz() -> Response:
         db_ok = True
         try:
             await app.state.store.db_now()
         except Exception:
             db_ok = False
         temporal_ok = app.state.service.client is not None
-        return {
-            "ok": db_ok and temporal_ok,
-            "database": db_ok,
-            "temporal": temporal_ok,
-            "version": __version__,
-        }
+        body = {"ok": db_ok and temporal_ok, "database": db_ok, "temporal": temporal_ok, "version": __version__}
+        # A plain HTTP readiness probe (load balancer, Kubernetes) only looks at the status code.
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
     @app.get(
         "/metrics",
