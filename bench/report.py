@@ -45,7 +45,16 @@ def overhead(d: dict[str, Any]) -> str:
                 c["latency_s"]["p99"] / b["latency_s"]["p99"],
             ]
         )
-    return table(["kind", "run", "items", "items/s", "p50 s", "p95 s", "p99 s"], rows)
+    out = table(["kind", "run", "items", "items/s", "p50 s", "p95 s", "p99 s"], rows)
+    paired = []
+    for kind in ("task", "code_change"):
+        if kind in d:
+            for i, (b, c) in enumerate(zip(d[kind]["bare"], d[kind]["crewwork"], strict=True)):
+                paired.append(
+                    f"{kind} round {i + 1}: throughput {c['items_per_s'] / b['items_per_s']:.2f}, "
+                    f"p50 {c['latency_s']['p50'] / b['latency_s']['p50']:.2f}"
+                )
+    return out + "\n\nPaired ratios crewwork/bare per round (each round runs bare, then crewwork): " + "; ".join(paired)
 
 
 def load_table(d: dict[str, Any]) -> str:
@@ -55,6 +64,7 @@ def load_table(d: dict[str, Any]) -> str:
         rf = ref.get(r["agent_processes"])
         rows.append(
             [
+                r.get("system", "crewwork"),
                 r["agent_processes"],
                 r["agent_slots_per_process"],
                 r["tasks_per_s"],
@@ -69,6 +79,7 @@ def load_table(d: dict[str, Any]) -> str:
         )
     return table(
         [
+            "system",
             "agent procs",
             "slots/proc",
             "tasks/s",
@@ -219,9 +230,8 @@ def main() -> None:
         d = load(name)
         if d is None:
             continue
-        print(
-            f"### {name} ({d['when']}, load average at start {[round(x, 1) for x in d['machine']['loadavg_at_start']]})\n"
-        )
+        load_avg = ", ".join(f"{x:.1f}" for x in d["machine"]["loadavg_at_start"])
+        print(f"### {name}\n\nRun of {d['when']}; load average at its start {load_avg}.\n")
         print(fn(d))
         print()
 
