@@ -145,12 +145,9 @@ class ExecuteActivities:
                 await gitops.add_worktree(repo, workspace, inp.base_commit)
             sandbox = None
             limits = None
-            try:
+            if agent_cls.needs_sandbox:
                 sandbox = pick_sandbox(spec.sandbox, self.settings)
                 limits = sandbox_limits(spec.sandbox, None)
-            except ApplicationError:
-                if agent_cls.name != "scripted":
-                    raise
             started = time.monotonic()
 
             async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:

@@ -75,6 +75,8 @@ class AgentRunResult:
 class Agent(abc.ABC):
     name: ClassVar[str]
     mock: ClassVar[bool] = False
+    needs_sandbox: ClassVar[bool] = True
+    """False for agents that never run commands (the platform then skips choosing and probing a sandbox)."""
     """True for agents whose results are scripted, not produced by a model or a real agent program."""
 
     @classmethod

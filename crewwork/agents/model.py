@@ -154,6 +154,7 @@ class ModelAgent(Agent):
 
     name = "model"
     mock = False
+    needs_sandbox = False  # edits files in the worktree itself; runs no commands
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._env = os.environ if env is None else env

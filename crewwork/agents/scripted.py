@@ -65,6 +65,7 @@ _STEP_KEYS = {
 class ScriptedAgent(Agent):
     name = "scripted"
     mock = True
+    needs_sandbox = False
 
     @classmethod
     def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:

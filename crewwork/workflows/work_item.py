@@ -82,6 +82,11 @@ BREAKER_K = 3
 # While awaiting review, renew the workspace lease this often (well inside its TTL).
 WORKSPACE_RENEW_EVERY = timedelta(seconds=120)
 PATCH_RENEW_WORKSPACE_IN_REVIEW = "renew-workspace-during-review"
+# Control-pool store writes as local activities (executions recorded before this patch replay the old way).
+PATCH_LOCAL_CONTROL = "local-control-activities"
+LOCAL_CONTROL_ACTIVITIES = frozenset(
+    {"admit", "set_state", "acquire_workspace", "renew_workspace", "release_workspace", "record_attempt", "finish"}
+)
 # Attempts per workflow run before continue-as-new (Temporal may suggest it sooner).
 ATTEMPTS_PER_RUN = 20
 
@@ -103,6 +108,7 @@ class WorkItemWorkflow:
         self._awaiting_review = False
         self._queues: dict[str, str] = {}
         self._continuing = False
+        self._local_control = False
 
     # ------------------------------------------------------------------ interface
 
@@ -130,6 +136,7 @@ class WorkItemWorkflow:
     @workflow.run
     async def run(self, inp: WorkItemInput) -> WorkItemResult:
         spec = inp.spec
+        self._local_control = workflow.patched(PATCH_LOCAL_CONTROL)
         prefix = workflow.info().task_queue.rsplit("-", 1)[0]
         self._queues = {p: f"{prefix}-{p}" for p in ("control", "agent", "validate")}
         carry = inp.carry or LoopCarry()
@@ -352,6 +359,16 @@ class WorkItemWorkflow:
 
     async def _control(self, name: str, arg: object, result_type: type | None = None) -> Any:
         try:
+            if self._local_control and name in LOCAL_CONTROL_ACTIVITIES:
+                # Short store writes run as local activities in the control worker that runs this workflow:
+                # no task-queue round trip through the server, and far fewer history events.
+                return await workflow.execute_local_activity(
+                    name,
+                    arg,
+                    start_to_close_timeout=CONTROL_TIMEOUT,
+                    retry_policy=CONTROL_RETRY,
+                    result_type=result_type or _RESULT_TYPES[name],
+                )
             return await workflow.execute_activity(
                 name,
                 arg,
