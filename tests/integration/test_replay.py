@@ -32,7 +32,13 @@ async def test_committed_histories_replay_deterministically(path: Path) -> None:
 
 
 def test_there_is_a_committed_history() -> None:
-    assert len(list(HISTORIES.glob("*.json"))) >= 2
+    assert len(list(HISTORIES.glob("*.json"))) >= 4
+
+
+def _version() -> str:
+    """CREWWORK_RECORD_HISTORY=v2 records *_v2.json; any other non-empty value records v1."""
+    value = os.environ.get("CREWWORK_RECORD_HISTORY", "")
+    return value if value.startswith("v") else "v1"
 
 
 async def _record_histories(crew: Crew, calc_repo: Path) -> None:  # pragma: no cover - a tool, not a check
@@ -47,13 +53,13 @@ async def _record_histories(crew: Crew, calc_repo: Path) -> None:  # pragma: no 
     await crew.service.review(row, ReviewDecision(action="approve"))
     await crew.result(wid)
     hist = await crew.client.get_workflow_handle(row.workflow_id).fetch_history()
-    (HISTORIES / "code_change_repair_review_v1.json").write_text(hist.to_json())
+    (HISTORIES / f"code_change_repair_review_{_version()}.json").write_text(hist.to_json())
     wid = await crew.submit({"kind": "task", "input": {"q": 1}, "agent": {"config": {"output": {"a": 1}}}})
     await crew.result(wid)
     row = await crew.store.get_work_item(wid)
     assert row is not None
     hist = await crew.client.get_workflow_handle(row.workflow_id).fetch_history()
-    (HISTORIES / "task_v1.json").write_text(hist.to_json())
+    (HISTORIES / f"task_{_version()}.json").write_text(hist.to_json())
 
 
 if os.environ.get("CREWWORK_RECORD_HISTORY"):  # defined only on request, so normal runs skip nothing
