@@ -36,6 +36,9 @@ from crewwork.store.store import Store, work_item_fence_key
 
 log = logging.getLogger("crewwork.activities.control")
 
+# How often `finish` re-issues its token when a zombie attempt superseded it between issue and write.
+FINISH_STALE_RETRIES = 5
+
 
 def _writer() -> str:
     try:
@@ -236,23 +239,34 @@ class ControlActivities:
 
     @activity.defn(name="finish")
     async def finish(self, inp: FinishInput) -> WriteOutcome:
-        token = await self.store.issue_token(work_item_fence_key(inp.work_item_id))
+        """Write the workflow's terminal decision. The workflow is the authority on the outcome, so a zombie
+        activity attempt that took a newer token in between must not leave the item open: on a stale result the
+        write is retried with a fresh token (a bounded number of times). Once the item is terminal every later
+        fenced write is rejected, zombies included."""
         r = inp.result
-        res = await self.store.set_state(
-            work_item_id=inp.work_item_id,
-            tenant_id=inp.tenant_id,
-            token=token,
-            state=r.state,
-            reason=r.reason,
-            writer=_writer(),
-            fields={
-                "result": r.model_dump(mode="json"),
-                "delivery_branch": r.delivery_branch,
-                "landed_commit": r.landed_commit,
-                "mock": r.mock,
-            },
-        )
-        return WriteOutcome(ok=res.ok, stale=res.stale, token=token)
+        token = 0
+        res = None
+        for _ in range(FINISH_STALE_RETRIES):
+            token = await self.store.issue_token(work_item_fence_key(inp.work_item_id))
+            res = await self.store.set_state(
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                token=token,
+                state=r.state,
+                reason=r.reason,
+                writer=_writer(),
+                fields={
+                    "result": r.model_dump(mode="json"),
+                    "delivery_branch": r.delivery_branch,
+                    "landed_commit": r.landed_commit,
+                    "mock": r.mock,
+                },
+            )
+            if res.ok or res.closed:
+                break
+        assert res is not None
+        # Already terminal (a retried finish whose first write landed): nothing left to do.
+        return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed), token=token)
 
     @activity.defn(name="cleanup")
     async def cleanup(self, inp: CleanupInput) -> None:

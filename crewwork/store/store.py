@@ -60,6 +60,8 @@ class WriteResult(Generic[T]):
     """False when the write was rejected because a newer token exists (nothing was changed)."""
     value: T | None = None
     current_token: int | None = None
+    closed: bool = False
+    """True when the write was rejected because the work item is already terminal."""
 
     @property
     def stale(self) -> bool:
@@ -437,7 +439,7 @@ class Store:
                         created_at=now,
                     )
                 )
-                return WriteResult(ok=False, current_token=current)
+                return WriteResult(ok=False, current_token=current, closed=True)
             value = await apply(s, now)
             return WriteResult(ok=True, value=value, current_token=current)
 
