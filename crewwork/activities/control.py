@@ -227,15 +227,10 @@ class ControlActivities:
         )
 
     async def _artifact_bytes(self, artifact_id: str) -> bytes:
-        from sqlalchemy import select
-
-        from crewwork.store.tables import Artifact
-
-        async with self.store.session() as s:
-            data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
+        data = await self.store.artifact_content(artifact_id)
         if data is None:
             raise bad_input(f"artifact {artifact_id} is missing")
-        return bytes(data)
+        return data
 
     @activity.defn(name="finish")
     async def finish(self, inp: FinishInput) -> WriteOutcome:

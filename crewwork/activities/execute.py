@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -95,13 +94,10 @@ class ExecuteActivities:
         return _ref(art)
 
     async def _artifact_bytes(self, artifact_id: str) -> bytes:
-        async with self.store.session() as s:
-            data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
+        data = await self.store.artifact_content(artifact_id)
         if data is None:
             raise bad_input(f"artifact {artifact_id} is missing")
-        return bytes(data)
-
-    # ------------------------------------------------------------------ agent
+        return data
 
     @activity.defn(name="run_agent")
     async def run_agent(self, inp: AgentStepInput) -> AgentOutcome:

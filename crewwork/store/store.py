@@ -703,6 +703,12 @@ class Store:
                 q = q.where(Artifact.tenant_id == tenant_id)
             return await s.scalar(q)
 
+    async def artifact_content(self, artifact_id: str) -> bytes | None:
+        """The bytes of an artifact (the content column is deferred everywhere else)."""
+        async with self.session() as s:
+            data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
+        return None if data is None else bytes(data)
+
     async def list_artifacts(self, work_item_id: str) -> list[Artifact]:
         async with self.session() as s:
             q = select(Artifact).where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
