@@ -48,6 +48,16 @@ def _ref(a: Artifact) -> ArtifactRef:
     return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
 
 
+def superseded(step: str, token: int, current: int | None) -> ApplicationError:
+    """This attempt's token was superseded mid-step by another attempt that started later (e.g. a zombie of an
+    earlier attempt that woke up and took the lease). If this attempt is still Temporal's current one, retrying
+    with a fresh token is right; if it is not, Temporal ignores its outcome anyway. Never a reason to end the item."""
+    return ApplicationError(
+        f"{step}: token {token} was superseded by token {current} during this attempt; retrying with a fresh token",
+        type="Superseded",
+    )
+
+
 def pick_sandbox(spec: SandboxSpec | None, settings: Settings) -> Sandbox:
     from crewwork.sandbox.registry import best_available, get_sandbox
 
@@ -130,6 +140,8 @@ class ExecuteActivities:
                 event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
             )
             if w.stale:
+                if not w.closed:
+                    raise superseded("run_agent", lease.token, w.current_token)
                 return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, stale=True, error="superseded")
             workspace: Path | None = None
             repo = Path(inp.repo_path) if inp.repo_path else None
@@ -236,6 +248,8 @@ class ExecuteActivities:
                     writer=f"run_agent#{info.attempt}",
                 )
                 if done.stale:
+                    if not done.closed:
+                        raise superseded("run_agent", lease.token, done.current_token)
                     outcome.stale = True
                 return outcome
             finally:
@@ -260,6 +274,8 @@ class ExecuteActivities:
                 event_data={"attempt": inp.attempt},
             )
             if w.stale:
+                if not w.closed:
+                    raise superseded("validate_change", lease.token, w.current_token)
                 return ValidationOutcome(passed=False, reason="superseded", cause="infrastructure", stale=True)
             outcome = await self._validate(inp, lease.token, lease.heartbeat)
             done = await record_step(
@@ -276,6 +292,8 @@ class ExecuteActivities:
                 writer=f"validate_change#{info.attempt}",
             )
             if done.stale:
+                if not done.closed:
+                    raise superseded("validate_change", lease.token, done.current_token)
                 outcome.stale = True
             return outcome
 
