@@ -75,11 +75,16 @@ async def test_workspace_lease_is_renewed_while_a_review_is_pending(
             result = await handle.result()
         assert result.state == "succeeded", result.reason
         history = await handle.fetch_history()
+        # renew_workspace runs as a local activity (a marker in the history), or as a regular activity in executions
+        # recorded before the local-control-activities patch.
         renewals = [
             e
             for e in history.events
-            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-            and e.activity_task_scheduled_event_attributes.activity_type.name == "renew_workspace"
+            if (
+                e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                and e.activity_task_scheduled_event_attributes.activity_type.name == "renew_workspace"
+            )
+            or (e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and b"renew_workspace" in e.SerializeToString())
         ]
         assert len(renewals) >= 4, f"expected a renewal every 2 minutes of the 10-minute wait, got {len(renewals)}"
     finally:
