@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,10 @@ class ExecutionLease:
     """Test-only fault injection: this attempt has stopped heartbeating and renewing (a zombie cut off from
     Temporal), but it still runs and still tries its writes, which the store must then reject."""
     details: list[Any] = field(default_factory=list)
+    started: WriteResult[None] | None = None
+    """The attempt's first write, made in the transaction that took the lease (see `execution_lease(start=...)`)."""
+    released: bool = False
+    """The lease was released together with the attempt's last write (`record_step(..., release=True)`)."""
 
     def holder(self) -> str:
         try:
@@ -70,33 +74,41 @@ class ExecutionLease:
 
 
 async def record_step(
-    lease: ExecutionLease, tenant_id: str, type_: str, data: dict[str, Any], writer: str
+    lease: ExecutionLease, tenant_id: str, type_: str, data: dict[str, Any], writer: str, *, release: bool = False
 ) -> WriteResult[None]:
     """A fenced event with the attempt's own lease token: what this attempt produced (its evidence refs).
 
     The event log then names the accepted attempt's artifacts; a superseded attempt's write is rejected and
-    recorded as `stale_write_rejected`, so its artifacts stay unreferenced."""
+    recorded as `stale_write_rejected`, so its artifacts stay unreferenced. With `release`, an accepted write also
+    releases the execution lease in its transaction (the attempt's last write: one transaction fewer)."""
 
-    async def _apply(s: Any, now: float) -> None:
+    async def _apply(s: Any, now: float, token: int) -> None:
         s.add(
             Event(
                 work_item_id=lease.work_item_id,
                 tenant_id=tenant_id,
                 type=type_,
                 data=mask_secrets(data),
-                token=lease.token,
+                token=token,
                 created_at=now,
             )
         )
 
-    return await lease.store.fenced_write(
+    res = await lease.store.fenced_write(
         key=work_item_fence_key(lease.work_item_id),
         token=lease.token,
         work_item_id=lease.work_item_id,
         tenant_id=tenant_id,
         writer=writer,
         apply=_apply,
+        release_lease=release,
     )
+    if release and res.ok:
+        lease.released = True
+    return res
+
+
+StartWrite = Callable[[str, float], Awaitable[WriteResult[None]]]
 
 
 @contextlib.asynccontextmanager
@@ -106,14 +118,22 @@ async def execution_lease(
     ttl_s: float,
     heartbeat_every_s: float = 2.0,
     workspace_ttl_s: float | None = None,
+    start: StartWrite | None = None,
 ) -> AsyncIterator[ExecutionLease]:
     """Supersede the work item's execution lease for this attempt and keep it alive while the body runs.
 
     With `workspace_ttl_s`, the renewals also keep the item's workspace leases (held by the work item id) alive, so
-    a long agent run or validation cannot let another item take the branch from under it."""
+    a long agent run or validation cannot let another item take the branch from under it. With `start(holder,
+    ttl_s)`, a fenced write that takes the lease itself (`Store.set_state(token=None, lease=...)`), the attempt's
+    first write and the lease are one transaction; its result is `lease.started`."""
     lease = ExecutionLease(store, work_item_id, ttl_s, heartbeat_every_s)
     key = work_item_fence_key(work_item_id)
-    token, _ = await store.acquire_lease(key, lease.holder(), ttl_s, supersede=True)
+    token: int | None
+    if start is not None:
+        lease.started = await start(lease.holder(), ttl_s)
+        token = lease.started.token
+    else:
+        token, _ = await store.acquire_lease(key, lease.holder(), ttl_s, supersede=True)
     assert token is not None
     lease.token = token
     work = asyncio.current_task()
@@ -121,7 +141,7 @@ async def execution_lease(
     async def keep_alive() -> None:
         while True:
             await asyncio.sleep(heartbeat_every_s)
-            if lease.partitioned:
+            if lease.partitioned or lease.released:
                 return
             lease.heartbeat()
             try:
@@ -131,7 +151,7 @@ async def execution_lease(
             except Exception as exc:  # a database blip must not kill the work; the next renewal retries
                 log.warning("lease renewal failed for %s: %s", key, exc)
                 continue
-            if not renewed:
+            if not renewed and not lease.released:
                 lease.lost = True
                 log.warning("lease %s token %s superseded: stopping this attempt's work", key, token)
                 if work is not None:
@@ -152,7 +172,8 @@ async def execution_lease(
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await keeper
-        await _release_with_retries(store, key, token)
+        if not lease.released:
+            await _release_with_retries(store, key, token)
 
 
 RELEASE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)

@@ -32,12 +32,9 @@ from crewwork.contracts import (
     WriteOutcome,
 )
 from crewwork.models import ArtifactRef, WorkItemState
-from crewwork.store.store import Store, work_item_fence_key
+from crewwork.store.store import Store
 
 log = logging.getLogger("crewwork.activities.control")
-
-# How often `finish` re-issues its token when a zombie attempt superseded it between issue and write.
-FINISH_STALE_RETRIES = 5
 
 
 def _writer() -> str:
@@ -55,7 +52,7 @@ class ControlActivities:
 
     @activity.defn(name="admit")
     async def admit(self, inp: AdmitInput) -> AdmitResult:
-        row = await self.store.get_work_item(inp.work_item_id, inp.tenant_id)
+        row, attempts = await self.store.work_item_with_attempts(inp.work_item_id, inp.tenant_id)
         if row is None:
             raise bad_input(f"work item {inp.work_item_id} is not in the store")
         b = inp.spec.budget
@@ -69,18 +66,17 @@ class ControlActivities:
             problems.append(f"budget.max_tokens {b.max_tokens} > ceiling {s.max_tokens_ceiling}")
         if b.max_cost_usd and b.max_cost_usd > s.max_cost_usd_ceiling:
             problems.append(f"budget.max_cost_usd {b.max_cost_usd} > ceiling {s.max_cost_usd_ceiling}")
-        attempts = await self.store.list_attempts(inp.work_item_id)
         fps = [a.fingerprint if a.verdict != "passed" else None for a in attempts]
         if problems:
             return AdmitResult(admitted=False, reason="; ".join(problems), past_fingerprints=fps)
         if WorkItemState(row.state).terminal:
             return AdmitResult(admitted=False, reason=f"already {row.state}", past_fingerprints=fps)
-        token = await self.store.issue_token(work_item_fence_key(inp.work_item_id))
         if row.state == WorkItemState.submitted.value:
+            # token=None: a fresh token issued inside the write's own transaction (see Store.fenced_write).
             await self.store.set_state(
                 work_item_id=inp.work_item_id,
                 tenant_id=inp.tenant_id,
-                token=token,
+                token=None,
                 state=WorkItemState.admitted,
                 reason="admitted",
                 writer=_writer(),
@@ -89,17 +85,16 @@ class ControlActivities:
 
     @activity.defn(name="set_state")
     async def set_state(self, inp: SetStateInput) -> WriteOutcome:
-        token = await self.store.issue_token(work_item_fence_key(inp.work_item_id))
         res = await self.store.set_state(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
-            token=token,
+            token=None,
             state=inp.state,
             reason=inp.reason,
             writer=_writer(),
             event_data={"attempt": inp.attempt} if inp.attempt is not None else None,
         )
-        return WriteOutcome(ok=res.ok, stale=res.stale, token=token)
+        return WriteOutcome(ok=res.ok, stale=res.stale, token=res.token or 0)
 
     @activity.defn(name="acquire_workspace")
     async def acquire_workspace(self, inp: WorkspaceLeaseInput) -> WorkspaceLeaseResult:
@@ -130,11 +125,10 @@ class ControlActivities:
 
     @activity.defn(name="record_attempt")
     async def record_attempt(self, inp: RecordInput) -> RecordResult:
-        token = await self.store.issue_token(work_item_fence_key(inp.work_item_id))
         res = await self.store.record_attempt(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
-            token=token,
+            token=None,
             number=inp.attempt,
             verdict=inp.verdict,
             reason=inp.reason,
@@ -144,26 +138,29 @@ class ControlActivities:
             validation=inp.validation.model_dump(mode="json") if inp.validation else None,
             writer=_writer(),
         )
-        attempts = await self.store.list_attempts(inp.work_item_id)
-        return RecordResult(
-            ok=res.ok,
-            stale=res.stale,
-            fingerprints=[a.fingerprint if a.verdict != "passed" else None for a in attempts],
-        )
+        if res.value is not None:
+            fingerprints = res.value
+        else:  # rejected (the item is closed): report the recorded history as it stands
+            fingerprints = [
+                a.fingerprint if a.verdict != "passed" else None
+                for a in await self.store.list_attempts(inp.work_item_id)
+            ]
+        return RecordResult(ok=res.ok, stale=res.stale, fingerprints=fingerprints)
 
     @activity.defn(name="land_change")
     async def land_change(self, inp: LandInput) -> LandResult:
-        token = await self.store.issue_token(work_item_fence_key(inp.work_item_id))
         res = await self.store.set_state(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
-            token=token,
+            token=None,
             state=WorkItemState.landing,
             reason="landing",
             writer=_writer(),
         )
         if res.stale:
             raise ApplicationError("a newer writer superseded this landing", type="StaleWrite")
+        assert res.token is not None
+        token = res.token
         diff = (await self._artifact_bytes(inp.diff_ref.id)).decode()
         repo = Path(inp.repo_path)
         if inp.workspace_token is not None and inp.workspace_key:
@@ -234,34 +231,26 @@ class ControlActivities:
 
     @activity.defn(name="finish")
     async def finish(self, inp: FinishInput) -> WriteOutcome:
-        """Write the workflow's terminal decision. The workflow is the authority on the outcome, so a zombie
-        activity attempt that took a newer token in between must not leave the item open: on a stale result the
-        write is retried with a fresh token (a bounded number of times). Once the item is terminal every later
-        fenced write is rejected, zombies included."""
+        """Write the workflow's terminal decision. The workflow is the authority on the outcome, so the write takes
+        its token inside its own transaction: no zombie attempt can slip a newer token in between, and once the item
+        is terminal every later fenced write is rejected, zombies included."""
         r = inp.result
-        token = 0
-        res = None
-        for _ in range(FINISH_STALE_RETRIES):
-            token = await self.store.issue_token(work_item_fence_key(inp.work_item_id))
-            res = await self.store.set_state(
-                work_item_id=inp.work_item_id,
-                tenant_id=inp.tenant_id,
-                token=token,
-                state=r.state,
-                reason=r.reason,
-                writer=_writer(),
-                fields={
-                    "result": r.model_dump(mode="json"),
-                    "delivery_branch": r.delivery_branch,
-                    "landed_commit": r.landed_commit,
-                    "mock": r.mock,
-                },
-            )
-            if res.ok or res.closed:
-                break
-        assert res is not None
+        res = await self.store.set_state(
+            work_item_id=inp.work_item_id,
+            tenant_id=inp.tenant_id,
+            token=None,
+            state=r.state,
+            reason=r.reason,
+            writer=_writer(),
+            fields={
+                "result": r.model_dump(mode="json"),
+                "delivery_branch": r.delivery_branch,
+                "landed_commit": r.landed_commit,
+                "mock": r.mock,
+            },
+        )
         # Already terminal (a retried finish whose first write landed): nothing left to do.
-        return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed), token=token)
+        return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed), token=res.token or 0)
 
     @activity.defn(name="cleanup")
     async def cleanup(self, inp: CleanupInput) -> None:

@@ -34,7 +34,7 @@ from crewwork.models import (
 )
 from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
 from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
-from crewwork.store.store import Store
+from crewwork.store.store import Store, WriteResult
 from crewwork.store.tables import Artifact
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
@@ -127,18 +127,29 @@ class ExecuteActivities:
             agent_cls.validate_config(spec.kind, config)
         except AgentConfigError as exc:
             raise bad_input(str(exc)) from exc
-        async with execution_lease(
-            self.store, inp.work_item_id, self.settings.lease_ttl_s, workspace_ttl_s=self.settings.lease_ttl_s * 10
-        ) as lease:
-            w = await self.store.set_state(
+
+        async def start(holder: str, ttl_s: float) -> WriteResult[None]:
+            # The execution lease and the attempt's first state in one transaction (fresh token, see Store).
+            return await self.store.set_state(
                 work_item_id=inp.work_item_id,
                 tenant_id=inp.tenant_id,
-                token=lease.token,
+                token=None,
                 state=WorkItemState.running,
                 reason=f"attempt {inp.attempt}: agent {spec.agent.name} running",
                 writer=f"run_agent#{info.attempt}",
                 event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
+                lease=(holder, ttl_s),
             )
+
+        async with execution_lease(
+            self.store,
+            inp.work_item_id,
+            self.settings.lease_ttl_s,
+            workspace_ttl_s=self.settings.lease_ttl_s * 10,
+            start=start,
+        ) as lease:
+            w = lease.started
+            assert w is not None
             if w.stale:
                 if not w.closed:
                     raise superseded("run_agent", lease.token, w.current_token)
@@ -246,6 +257,7 @@ class ExecuteActivities:
                         "transcript_ref": outcome.transcript_ref.id if outcome.transcript_ref else None,
                     },
                     writer=f"run_agent#{info.attempt}",
+                    release=workspace is None,
                 )
                 if done.stale:
                     if not done.closed:
@@ -261,18 +273,28 @@ class ExecuteActivities:
     @activity.defn(name="validate_change")
     async def validate_change(self, inp: ValidateInput) -> ValidationOutcome:
         info = activity.info()
-        async with execution_lease(
-            self.store, inp.work_item_id, self.settings.lease_ttl_s, workspace_ttl_s=self.settings.lease_ttl_s * 10
-        ) as lease:
-            w = await self.store.set_state(
+
+        async def start(holder: str, ttl_s: float) -> WriteResult[None]:
+            return await self.store.set_state(
                 work_item_id=inp.work_item_id,
                 tenant_id=inp.tenant_id,
-                token=lease.token,
+                token=None,
                 state=WorkItemState.validating,
                 reason=f"attempt {inp.attempt}: validating",
                 writer=f"validate_change#{info.attempt}",
                 event_data={"attempt": inp.attempt},
+                lease=(holder, ttl_s),
             )
+
+        async with execution_lease(
+            self.store,
+            inp.work_item_id,
+            self.settings.lease_ttl_s,
+            workspace_ttl_s=self.settings.lease_ttl_s * 10,
+            start=start,
+        ) as lease:
+            w = lease.started
+            assert w is not None
             if w.stale:
                 if not w.closed:
                     raise superseded("validate_change", lease.token, w.current_token)
@@ -290,6 +312,7 @@ class ExecuteActivities:
                     "log_ref": outcome.log_ref.id if outcome.log_ref else None,
                 },
                 writer=f"validate_change#{info.attempt}",
+                release=True,
             )
             if done.stale:
                 if not done.closed:

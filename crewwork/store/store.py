@@ -62,6 +62,8 @@ class WriteResult(Generic[T]):
     current_token: int | None = None
     closed: bool = False
     """True when the write was rejected because the work item is already terminal."""
+    token: int | None = None
+    """The token the write presented (the one issued inside the write when the caller asked for a fresh one)."""
 
     @property
     def stale(self) -> bool:
@@ -336,6 +338,22 @@ class Store:
             q = q.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit)
             return list((await s.scalars(q)).all())
 
+    async def work_item_with_attempts(
+        self, work_item_id: str, tenant_id: str | None = None
+    ) -> tuple[WorkItem | None, list[Attempt]]:
+        """A work item and its attempts in one transaction (what admission reads)."""
+        async with self.session() as s:
+            q = select(WorkItem).where(WorkItem.id == work_item_id)
+            if tenant_id is not None:
+                q = q.where(WorkItem.tenant_id == tenant_id)
+            row = await s.scalar(q)
+            if row is None:
+                return None, []
+            attempts = await s.scalars(
+                select(Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
+            )
+            return row, list(attempts.all())
+
     async def list_attempts(self, work_item_id: str) -> list[Attempt]:
         async with self.session() as s:
             q = select(Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
@@ -395,18 +413,39 @@ class Store:
         self,
         *,
         key: str,
-        token: int,
+        token: int | None,
         work_item_id: str,
         tenant_id: str,
         writer: str,
-        apply: Callable[[AsyncSession, float], Awaitable[T]],
+        apply: Callable[[AsyncSession, float, int], Awaitable[T]],
+        lease: tuple[str, float] | None = None,
+        release_lease: bool = False,
     ) -> WriteResult[T]:
-        """Run `apply(session, db_now)` only if `token` is still the newest issued for `key`.
+        """Run `apply(session, db_now, token)` only if `token` is still the newest issued for `key`.
+
+        `token=None` issues a fresh token inside this write's own transaction (the writer is then the newest by
+        construction, and issuing locks the fence row exactly as the check does): one transaction instead of two
+        for a writer that takes a token just to write once (the control activities).
+
+        `lease=(holder, ttl_s)` (with `token=None`) also takes the lease on `key` for `holder` under the new token,
+        superseding any holder, in the same transaction: an activity attempt's start (take the execution lease, write
+        its first state) in one transaction. `release_lease` releases the lease `token` holds on `key` together with
+        an accepted write: an attempt's last write and its release in one transaction.
 
         A stale write changes nothing but an appended `stale_write_rejected` event naming both tokens."""
+        if lease is not None and token is not None:
+            raise ValueError("fenced_write: taking a lease needs a fresh token (token=None)")
         async with self.session() as s:
-            current = await s.scalar(select(Fence.token).where(Fence.key == key).with_for_update())
-            now = await self._now(s)
+            current: int | None
+            if token is None:
+                token = current = await self._issue(s, key)
+            else:
+                current = await s.scalar(select(Fence.token).where(Fence.key == key).with_for_update())
+            # The item's state and the database clock in one round trip, after the fence row is locked.
+            row = (await s.execute(select(WorkItem.state, self._now_sql()).where(WorkItem.id == work_item_id))).first()
+            now = float(row[1]) if row is not None else await self._now(s)
+            if lease is not None:
+                await self._take_lease(s, key, lease[0], lease[1], token, now)
             if current is None or token < current:
                 s.add(
                     Event(
@@ -423,11 +462,11 @@ class Store:
                         created_at=now,
                     )
                 )
-                return WriteResult(ok=False, current_token=current)
+                return WriteResult(ok=False, current_token=current, token=token)
             # A terminal work item is closed. A zombie activity attempt that only *starts* after its item finished
             # (e.g. its process was SIGSTOPped before it took its lease) is issued a token newer than every write
             # so far; without this check its "running" write would reopen a finished item (found by the chaos soak).
-            closed = await s.scalar(select(WorkItem.state).where(WorkItem.id == work_item_id))
+            closed = row[0] if row is not None else None
             if closed is not None and WorkItemState(closed).terminal:
                 s.add(
                     Event(
@@ -439,23 +478,26 @@ class Store:
                         created_at=now,
                     )
                 )
-                return WriteResult(ok=False, current_token=current, closed=True)
-            value = await apply(s, now)
-            return WriteResult(ok=True, value=value, current_token=current)
+                return WriteResult(ok=False, current_token=current, closed=True, token=token)
+            value = await apply(s, now, token)
+            if release_lease:
+                await self._release(s, key, token, None, now)
+            return WriteResult(ok=True, value=value, current_token=current, token=token)
 
     async def set_state(
         self,
         *,
         work_item_id: str,
         tenant_id: str,
-        token: int,
+        token: int | None,
         state: WorkItemState,
         reason: str | None = None,
         writer: str,
         fields: dict[str, Any] | None = None,
         event_data: dict[str, Any] | None = None,
+        lease: tuple[str, float] | None = None,
     ) -> WriteResult[None]:
-        async def _apply(s: AsyncSession, now: float) -> None:
+        async def _apply(s: AsyncSession, now: float, token: int) -> None:
             values: dict[str, Any] = {"state": state.value, "updated_at": now, "state_token": token}
             if reason is not None:
                 values["reason"] = reason
@@ -502,6 +544,7 @@ class Store:
             tenant_id=tenant_id,
             writer=writer,
             apply=_apply,
+            lease=lease,
         )
 
     async def record_attempt(
@@ -509,7 +552,7 @@ class Store:
         *,
         work_item_id: str,
         tenant_id: str,
-        token: int,
+        token: int | None,
         number: int,
         verdict: str,
         reason: str,
@@ -518,10 +561,13 @@ class Store:
         agent: dict[str, Any] | None,
         validation: dict[str, Any] | None,
         writer: str,
-    ) -> WriteResult[None]:
-        """Insert or replace attempt `number`'s record (a retried record activity overwrites its own attempt)."""
+    ) -> WriteResult[list[str | None]]:
+        """Insert or replace attempt `number`'s record (a retried record activity overwrites its own attempt).
 
-        async def _apply(s: AsyncSession, now: float) -> None:
+        The accepted write's value is the item's failure fingerprints in attempt order (None for a passed attempt),
+        read in the same transaction: what the workflow's same-cause breaker needs."""
+
+        async def _apply(s: AsyncSession, now: float, token: int) -> list[str | None]:
             existing = await s.scalar(
                 select(Attempt).where(Attempt.work_item_id == work_item_id, Attempt.number == number)
             )
@@ -572,6 +618,15 @@ class Store:
                     created_at=now,
                 )
             )
+            await s.flush()
+            rows = (
+                await s.execute(
+                    select(Attempt.verdict, Attempt.fingerprint)
+                    .where(Attempt.work_item_id == work_item_id)
+                    .order_by(Attempt.number)
+                )
+            ).all()
+            return [fp if v != "passed" else None for v, fp in rows]
 
         return await self.fenced_write(
             key=work_item_fence_key(work_item_id),
@@ -599,24 +654,33 @@ class Store:
             if row is not None and not supersede and row.holder != holder and row.expires_at > now:
                 # Undo nothing: the issued token is simply never used; tokens need only be increasing, not dense.
                 return None, row.holder
-            if row is not None:
-                await s.execute(
-                    update(LeaseHistory)
-                    .where(
-                        LeaseHistory.key == key,
-                        LeaseHistory.token == row.token,
-                        LeaseHistory.ended_at.is_(None),
-                    )
-                    .values(
-                        ended_at=min(now, row.expires_at),
-                        end_reason="superseded" if row.expires_at > now else "expired",
-                    )
-                )
-                row.holder, row.token, row.acquired_at, row.expires_at = holder, token, now, now + ttl_s
-            else:
-                s.add(Lease(key=key, holder=holder, token=token, acquired_at=now, expires_at=now + ttl_s))
-            s.add(LeaseHistory(key=key, holder=holder, token=token, acquired_at=now))
+            await self._take_lease(s, key, holder, ttl_s, token, now, row)
             return token, None
+
+    async def _take_lease(
+        self, s: AsyncSession, key: str, holder: str, ttl_s: float, token: int, now: float, row: Lease | None = None
+    ) -> None:
+        """Make `holder` the lease's holder under `token` (the fence row of `key` is already locked by the caller's
+        token issue), closing the previous holder's history row."""
+        if row is None:
+            row = await s.scalar(select(Lease).where(Lease.key == key).with_for_update())
+        if row is not None:
+            await s.execute(
+                update(LeaseHistory)
+                .where(
+                    LeaseHistory.key == key,
+                    LeaseHistory.token == row.token,
+                    LeaseHistory.ended_at.is_(None),
+                )
+                .values(
+                    ended_at=min(now, row.expires_at),
+                    end_reason="superseded" if row.expires_at > now else "expired",
+                )
+            )
+            row.holder, row.token, row.acquired_at, row.expires_at = holder, token, now, now + ttl_s
+        else:
+            s.add(Lease(key=key, holder=holder, token=token, acquired_at=now, expires_at=now + ttl_s))
+        s.add(LeaseHistory(key=key, holder=holder, token=token, acquired_at=now))
 
     async def renew_lease(self, key: str, token: int, ttl_s: float) -> bool:
         """Extend the lease if `token` still holds it. False means it was lost: the holder must stop its work."""
@@ -631,20 +695,22 @@ class Store:
 
     async def release_lease(self, key: str, token: int | None = None, holder: str | None = None) -> bool:
         async with self.session() as s:
-            now = await self._now(s)
-            q = delete(Lease).where(Lease.key == key)
-            if token is not None:
-                q = q.where(Lease.token == token)
-            if holder is not None:
-                q = q.where(Lease.holder == holder)
-            rows = (await s.execute(q.returning(Lease.token))).scalars().all()
-            for t in rows:
-                await s.execute(
-                    update(LeaseHistory)
-                    .where(LeaseHistory.key == key, LeaseHistory.token == t, LeaseHistory.ended_at.is_(None))
-                    .values(ended_at=now, end_reason="released")
-                )
-            return bool(rows)
+            return await self._release(s, key, token, holder, await self._now(s))
+
+    async def _release(self, s: AsyncSession, key: str, token: int | None, holder: str | None, now: float) -> bool:
+        q = delete(Lease).where(Lease.key == key)
+        if token is not None:
+            q = q.where(Lease.token == token)
+        if holder is not None:
+            q = q.where(Lease.holder == holder)
+        rows = (await s.execute(q.returning(Lease.token))).scalars().all()
+        for t in rows:
+            await s.execute(
+                update(LeaseHistory)
+                .where(LeaseHistory.key == key, LeaseHistory.token == t, LeaseHistory.ended_at.is_(None))
+                .values(ended_at=now, end_reason="released")
+            )
+        return bool(rows)
 
     async def renew_leases_held_by(self, holder: str, key_prefix: str, ttl_s: float) -> int:
         """Extend (never shorten) every unexpired lease `holder` holds under `key_prefix`. Returns how many."""
