@@ -44,23 +44,20 @@ from bench.harness import (
 )
 from crewwork.config import Settings
 from crewwork.models import WorkItemResult, WorkItemSpec
+from crewwork.workers.pools import worker_tuning
 
 
 async def bare_round(client: Client, settings: Settings, sequence: list[str], n: int) -> dict[str, Any]:
     prefix = f"bare{uuid.uuid4().hex[:6]}"
     queues = [f"{prefix}-{p}" for p in sequence]
-    conc = {
-        "control": settings.control_concurrency,
-        "agent": settings.agent_concurrency,
-        "validate": settings.validate_concurrency,
-    }
     workers = [
         Worker(
             client,
             task_queue=f"{prefix}-{p}",
             workflows=[BareWorkflow] if p == "control" else [],
             activities=[bare_noop],
-            max_concurrent_activities=conc[p],
+            # The same slots and pollers as crewwork's pool of that name.
+            **worker_tuning(p, settings),
         )
         for p in ("control", "agent", "validate")
     ]

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
     agent_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, agent pool.")
     validate_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, validate pool.")
+    workflow_task_pollers: int = Field(
+        default=10,
+        ge=2,
+        description="Concurrent workflow-task polls of a control-pool process (half for new work items, half sticky).",
+    )
     log_level: str = Field(default="INFO", description="Python log level.")
 
     def resolved_database_url(self) -> str:
