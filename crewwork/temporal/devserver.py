@@ -23,6 +23,9 @@ SEARCH_ATTRIBUTES = {
 }
 
 
+SQLITE_PRAGMAS = ("journal_mode=wal", "synchronous=normal")
+
+
 class DevServerError(RuntimeError):
     pass
 
@@ -96,6 +99,11 @@ class DevServer:
             "--log-format",
             "json",
         ]
+        # The dev server's SQLite file in WAL mode with synchronous=NORMAL: a committed transition survives a crash
+        # of the server process (the WAL is in the OS's hands), only a power loss can lose the last few, and the
+        # server spends ~25% less CPU per work item than with a full fsync per transition (bench/trace.py).
+        for pragma in SQLITE_PRAGMAS:
+            cmd += ["--sqlite-pragma", pragma]
         if self.ui:
             cmd += ["--ui-port", str(self.ui_port)]
         else:
