@@ -87,6 +87,10 @@ PATCH_LOCAL_CONTROL = "local-control-activities"
 LOCAL_CONTROL_ACTIVITIES = frozenset(
     {"admit", "set_state", "acquire_workspace", "renew_workspace", "release_workspace", "record_attempt", "finish"}
 )
+# New executions (one marker instead of two): local control activities as above, and no search-attribute upsert
+# for transient states (`admitted` right after admission, a state equal to the last one upserted). Each upsert is a
+# history event and a visibility write on the server. Histories recorded before replay the old way.
+PATCH_LEAN_HISTORY = "lean-history"
 # Attempts per workflow run before continue-as-new (Temporal may suggest it sooner).
 ATTEMPTS_PER_RUN = 20
 
@@ -109,6 +113,8 @@ class WorkItemWorkflow:
         self._queues: dict[str, str] = {}
         self._continuing = False
         self._local_control = False
+        self._lean = False
+        self._sa_state: str | None = None
 
     # ------------------------------------------------------------------ interface
 
@@ -136,7 +142,9 @@ class WorkItemWorkflow:
     @workflow.run
     async def run(self, inp: WorkItemInput) -> WorkItemResult:
         spec = inp.spec
-        self._local_control = workflow.patched(PATCH_LOCAL_CONTROL)
+        # `or` keeps new executions at one patch marker: `lean-history` implies local control activities.
+        self._lean = workflow.patched(PATCH_LEAN_HISTORY)
+        self._local_control = self._lean or workflow.patched(PATCH_LOCAL_CONTROL)
         prefix = workflow.info().task_queue.rsplit("-", 1)[0]
         self._queues = {p: f"{prefix}-{p}" for p in ("control", "agent", "validate")}
         carry = inp.carry or LoopCarry()
@@ -154,7 +162,7 @@ class WorkItemWorkflow:
             )
             if not admit.admitted:
                 return await self._finish(inp, WorkItemState.failed, f"not admitted: {admit.reason}")
-            self._set(WorkItemState.admitted, "admitted")
+            self._set(WorkItemState.admitted, "admitted", upsert=not self._lean)
             if spec.kind == WorkItemKind.task:
                 return await self._run_task(inp, carry)
             assert spec.repo is not None and inp.repo_path and inp.base_commit
@@ -598,12 +606,15 @@ class WorkItemWorkflow:
         except _Dead:
             workflow.logger.warning("cleanup of %s failed", inp.work_item_id)
 
-    def _set(self, state: WorkItemState, detail: str, attempt: int | None = None) -> None:
+    def _set(self, state: WorkItemState, detail: str, attempt: int | None = None, upsert: bool = True) -> None:
         assert self._status is not None
         self._status.state = state
         self._status.detail = detail
         if attempt is not None:
             self._status.attempt = attempt
+        if self._lean and (not upsert or state.value == self._sa_state):
+            return
+        self._sa_state = state.value
         if _search_attributes_enabled():
             try:
                 workflow.upsert_search_attributes([SA_STATE.value_set(state.value)])
