@@ -246,3 +246,49 @@ def rss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
+
+
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used so far; 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def postgres_cpu_s() -> float:
+    """CPU seconds used so far by every PostgreSQL server process on this host (backends come and go, so only a
+    difference over a run where no backend exited is exact; pools keep their connections open)."""
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip() in ("postgres", "postmaster"):
+                    total += proc_cpu_s(int(d.name))
+            except OSError:
+                continue
+    return total
+
+
+class CpuMeter:
+    """CPU seconds used during a block by: this process, the Temporal server, PostgreSQL."""
+
+    def __init__(self, temporal_pid: int) -> None:
+        self.temporal_pid = temporal_pid
+        self.used: dict[str, float] = {}
+
+    def __enter__(self) -> CpuMeter:
+        self._start = (time.process_time(), proc_cpu_s(self.temporal_pid), postgres_cpu_s())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        me, t, pg = self._start
+        self.used = {
+            "bench_process": time.process_time() - me,
+            "temporal": proc_cpu_s(self.temporal_pid) - t,
+            "postgres": postgres_cpu_s() - pg,
+        }
+
+    def per_item_ms(self, n: int) -> dict[str, float]:
+        return {k: 1000 * v / n for k, v in self.used.items()}

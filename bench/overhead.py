@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +32,7 @@ from temporalio.worker import Worker
 
 from bench.bare import CODE_CHANGE_SEQUENCE, TASK_SEQUENCE, BareWorkflow, bare_noop
 from bench.harness import (
+    CpuMeter,
     bench_settings,
     code_change_spec,
     dev_server,
@@ -47,7 +49,9 @@ from crewwork.models import WorkItemResult, WorkItemSpec
 from crewwork.workers.pools import worker_tuning
 
 
-async def bare_round(client: Client, settings: Settings, sequence: list[str], n: int) -> dict[str, Any]:
+async def bare_round(
+    client: Client, settings: Settings, sequence: list[str], n: int, temporal_pid: int = 0
+) -> dict[str, Any]:
     prefix = f"bare{uuid.uuid4().hex[:6]}"
     queues = [f"{prefix}-{p}" for p in sequence]
     workers = [
@@ -72,16 +76,23 @@ async def bare_round(client: Client, settings: Settings, sequence: list[str], n:
     for w in workers:
         await w.__aenter__()
     try:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.perf_counter() - t0
+        with CpuMeter(temporal_pid) as cpu:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(n)))
+            wall = time.perf_counter() - t0
     finally:
         for w in workers:
             await w.__aexit__(None, None, None)
-    return {"items": n, "wall_s": wall, "items_per_s": n / wall, "latency_s": summary(lat)}
+    return {
+        "items": n,
+        "wall_s": wall,
+        "items_per_s": n / wall,
+        "latency_s": summary(lat),
+        "cpu_ms_per_item": cpu.per_item_ms(n),
+    }
 
 
-async def crew_round(service: Any, tenant: str, specs: list[dict[str, Any]]) -> dict[str, Any]:
+async def crew_round(service: Any, tenant: str, specs: list[dict[str, Any]], temporal_pid: int = 0) -> dict[str, Any]:
     lat: list[float] = []
     states: dict[str, int] = {}
 
@@ -93,11 +104,19 @@ async def crew_round(service: Any, tenant: str, specs: list[dict[str, Any]]) -> 
         lat.append(time.perf_counter() - t0)
         states[res.state.value] = states.get(res.state.value, 0) + 1
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(s) for s in specs))
-    wall = time.perf_counter() - t0
+    with CpuMeter(temporal_pid) as cpu:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(s) for s in specs))
+        wall = time.perf_counter() - t0
     n = len(specs)
-    return {"items": n, "wall_s": wall, "items_per_s": n / wall, "latency_s": summary(lat), "states": states}
+    return {
+        "items": n,
+        "wall_s": wall,
+        "items_per_s": n / wall,
+        "latency_s": summary(lat),
+        "states": states,
+        "cpu_ms_per_item": cpu.per_item_ms(n),
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -118,6 +137,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             if args.changes:
                 kinds.append(("code_change", CODE_CHANGE_SEQUENCE, args.changes))
             out: dict[str, Any] = {"settings": {"concurrency": args.concurrency, "sandbox": args.sandbox}}
+            tpid = server.proc.pid if server.proc else 0
             async with in_process_pools(settings) as (service, _store, tenant):
                 client = service.client
                 # Warm-up: first workflow tasks, imports, connections.
@@ -126,7 +146,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for kind, seq, n in kinds:
                     rounds: dict[str, list[dict[str, Any]]] = {"bare": [], "crewwork": []}
                     for r in range(args.rounds):
-                        rounds["bare"].append(await bare_round(client, settings, seq, n))
+                        rounds["bare"].append(await bare_round(client, settings, seq, n, tpid))
                         if kind == "task":
                             specs = [task_spec() for _ in range(n)]
                         else:
@@ -134,15 +154,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                 code_change_spec(make_repo(root / f"repos/r{r}-{i}", {"README": "x\n"}))
                                 for i in range(n)
                             ]
-                        rounds["crewwork"].append(await crew_round(service, tenant, specs))
+                        rounds["crewwork"].append(await crew_round(service, tenant, specs, tpid))
                         b, c = rounds["bare"][-1], rounds["crewwork"][-1]
                         print(
                             f"{kind} round {r + 1}: bare {b['items_per_s']:.1f}/s p50 {b['latency_s']['p50']:.3f}s"
-                            f" | crewwork {c['items_per_s']:.1f}/s p50 {c['latency_s']['p50']:.3f}s {c['states']}",
+                            f" | crewwork {c['items_per_s']:.1f}/s p50 {c['latency_s']['p50']:.3f}s {c['states']}"
+                            f" | CPU ms/item bare {_cpu(b)} crewwork {_cpu(c)}",
                             flush=True,
                         )
                     out[kind] = {"activities_per_item": len(seq), **rounds}
     return out
+
+
+def _cpu(r: dict[str, Any]) -> str:
+    c = r["cpu_ms_per_item"]
+    return f"(py {c['bench_process']:.0f}, temporal {c['temporal']:.0f}, pg {c['postgres']:.0f})"
 
 
 def best(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -177,7 +203,21 @@ def render(out: dict[str, Any]) -> str:
             "p95": c["latency_s"]["p95"] / b["latency_s"]["p95"],
             "p99": c["latency_s"]["p99"] / b["latency_s"]["p99"],
         }
-    return table(["kind", "run", "items", "items/s", "p50 s", "p95 s", "p99 s"], rows)
+    cpu_rows = []
+    for kind in ("task", "code_change"):
+        if kind not in out:
+            continue
+        for name, key in (("bare Temporal", "bare"), ("crewwork", "crewwork")):
+            # CPU per item, median over rounds: steadier than throughput on a shared machine.
+            per = [r["cpu_ms_per_item"] for r in out[kind][key]]
+            med = {k: statistics.median(p[k] for p in per) for k in ("bench_process", "temporal", "postgres")}
+            out[kind].setdefault("cpu_ms_per_item_median", {})[key] = med
+            cpu_rows.append([kind, name, med["bench_process"], med["temporal"], med["postgres"], sum(med.values())])
+    return (
+        table(["kind", "run", "items", "items/s", "p50 s", "p95 s", "p99 s"], rows)
+        + "\n\nCPU per item, ms (median over rounds; Python = the one process running the workers and the client)\n"
+        + table(["kind", "run", "Python", "Temporal server", "PostgreSQL", "total"], cpu_rows)
+    )
 
 
 def main() -> None:
