@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -73,14 +74,19 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
     lines: list[str] = []
     try:
         assert proc.stdout is not None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C stops everything" in line:
-                break
+        # Read the stack's output for its whole life: a pipe nobody drains fills up and blocks the writer.
+        ready = threading.Event()
+
+        def drain() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if "Ctrl-C stops everything" in line:
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        ready.wait(120)
         text = "".join(lines)
         assert "crewwork is running" in text, text
         assert f"http://127.0.0.1:{api_port}" in text and f"http://127.0.0.1:{ui_port}" in text
@@ -122,8 +128,15 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
+            alive = {pool: _pool_pids(pool, tmp_path) for pool in ("control", "agent", "validate")}
             os.killpg(proc.pid, signal.SIGKILL)
-            raise
+            logs = "".join(
+                f"\n--- {f.name} (tail)\n" + f.read_text(errors="replace")[-2000:]
+                for f in sorted((tmp_path / "data" / "logs").glob("*.log"))
+            )
+            pytest.fail(
+                f"`crewwork dev` did not stop within 60 s; pools still alive: {alive}\n{''.join(lines[-40:])}{logs}"
+            )
     assert proc.returncode == 0
     time.sleep(0.5)
     assert not _pool_pids("agent", tmp_path) and not _pool_pids("control", tmp_path), "no process may be left behind"
