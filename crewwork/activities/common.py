@@ -20,7 +20,6 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork.store.store import Store, WriteResult, mask_secrets, work_item_fence_key
-from crewwork.store.tables import Event
 
 log = logging.getLogger("crewwork.activities")
 
@@ -83,15 +82,14 @@ async def record_step(
     releases the execution lease in its transaction (the attempt's last write: one transaction fewer)."""
 
     async def _apply(s: Any, now: float, token: int) -> None:
-        s.add(
-            Event(
-                work_item_id=lease.work_item_id,
-                tenant_id=tenant_id,
-                type=type_,
-                data=mask_secrets(data),
-                token=token,
-                created_at=now,
-            )
+        await lease.store._insert_event(
+            s,
+            work_item_id=lease.work_item_id,
+            tenant_id=tenant_id,
+            type=type_,
+            data=mask_secrets(data),
+            token=token,
+            created_at=now,
         )
 
     res = await lease.store.fenced_write(

@@ -52,9 +52,6 @@ class ControlActivities:
 
     @activity.defn(name="admit")
     async def admit(self, inp: AdmitInput) -> AdmitResult:
-        row, attempts = await self.store.work_item_with_attempts(inp.work_item_id, inp.tenant_id)
-        if row is None:
-            raise bad_input(f"work item {inp.work_item_id} is not in the store")
         b = inp.spec.budget
         s = self.settings
         problems = []
@@ -66,21 +63,18 @@ class ControlActivities:
             problems.append(f"budget.max_tokens {b.max_tokens} > ceiling {s.max_tokens_ceiling}")
         if b.max_cost_usd and b.max_cost_usd > s.max_cost_usd_ceiling:
             problems.append(f"budget.max_cost_usd {b.max_cost_usd} > ceiling {s.max_cost_usd_ceiling}")
-        fps = [a.fingerprint if a.verdict != "passed" else None for a in attempts]
         if problems:
-            return AdmitResult(admitted=False, reason="; ".join(problems), past_fingerprints=fps)
-        if WorkItemState(row.state).terminal:
-            return AdmitResult(admitted=False, reason=f"already {row.state}", past_fingerprints=fps)
-        if row.state == WorkItemState.submitted.value:
-            # token=None: a fresh token issued inside the write's own transaction (see Store.fenced_write).
-            await self.store.set_state(
-                work_item_id=inp.work_item_id,
-                tenant_id=inp.tenant_id,
-                token=None,
-                state=WorkItemState.admitted,
-                reason="admitted",
-                writer=_writer(),
-            )
+            if await self.store.get_work_item(inp.work_item_id, inp.tenant_id) is None:
+                raise bad_input(f"work item {inp.work_item_id} is not in the store")
+            return AdmitResult(admitted=False, reason="; ".join(problems))
+        # One transaction: a fresh token, submitted -> admitted, and the attempts so far (Store.admit).
+        res = await self.store.admit(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, writer=_writer())
+        if res.missing:
+            raise bad_input(f"work item {inp.work_item_id} is not in the store")
+        if res.closed:
+            return AdmitResult(admitted=False, reason=f"already {res.state}")
+        attempts = res.value or []
+        fps = [fp if verdict != "passed" else None for verdict, fp in attempts]
         return AdmitResult(admitted=True, past_fingerprints=fps, attempts_recorded=len(attempts))
 
     @activity.defn(name="set_state")

@@ -72,8 +72,10 @@ async def enqueue(
 ) -> int:
     """Insert one outbox row per active webhook of the tenant that wants `event_type`. Call inside the change's
     transaction. Returns the number of rows written."""
+    # Core, not the ORM: this runs inside every state change's transaction.
+    conn = await s.connection()
     hooks = (
-        await s.execute(
+        await conn.execute(
             select(Webhook.id, Webhook.event_types).where(Webhook.tenant_id == tenant_id, Webhook.active.is_(True))
         )
     ).all()
