@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -68,6 +69,11 @@ class Settings(BaseSettings):
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
     agent_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, agent pool.")
     validate_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, validate pool.")
+    workflow_sandbox: Literal["full", "passthrough", "off"] = Field(
+        default="off",
+        description="Temporal's workflow sandbox in the control pool: `full`, `passthrough` (crewwork's modules "
+        "passed through) or `off` (see docs/architecture.md, 'The workflow sandbox').",
+    )
     workflow_task_pollers: int = Field(
         default=10,
         ge=2,

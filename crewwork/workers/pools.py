@@ -21,7 +21,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from temporalio.worker import PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum, Worker
+from temporalio.worker import (
+    PollerBehaviorAutoscaling,
+    PollerBehaviorSimpleMaximum,
+    UnsandboxedWorkflowRunner,
+    Worker,
+    WorkflowRunner,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from crewwork.activities.control import ControlActivities
@@ -67,7 +73,7 @@ def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:
             client,
             task_queue=queue,
             workflows=[WorkItemWorkflow],
-            workflow_runner=workflow_runner(),
+            workflow_runner=workflow_runner(settings.workflow_sandbox),
             activities=[
                 control.admit,
                 control.set_state,
@@ -103,17 +109,24 @@ def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:
     )
 
 
-def workflow_runner() -> SandboxedWorkflowRunner:
-    """Temporal's workflow sandbox, with crewwork's own modules passed through.
+def workflow_runner(mode: str = "off") -> WorkflowRunner:
+    """The control pool's workflow runner (`CREWWORK_WORKFLOW_SANDBOX`).
 
-    The sandbox re-imports every module that is not passed through for each workflow run it starts: for
-    WorkItemWorkflow that was ~8% of the control process's CPU under load (py-spy, bench/trace.py) and a `task`
-    history replayed in 19-21 ms of CPU instead of 13-15 ms. The price: the sandbox's module-level restrictions
-    (`datetime.now`, `random`, ...) no longer apply to code in a passed-through module; builtins such as `open`
-    are still refused. Two things keep workflow code honest instead: the workflow module imports only
-    deterministic code, and the committed histories (tests/histories) are replayed under the *full* default
-    sandbox in tests/integration/test_replay.py, which fails on any clock, randomness or I/O on those paths."""
-    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("crewwork"))
+    Temporal's sandbox re-imports every module not passed through for each workflow run it starts, and wraps every
+    activation in its import hooks. Measured on WorkItemWorkflow: replaying a `task` history costs 19-21 ms of CPU
+    under `full`, 13-15 under `passthrough` and ~10 under `off`; in bench/overhead.py a `task` item costs the worker
+    process 48 ms of CPU under `passthrough` and 43 under `off`. `passthrough` already gives up the sandbox's module-level restrictions
+    (`datetime.now`, `random`, ... are not intercepted in a passed-through module), so `off` is the default, and
+    determinism is guarded where it is cheaper and stricter: tests/unit/test_workflow_determinism.py rejects
+    clock, randomness, I/O and threading in the workflow modules by reading their source, and the committed
+    histories are replayed under the *full* sandbox in tests/integration/test_replay.py."""
+    if mode == "full":
+        return SandboxedWorkflowRunner()
+    if mode == "passthrough":
+        return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules("crewwork"))
+    if mode == "off":
+        return UnsandboxedWorkflowRunner()
+    raise ValueError(f"CREWWORK_WORKFLOW_SANDBOX must be full, passthrough or off, not {mode!r}")
 
 
 def _cache_workflow_bytecode() -> None:
