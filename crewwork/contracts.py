@@ -119,6 +119,8 @@ class LandResult(BaseModel):
 
 class FinishInput(ItemRef):
     result: WorkItemResult
+    record: RecordInput | None = None
+    """The last attempt's record, written in the same transaction as the result (`task` items, patch lean-history)."""
 
 
 class CleanupInput(ItemRef):

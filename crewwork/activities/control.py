@@ -32,7 +32,7 @@ from crewwork.contracts import (
     WriteOutcome,
 )
 from crewwork.models import ArtifactRef, WorkItemState
-from crewwork.store.store import Store
+from crewwork.store.store import AttemptRecord, Store
 
 log = logging.getLogger("crewwork.activities.control")
 
@@ -43,6 +43,18 @@ def _writer() -> str:
         return f"{info.activity_type}#{info.attempt}"
     except RuntimeError:
         return "direct"
+
+
+def _attempt_record(inp: RecordInput) -> AttemptRecord:
+    return AttemptRecord(
+        number=inp.attempt,
+        verdict=inp.verdict,
+        reason=inp.reason,
+        cause=inp.cause,
+        fingerprint=inp.fingerprint,
+        agent=inp.agent.model_dump(mode="json") if inp.agent else None,
+        validation=inp.validation.model_dump(mode="json") if inp.validation else None,
+    )
 
 
 class ControlActivities:
@@ -119,17 +131,18 @@ class ControlActivities:
 
     @activity.defn(name="record_attempt")
     async def record_attempt(self, inp: RecordInput) -> RecordResult:
+        r = _attempt_record(inp)
         res = await self.store.record_attempt(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
             token=None,
-            number=inp.attempt,
-            verdict=inp.verdict,
-            reason=inp.reason,
-            cause=inp.cause,
-            fingerprint=inp.fingerprint,
-            agent=inp.agent.model_dump(mode="json") if inp.agent else None,
-            validation=inp.validation.model_dump(mode="json") if inp.validation else None,
+            number=r.number,
+            verdict=r.verdict,
+            reason=r.reason,
+            cause=r.cause,
+            fingerprint=r.fingerprint,
+            agent=r.agent,
+            validation=r.validation,
             writer=_writer(),
         )
         if res.value is not None:
@@ -242,6 +255,7 @@ class ControlActivities:
                 "landed_commit": r.landed_commit,
                 "mock": r.mock,
             },
+            record=_attempt_record(inp.record) if inp.record is not None else None,
         )
         # Already terminal (a retried finish whose first write landed): nothing left to do.
         return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed), token=res.token or 0)

@@ -57,6 +57,19 @@ class ArtifactTooLarge(StoreError):
 _EVENT_INSERT = insert(Event)
 
 
+@dataclass(frozen=True)
+class AttemptRecord:
+    """What `record_attempt` stores for one attempt (agent and validation as JSON-ready dicts)."""
+
+    number: int
+    verdict: str
+    reason: str
+    cause: str | None = None
+    fingerprint: str | None = None
+    agent: dict[str, Any] | None = None
+    validation: dict[str, Any] | None = None
+
+
 @dataclass
 class WriteResult(Generic[T]):
     ok: bool
@@ -522,8 +535,14 @@ class Store:
         fields: dict[str, Any] | None = None,
         event_data: dict[str, Any] | None = None,
         lease: tuple[str, float] | None = None,
+        record: AttemptRecord | None = None,
     ) -> WriteResult[None]:
+        """A fenced state change. With `record`, the attempt's record is written in the same transaction under the
+        same token (a `task` item's last attempt and its result: one write)."""
+
         async def _apply(s: AsyncSession, now: float, token: int) -> None:
+            if record is not None:
+                await self._record(s, now, token, work_item_id, tenant_id, record)
             await self._change_state(s, now, token, work_item_id, tenant_id, state, reason, fields, event_data)
 
         return await self.fenced_write(
@@ -651,47 +670,11 @@ class Store:
 
         The accepted write's value is the item's failure fingerprints in attempt order (None for a passed attempt),
         read in the same transaction: what the workflow's same-cause breaker needs."""
+        record = AttemptRecord(number, verdict, reason, cause, fingerprint, agent, validation)
 
         async def _apply(s: AsyncSession, now: float, token: int) -> list[str | None]:
+            await self._record(s, now, token, work_item_id, tenant_id, record)
             conn = await s.connection()
-            agent_m = mask_secrets(agent) if agent else None
-            val_m = mask_secrets(validation) if validation else None
-            row = {
-                "token": token,
-                "verdict": verdict,
-                "reason": reason,
-                "cause": cause,
-                "fingerprint": fingerprint,
-                "agent": agent_m,
-                "validation": val_m,
-                "updated_at": now,
-            }
-            # Insert, or replace the same attempt's record (a retried record activity) in one statement.
-            ins = (postgresql.insert if not self.is_sqlite else sqlite.insert)(Attempt).values(
-                work_item_id=work_item_id, number=number, created_at=now, **row
-            )
-            await conn.execute(
-                ins.on_conflict_do_update(index_elements=[Attempt.work_item_id, Attempt.number], set_=row)
-            )
-            await conn.execute(
-                update(WorkItem)
-                .where(WorkItem.id == work_item_id)
-                .values(
-                    attempt_count=func.max(WorkItem.attempt_count, number)
-                    if self.is_sqlite
-                    else func.greatest(WorkItem.attempt_count, number),
-                    updated_at=now,
-                )
-            )
-            await self._insert_event(
-                s,
-                work_item_id=work_item_id,
-                tenant_id=tenant_id,
-                type="attempt_recorded",
-                data={"number": number, "verdict": verdict, "reason": reason, "cause": cause},
-                token=token,
-                created_at=now,
-            )
             rows = (
                 await conn.execute(
                     select(Attempt.verdict, Attempt.fingerprint)
@@ -708,6 +691,45 @@ class Store:
             tenant_id=tenant_id,
             writer=writer,
             apply=_apply,
+        )
+
+    async def _record(
+        self, s: AsyncSession, now: float, token: int, work_item_id: str, tenant_id: str, r: AttemptRecord
+    ) -> None:
+        conn = await s.connection()
+        row = {
+            "token": token,
+            "verdict": r.verdict,
+            "reason": r.reason,
+            "cause": r.cause,
+            "fingerprint": r.fingerprint,
+            "agent": mask_secrets(r.agent) if r.agent else None,
+            "validation": mask_secrets(r.validation) if r.validation else None,
+            "updated_at": now,
+        }
+        # Insert, or replace the same attempt's record (a retried record activity) in one statement.
+        ins = (postgresql.insert if not self.is_sqlite else sqlite.insert)(Attempt).values(
+            work_item_id=work_item_id, number=r.number, created_at=now, **row
+        )
+        await conn.execute(ins.on_conflict_do_update(index_elements=[Attempt.work_item_id, Attempt.number], set_=row))
+        await conn.execute(
+            update(WorkItem)
+            .where(WorkItem.id == work_item_id)
+            .values(
+                attempt_count=func.max(WorkItem.attempt_count, r.number)
+                if self.is_sqlite
+                else func.greatest(WorkItem.attempt_count, r.number),
+                updated_at=now,
+            )
+        )
+        await self._insert_event(
+            s,
+            work_item_id=work_item_id,
+            tenant_id=tenant_id,
+            type="attempt_recorded",
+            data={"number": r.number, "verdict": r.verdict, "reason": r.reason, "cause": r.cause},
+            token=token,
+            created_at=now,
         )
 
     # ------------------------------------------------------------------ leases

@@ -87,9 +87,10 @@ PATCH_LOCAL_CONTROL = "local-control-activities"
 LOCAL_CONTROL_ACTIVITIES = frozenset(
     {"admit", "set_state", "acquire_workspace", "renew_workspace", "release_workspace", "record_attempt", "finish"}
 )
-# New executions (one marker instead of two): local control activities as above, and no search-attribute upsert
-# for transient states (`admitted` right after admission, a state equal to the last one upserted). Each upsert is a
-# history event and a visibility write on the server. Histories recorded before replay the old way.
+# New executions (one marker instead of two): local control activities as above, no search-attribute upsert for
+# transient states (`admitted` right after admission, a state equal to the last one upserted; each upsert is a
+# history event and a visibility write on the server), and a `task` item's passing attempt is recorded by `finish` in
+# the same write as the result. Histories recorded before replay the old way.
 PATCH_LEAN_HISTORY = "lean-history"
 # Attempts per workflow run before continue-as-new (Temporal may suggest it sooner).
 ATTEMPTS_PER_RUN = 20
@@ -192,6 +193,17 @@ class WorkItemWorkflow:
                 raise _Dead("superseded by a newer writer")
             verdict = "passed" if outcome.error is None else "failed"
             reason = "agent returned its output" if outcome.error is None else f"agent error: {outcome.error}"
+            if self._lean and outcome.error is None:
+                # The attempt's record and the item's result in one write: one local activity, one transaction.
+                record = self._attempt(inp, attempt, verdict, reason, None, None, outcome, None)
+                return await self._finish(
+                    inp,
+                    WorkItemState.succeeded,
+                    "task completed",
+                    output=outcome.output,
+                    mock=outcome.mock,
+                    record=record,
+                )
             await self._record(
                 inp,
                 attempt,
@@ -459,26 +471,39 @@ class WorkItemWorkflow:
         agent: AgentOutcome | None,
         validation: ValidationOutcome | None,
     ) -> list[str | None]:
-        summary = AttemptSummary(number=attempt, agent=agent, validation=validation, verdict=verdict, reason=reason)
-        assert self._status is not None
-        self._status.attempts = [a for a in self._status.attempts if a.number != attempt] + [_slim(summary)]
         res = await self._control(
-            "record_attempt",
-            RecordInput(
-                work_item_id=inp.work_item_id,
-                tenant_id=inp.tenant_id,
-                attempt=attempt,
-                verdict=verdict,
-                reason=reason,
-                cause=cause,
-                fingerprint=fingerprint,
-                agent=agent,
-                validation=validation,
-            ),
+            "record_attempt", self._attempt(inp, attempt, verdict, reason, cause, fingerprint, agent, validation)
         )
         if res.stale:
             raise _Dead("attempt record superseded by a newer writer")
         return list(res.fingerprints)
+
+    def _attempt(
+        self,
+        inp: WorkItemInput,
+        attempt: int,
+        verdict: str,
+        reason: str,
+        cause: str | None,
+        fingerprint: str | None,
+        agent: AgentOutcome | None,
+        validation: ValidationOutcome | None,
+    ) -> RecordInput:
+        """An attempt's record for the store, also kept (slimmed) in the status the query returns."""
+        summary = AttemptSummary(number=attempt, agent=agent, validation=validation, verdict=verdict, reason=reason)
+        assert self._status is not None
+        self._status.attempts = [a for a in self._status.attempts if a.number != attempt] + [_slim(summary)]
+        return RecordInput(
+            work_item_id=inp.work_item_id,
+            tenant_id=inp.tenant_id,
+            attempt=attempt,
+            verdict=verdict,
+            reason=reason,
+            cause=cause,
+            fingerprint=fingerprint,
+            agent=agent,
+            validation=validation,
+        )
 
     async def _acquire_workspace(self, inp: WorkItemInput, key: str) -> int | None:
         """Wait durably (timers in the workflow, not polling in an activity) until the workspace is free."""
@@ -564,6 +589,7 @@ class WorkItemWorkflow:
         branch: str | None = None,
         commit: str | None = None,
         mock: bool = False,
+        record: RecordInput | None = None,
     ) -> WorkItemResult:
         assert self._status is not None
         result = WorkItemResult(
@@ -578,7 +604,7 @@ class WorkItemWorkflow:
         )
         self._set(state, reason)
         await self._control(
-            "finish", FinishInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, result=result)
+            "finish", FinishInput(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, result=result, record=record)
         )
         return result
 
