@@ -177,9 +177,12 @@ def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> d
     return out
 
 
-def procrastinate_reference(worker_counts: list[int], items: int, clients: int) -> list[dict[str, Any]]:
+def procrastinate_reference(
+    worker_counts: list[int], items: int, clients: int, concurrency: int = 1
+) -> list[dict[str, Any]]:
     """The same load on Procrastinate (a PostgreSQL SKIP LOCKED job queue), in this run, on this machine: `workers`
-    worker processes of concurrency 1, jobs deferred by `clients` concurrent coroutines (no HTTP in front)."""
+    worker processes of `concurrency` jobs each, jobs deferred by `clients` concurrent coroutines (no HTTP in
+    front)."""
     import os
     import subprocess
 
@@ -192,12 +195,15 @@ def procrastinate_reference(worker_counts: list[int], items: int, clients: int) 
         os.environ["PEER_DB"] = db
         from bench.peers import procrastinate_peer as peer
 
+        schema_ready: list[bool] = []
+
         async def go(workers: int) -> dict[str, Any]:
             async with peer.app.open_async():
-                if workers == worker_counts[0]:
+                if not schema_ready:
                     await peer.app.schema_manager.apply_schema_async()
                     common.setup(db)
-                env = {**os.environ, "PEER_DB": db, "PEER_DELAY_S": "0.1", "PEER_CONCURRENCY": "1"}
+                    schema_ready.append(True)
+                env = {**os.environ, "PEER_DB": db, "PEER_DELAY_S": "0.1", "PEER_CONCURRENCY": str(concurrency)}
                 procs = [
                     subprocess.Popen(
                         [sys.executable, "-m", "bench.peers.procrastinate_peer", "worker", f"w{i}"], env=env, cwd=root
@@ -237,7 +243,7 @@ def procrastinate_reference(worker_counts: list[int], items: int, clients: int) 
                     return {
                         "system": "procrastinate",
                         "agent_processes": workers,
-                        "agent_slots_per_process": 1,
+                        "agent_slots_per_process": concurrency,
                         "tasks_per_s": f["done"] / f["wall_s"],
                         "submit_latency_s": summary(lat),
                         "submit_to_result_s": summary(f["latency"]),
@@ -260,6 +266,12 @@ def main() -> None:
     ap.add_argument("--agents", default="1,2", help="agent-pool process counts to run")
     ap.add_argument("--slots", default="1,2", help="concurrent activities per agent process (crewwork default 2)")
     ap.add_argument("--no-procrastinate", action="store_true", help="skip the same-run SKIP LOCKED reference")
+    ap.add_argument(
+        "--peer-concurrency",
+        default="1",
+        help="Procrastinate jobs per worker process to run (1 = the reference setup; add crewwork's slots to compare "
+        "at equal concurrency), comma-separated",
+    )
     args = ap.parse_args()
     if args.quick:
         args.items = 40
@@ -276,9 +288,14 @@ def main() -> None:
                 )
                 runs.append(r)
     if not args.no_procrastinate:
-        for r in procrastinate_reference([int(x) for x in args.agents.split(",")], args.items, args.clients):
-            print(f"procrastinate workers={r['agent_processes']}: {r['tasks_per_s']:.1f} tasks/s", flush=True)
-            runs.append(r)
+        for conc in [int(x) for x in args.peer_concurrency.split(",")]:
+            for r in procrastinate_reference([int(x) for x in args.agents.split(",")], args.items, args.clients, conc):
+                print(
+                    f"procrastinate workers={r['agent_processes']} concurrency={conc}: {r['tasks_per_s']:.1f} tasks/s,"
+                    f" submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s",
+                    flush=True,
+                )
+                runs.append(r)
     rows = []
     for r in runs:
         ref = REFERENCE.get(r["agent_processes"])
