@@ -178,11 +178,11 @@ def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> d
 
 
 def procrastinate_reference(
-    worker_counts: list[int], items: int, clients: int, concurrency: int = 1
+    worker_counts: list[int], items: int, clients: int, concurrencies: list[int]
 ) -> list[dict[str, Any]]:
     """The same load on Procrastinate (a PostgreSQL SKIP LOCKED job queue), in this run, on this machine: `workers`
     worker processes of `concurrency` jobs each, jobs deferred by `clients` concurrent coroutines (no HTTP in
-    front)."""
+    front). One database for every configuration: the peer's app is configured once, at import."""
     import os
     import subprocess
 
@@ -197,7 +197,7 @@ def procrastinate_reference(
 
         schema_ready: list[bool] = []
 
-        async def go(workers: int) -> dict[str, Any]:
+        async def go(workers: int, concurrency: int) -> dict[str, Any]:
             async with peer.app.open_async():
                 if not schema_ready:
                     await peer.app.schema_manager.apply_schema_async()
@@ -255,7 +255,7 @@ def procrastinate_reference(
                         p.terminate()
                         p.wait(10)
 
-        return [asyncio.run(go(w)) for w in worker_counts]
+        return [asyncio.run(go(w, c)) for c in concurrencies for w in worker_counts]
 
 
 def main() -> None:
@@ -288,14 +288,15 @@ def main() -> None:
                 )
                 runs.append(r)
     if not args.no_procrastinate:
-        for conc in [int(x) for x in args.peer_concurrency.split(",")]:
-            for r in procrastinate_reference([int(x) for x in args.agents.split(",")], args.items, args.clients, conc):
-                print(
-                    f"procrastinate workers={r['agent_processes']} concurrency={conc}: {r['tasks_per_s']:.1f} tasks/s,"
-                    f" submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s",
-                    flush=True,
-                )
-                runs.append(r)
+        agents = [int(x) for x in args.agents.split(",")]
+        concs = [int(x) for x in args.peer_concurrency.split(",")]
+        for r in procrastinate_reference(agents, args.items, args.clients, concs):
+            print(
+                f"procrastinate workers={r['agent_processes']} concurrency={r['agent_slots_per_process']}: "
+                f"{r['tasks_per_s']:.1f} tasks/s, submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s",
+                flush=True,
+            )
+            runs.append(r)
     rows = []
     for r in runs:
         ref = REFERENCE.get(r["agent_processes"])

@@ -54,7 +54,27 @@ def overhead(d: dict[str, Any]) -> str:
                     f"{kind} round {i + 1}: throughput {c['items_per_s'] / b['items_per_s']:.2f}, "
                     f"p50 {c['latency_s']['p50'] / b['latency_s']['p50']:.2f}"
                 )
-    return out + "\n\nPaired ratios crewwork/bare per round (each round runs bare, then crewwork): " + "; ".join(paired)
+    cpu_rows = []
+    for kind in ("task", "code_change"):
+        per = d.get(kind, {}).get("cpu_ms_per_item_median")
+        if not per:
+            continue
+        for name, key in (("bare Temporal", "bare"), ("crewwork", "crewwork")):
+            c = per[key]
+            cpu_rows.append([kind, name, c["bench_process"], c["temporal"], c["postgres"], sum(c.values())])
+    cpu = (
+        '\n\nCPU per item in ms (median over rounds; "Python" is the one process that runs the worker pools and the '
+        "clients; git and sandbox child processes of `code_change` items are not included):\n\n"
+        + table(["kind", "run", "Python", "Temporal server", "PostgreSQL", "total"], cpu_rows)
+        if cpu_rows
+        else ""
+    )
+    return (
+        out
+        + "\n\nPaired ratios crewwork/bare per round (each round runs bare, then crewwork): "
+        + "; ".join(paired)
+        + cpu
+    )
 
 
 def load_table(d: dict[str, Any]) -> str:
@@ -72,6 +92,7 @@ def load_table(d: dict[str, Any]) -> str:
                 r["submit_latency_s"]["p50"],
                 r["submit_latency_s"]["p95"],
                 r["submit_to_result_s"]["p50"],
+                f"{r['submit_to_result_s']['p50'] / rf['submit_to_result_p50_s']:.2f}x" if rf else "",
                 r["submit_to_result_s"]["p95"],
                 r["queue_wait_s"]["p50"],
                 r["queue_wait_s"]["p95"],
@@ -87,6 +108,7 @@ def load_table(d: dict[str, Any]) -> str:
             "submit p50 s",
             "submit p95 s",
             "submit-to-result p50 s",
+            "vs reference",
             "p95 s",
             "queue wait p50 s",
             "p95 s",
@@ -136,10 +158,12 @@ def peers(d: dict[str, Any]) -> str:
 
 def components(d: dict[str, Any]) -> str:
     rows = []
-    for what in ("token_issue", "fenced_write", "token_plus_fenced_write", "lease_acquire", "lease_renew"):
+    for what in ("token_issue", "fenced_write", "fenced_write_own_token", "lease_acquire", "lease_renew"):
+        if what not in d["postgres"]:
+            continue
         rows.append(
             [
-                what.replace("_", " "),
+                what.replace("_", " ").replace("own token", "(token issued in its transaction)"),
                 d["postgres"][what]["p50"] * 1000,
                 d["postgres"][what]["p99"] * 1000,
                 d["sqlite"][what]["p50"] * 1000,
