@@ -82,7 +82,7 @@ async def record_step(
     releases the execution lease in its transaction (the attempt's last write: one transaction fewer)."""
 
     async def _apply(s: Any, now: float, token: int) -> None:
-        await lease.store._insert_event(
+        await lease.store.insert_event(
             s,
             work_item_id=lease.work_item_id,
             tenant_id=tenant_id,

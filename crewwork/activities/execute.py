@@ -150,6 +150,8 @@ class ExecuteActivities:
         ) as lease:
             w = lease.started
             assert w is not None
+            if w.missing:
+                raise bad_input(f"work item {inp.work_item_id} is not in the store")
             if w.stale:
                 if not w.closed:
                     raise superseded("run_agent", lease.token, w.current_token)
@@ -295,6 +297,8 @@ class ExecuteActivities:
         ) as lease:
             w = lease.started
             assert w is not None
+            if w.missing:
+                raise bad_input(f"work item {inp.work_item_id} is not in the store")
             if w.stale:
                 if not w.closed:
                     raise superseded("validate_change", lease.token, w.current_token)

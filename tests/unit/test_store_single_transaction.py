@@ -1,0 +1,124 @@
+"""The one-transaction forms of the fenced write, on SQLite and on PostgreSQL: a token issued inside the write, the
+execution lease taken and released with the attempt's first and last writes, admission, and a result written with
+its attempt record."""
+
+from __future__ import annotations
+
+from crewwork.activities.common import execution_lease, record_step
+from crewwork.models import WorkItemSpec, WorkItemState
+from crewwork.store.store import AttemptRecord, Store, work_item_fence_key
+
+
+async def _item(store: Store) -> tuple[str, str]:
+    tid = await store.ensure_tenant("one-txn")
+    row, _ = await store.create_work_item(
+        tenant_id=tid, spec=WorkItemSpec.model_validate({"kind": "task", "input": {}}), base_commit=None, repo_path=None
+    )
+    return tid, row.id
+
+
+async def test_a_write_that_issues_its_token_is_newest_and_supersedes_older_tokens(any_store: Store) -> None:
+    tid, wid = await _item(any_store)
+    old = await any_store.issue_token(work_item_fence_key(wid))
+    res = await any_store.set_state(
+        work_item_id=wid, tenant_id=tid, token=None, state=WorkItemState.running, writer="control"
+    )
+    assert res.ok and res.token is not None and res.token > old
+    late = await any_store.set_state(
+        work_item_id=wid, tenant_id=tid, token=old, state=WorkItemState.failed, writer="zombie"
+    )
+    assert late.stale and late.current_token == res.token
+    assert (await any_store.get_work_item(wid)).state == "running"  # type: ignore[union-attr]
+
+
+async def test_a_write_to_an_item_not_in_the_store_is_rejected_as_missing(any_store: Store) -> None:
+    tid, _ = await _item(any_store)
+    res = await any_store.set_state(
+        work_item_id="wi_nope", tenant_id=tid, token=None, state=WorkItemState.running, writer="x"
+    )
+    assert not res.ok and res.missing
+
+
+async def test_execution_lease_is_taken_with_the_first_write_and_released_with_the_last(any_store: Store) -> None:
+    tid, wid = await _item(any_store)
+    key = work_item_fence_key(wid)
+
+    async def start(holder: str, ttl_s: float):  # type: ignore[no-untyped-def]
+        return await any_store.set_state(
+            work_item_id=wid, tenant_id=tid, token=None, state=WorkItemState.running, writer="a", lease=(holder, ttl_s)
+        )
+
+    async with execution_lease(any_store, wid, 60, start=start) as lease:
+        assert lease.started is not None and lease.started.ok
+        held = await any_store.get_lease(key)
+        assert held is not None and held.token == lease.token == lease.started.token
+        done = await record_step(lease, tid, "agent_finished", {"attempt": 1}, writer="a", release=True)
+        assert done.ok and lease.released
+        assert await any_store.get_lease(key) is None, "the last write released the lease in its transaction"
+    types = [e.type for e in await any_store.list_events(wid)]
+    assert types.count("agent_finished") == 1 and "stale_write_rejected" not in types
+
+
+async def test_a_superseded_attempt_keeps_no_lease_and_its_last_write_releases_nothing(any_store: Store) -> None:
+    tid, wid = await _item(any_store)
+    key = work_item_fence_key(wid)
+
+    def starter(name: str):  # type: ignore[no-untyped-def]
+        async def start(holder: str, ttl_s: float):  # type: ignore[no-untyped-def]
+            return await any_store.set_state(
+                work_item_id=wid,
+                tenant_id=tid,
+                token=None,
+                state=WorkItemState.running,
+                writer=name,
+                lease=(f"{name}/{holder}", ttl_s),
+            )
+
+        return start
+
+    async with execution_lease(any_store, wid, 60, start=starter("zombie")) as zombie:
+        async with execution_lease(any_store, wid, 60, start=starter("newer")) as newer:
+            assert newer.token > zombie.token
+            late = await record_step(zombie, tid, "agent_finished", {"by": "zombie"}, writer="zombie", release=True)
+            assert late.stale and not zombie.released
+            held = await any_store.get_lease(key)
+            assert held is not None and held.token == newer.token, "the zombie's write must not release the newer lease"
+            done = await record_step(newer, tid, "agent_finished", {"by": "newer"}, writer="newer", release=True)
+            assert done.ok
+    finished = [e.data for e in await any_store.list_events(wid) if e.type == "agent_finished"]
+    assert finished == [{"by": "newer"}]
+
+
+async def test_admission_moves_only_a_submitted_item_and_reports_a_closed_one(any_store: Store) -> None:
+    tid, wid = await _item(any_store)
+    first = await any_store.admit(work_item_id=wid, tenant_id=tid, writer="admit")
+    assert first.ok and first.value == [] and first.state == "submitted"
+    await any_store.set_state(work_item_id=wid, tenant_id=tid, token=None, state=WorkItemState.running, writer="r")
+    again = await any_store.admit(work_item_id=wid, tenant_id=tid, writer="admit")  # a continued run re-admits
+    assert again.ok and (await any_store.get_work_item(wid)).state == "running"  # type: ignore[union-attr]
+    await any_store.set_state(work_item_id=wid, tenant_id=tid, token=None, state=WorkItemState.failed, writer="f")
+    closed = await any_store.admit(work_item_id=wid, tenant_id=tid, writer="admit")
+    assert closed.closed and closed.state == "failed"
+    missing = await any_store.admit(work_item_id="wi_nope", tenant_id=tid, writer="admit")
+    assert missing.missing
+    admitted = [e for e in await any_store.list_events(wid) if e.data.get("state") == "admitted"]
+    assert len(admitted) == 1
+
+
+async def test_a_result_and_its_attempt_record_are_one_write_under_one_token(any_store: Store) -> None:
+    tid, wid = await _item(any_store)
+    res = await any_store.set_state(
+        work_item_id=wid,
+        tenant_id=tid,
+        token=None,
+        state=WorkItemState.succeeded,
+        reason="task completed",
+        writer="finish",
+        fields={"result": {"ok": True}},
+        record=AttemptRecord(number=1, verdict="passed", reason="agent returned its output", agent={"a": 1}),
+    )
+    assert res.ok
+    (attempt,) = await any_store.list_attempts(wid)
+    row = await any_store.get_work_item(wid)
+    assert row is not None and attempt.token == row.result_token == res.token
+    assert (attempt.verdict, row.state, row.attempt_count) == ("passed", "succeeded", 1)
