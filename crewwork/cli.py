@@ -278,7 +278,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
         nonlocal stop
         stop = True
 
+    # SIGINT explicitly too: a process started in the background by a non-interactive shell inherits SIGINT as
+    # *ignored*, and Python then never raises KeyboardInterrupt, so Ctrl-C / `kill -INT` would do nothing.
     signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
     try:
         stack.start()
     except Exception as exc:
@@ -293,11 +296,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
         f"Submit with `crewwork submit FILE.json`. Ctrl-C stops everything.\n",
         flush=True,
     )
-    try:
-        while not stop:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    while not stop:
+        time.sleep(0.5)
     print("[dev] stopping…", flush=True)
     stack.stop()
     return 0
