@@ -46,7 +46,7 @@ from bench.harness import (
 )
 from crewwork.config import Settings
 from crewwork.models import WorkItemResult, WorkItemSpec
-from crewwork.workers.pools import worker_tuning
+from crewwork.workers.pools import worker_tuning, workflow_runner
 
 
 async def bare_round(
@@ -60,7 +60,8 @@ async def bare_round(
             task_queue=f"{prefix}-{p}",
             workflows=[BareWorkflow] if p == "control" else [],
             activities=[bare_noop],
-            # The same slots and pollers as crewwork's pool of that name.
+            # The same slots, pollers and workflow runner (sandbox setting) as crewwork's pool of that name.
+            workflow_runner=workflow_runner(settings.workflow_sandbox),
             **worker_tuning(p, settings),
         )
         for p in ("control", "agent", "validate")

@@ -73,17 +73,23 @@ class BareItem:
 
 
 async def bare_worker(address: str, queue: str, role: str, concurrency: int) -> None:
+    from crewwork.config import Settings
+    from crewwork.workers.pools import worker_tuning, workflow_runner
+
     client = await Client.connect(address)
+    # The same pollers and workflow runner as crewwork's pools (crewwork.workers.pools), defaults otherwise.
+    settings = Settings(agent_concurrency=concurrency)
     if role == "control":
         worker = Worker(
             client,
             task_queue=queue,
             workflows=[BareItem],
             activities=[noop],
-            max_concurrent_activities=100,
+            workflow_runner=workflow_runner(settings.workflow_sandbox),
+            **worker_tuning("control", settings),
         )
     else:
-        worker = Worker(client, task_queue=queue, activities=[agent_step], max_concurrent_activities=concurrency)
+        worker = Worker(client, task_queue=queue, activities=[agent_step], **worker_tuning("agent", settings))
     print("polling", flush=True)
     await worker.run()
 
