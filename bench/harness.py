@@ -106,7 +106,7 @@ async def in_process_pools(
     from crewwork.temporal.client import connect
     from crewwork.workers.pools import build_worker
 
-    store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
+    store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size, pre_ping=False)  # as the pools
     client = await connect(settings)
     workers = [build_worker(p, client, store, settings) for p in pools]
     service = WorkItemService(store, client, settings)

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import and_, bindparam, delete, event, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from crewwork.models import WorkItemSpec, WorkItemState
@@ -142,14 +142,17 @@ def workspace_lease_key(repo: str, branch: str) -> str:
 
 
 class Store:
-    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False, pre_ping: bool = True) -> None:
+        """`pre_ping=False` (the worker pools) skips the round trip that tests each pooled connection before use; a
+        fenced write whose first statement finds its connection dead is then run once more on a fresh connection
+        (`_transaction`), and other calls fail into their activity's retry policy."""
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         kwargs: dict[str, Any] = {"echo": echo}
         if self.is_sqlite:
             kwargs["connect_args"] = {"timeout": 30}
         else:
-            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800)
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping, pool_recycle=1800)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
         if self.is_sqlite:
             self._configure_sqlite(self.engine)
@@ -181,6 +184,27 @@ class Store:
     async def session(self) -> AsyncIterator[AsyncSession]:
         async with self._sessions() as s, s.begin():
             yield s
+
+    async def _transaction(self, body: Callable[[AsyncSession, Callable[[], None]], Awaitable[T]]) -> T:
+        """Run `body(session, started)` in a transaction. If the connection is found dead before `body` calls
+        `started()` (after its first statement succeeded), nothing of it can have happened, and it runs once more on a
+        fresh connection: a pooled connection that PostgreSQL closed (restart, pg_terminate_backend) costs a retry
+        here instead of a round trip per checkout (pre-ping) or a failed activity attempt."""
+        for attempt in (1, 2):
+            begun = False
+
+            def started() -> None:
+                nonlocal begun
+                begun = True
+
+            try:
+                async with self.session() as s:
+                    return await body(s, started)
+            except DBAPIError as exc:
+                if attempt == 1 and not begun and exc.connection_invalidated:
+                    continue
+                raise
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ clock
 
@@ -450,63 +474,85 @@ class Store:
         A stale write changes nothing but an appended `stale_write_rejected` event naming both tokens."""
         if lease is not None and token is not None:
             raise ValueError("fenced_write: taking a lease needs a fresh token (token=None)")
-        async with self.session() as s:
-            current: int | None
-            if token is None:
-                token = current = await self._issue(s, key)
-            else:
-                current = await s.scalar(select(Fence.token).where(Fence.key == key).with_for_update())
-            # The item's state and the database clock in one round trip, after the fence row is locked.
-            conn = await s.connection()
-            row = (
-                await conn.execute(
-                    select(WorkItem.state, self._now_sql()).where(WorkItem.id == bindparam("wid")),
-                    {"wid": work_item_id},
+        presented = token
+
+        async def body(s: AsyncSession, started: Callable[[], None]) -> WriteResult[T]:
+            return await self._fenced(
+                s, started, key, presented, work_item_id, tenant_id, writer, apply, lease, release_lease
+            )
+
+        return await self._transaction(body)
+
+    async def _fenced(
+        self,
+        s: AsyncSession,
+        started: Callable[[], None],
+        key: str,
+        token: int | None,
+        work_item_id: str,
+        tenant_id: str,
+        writer: str,
+        apply: Callable[[AsyncSession, float, int], Awaitable[T]],
+        lease: tuple[str, float] | None,
+        release_lease: bool,
+    ) -> WriteResult[T]:
+        current: int | None
+        if token is None:
+            token = current = await self._issue(s, key)
+        else:
+            current = await s.scalar(select(Fence.token).where(Fence.key == key).with_for_update())
+        started()
+        # The item's state and the database clock in one round trip, after the fence row is locked.
+        conn = await s.connection()
+        row = (
+            await conn.execute(
+                select(WorkItem.state, self._now_sql()).where(WorkItem.id == bindparam("wid")),
+                {"wid": work_item_id},
+            )
+        ).first()
+        if row is None:
+            # No such work item: nothing to write to, and no event can name it.
+            return WriteResult(ok=False, current_token=current, token=token, missing=True)
+        now = float(row[1])
+        if lease is not None:
+            await self._take_lease(s, key, lease[0], lease[1], token, now)
+        if current is None or token < current:
+            s.add(
+                Event(
+                    work_item_id=work_item_id,
+                    tenant_id=tenant_id,
+                    type="stale_write_rejected",
+                    data={
+                        "key": key,
+                        "presented_token": token,
+                        "current_token": current,
+                        "writer": writer,
+                    },
+                    token=token,
+                    created_at=now,
                 )
-            ).first()
-            if row is None:
-                # No such work item: nothing to write to, and no event can name it.
-                return WriteResult(ok=False, current_token=current, token=token, missing=True)
-            now = float(row[1])
-            if lease is not None:
-                await self._take_lease(s, key, lease[0], lease[1], token, now)
-            if current is None or token < current:
-                s.add(
-                    Event(
-                        work_item_id=work_item_id,
-                        tenant_id=tenant_id,
-                        type="stale_write_rejected",
-                        data={
-                            "key": key,
-                            "presented_token": token,
-                            "current_token": current,
-                            "writer": writer,
-                        },
-                        token=token,
-                        created_at=now,
-                    )
+            )
+            return WriteResult(ok=False, current_token=current, token=token, state=row[0])
+        # A terminal work item is closed. A zombie activity attempt that only *starts* after its item finished
+        # (e.g. its process was SIGSTOPped before it took its lease) is issued a token newer than every write
+        # so far; without this check its "running" write would reopen a finished item (found by the chaos soak).
+        closed = row[0]
+        if WorkItemState(closed).terminal:
+            s.add(
+                Event(
+                    work_item_id=work_item_id,
+                    tenant_id=tenant_id,
+                    type="write_after_terminal_rejected",
+                    data={"key": key, "presented_token": token, "state": closed, "writer": writer},
+                    token=token,
+                    created_at=now,
                 )
-                return WriteResult(ok=False, current_token=current, token=token, state=row[0])
-            # A terminal work item is closed. A zombie activity attempt that only *starts* after its item finished
-            # (e.g. its process was SIGSTOPped before it took its lease) is issued a token newer than every write
-            # so far; without this check its "running" write would reopen a finished item (found by the chaos soak).
-            closed = row[0]
-            if WorkItemState(closed).terminal:
-                s.add(
-                    Event(
-                        work_item_id=work_item_id,
-                        tenant_id=tenant_id,
-                        type="write_after_terminal_rejected",
-                        data={"key": key, "presented_token": token, "state": closed, "writer": writer},
-                        token=token,
-                        created_at=now,
-                    )
-                )
-                return WriteResult(ok=False, current_token=current, closed=True, token=token, state=closed)
-            value = await apply(s, now, token)
-            if release_lease:
-                await self._release(s, key, token, None, now)
-            return WriteResult(ok=True, value=value, current_token=current, token=token, state=row[0])
+            )
+            return WriteResult(ok=False, current_token=current, closed=True, token=token, state=closed)
+        value = await apply(s, now, token)
+        if release_lease:
+            await self._release(s, key, token, None, now)
+        return WriteResult(ok=True, value=value, current_token=current, token=token, state=row[0])
 
     async def set_state(
         self,
@@ -827,7 +873,10 @@ class Store:
         if len(data) > max_bytes:
             raise ArtifactTooLarge(f"artifact {name!r} is {len(data)} bytes; the limit is {max_bytes}")
         digest = hashlib.sha256(data).hexdigest()
-        async with self.session() as s:
+
+        async def body(s: AsyncSession, started: Callable[[], None]) -> Artifact:
+            now = await self._now(s)
+            started()
             art = Artifact(
                 id=new_id("art"),
                 work_item_id=work_item_id,
@@ -837,10 +886,12 @@ class Store:
                 size=len(data),
                 sha256=digest,
                 content=data,
-                created_at=await self._now(s),
+                created_at=now,
             )
             s.add(art)
-        return art
+            return art
+
+        return await self._transaction(body)
 
     async def get_artifact(self, artifact_id: str, tenant_id: str | None = None) -> Artifact | None:
         async with self.session() as s:

@@ -147,7 +147,8 @@ def _cache_workflow_bytecode() -> None:
 
 async def run_pool(pool: str, settings: Settings) -> None:
     # Observability first: JSON logs and the Temporal SDK metrics runtime must be in place before connecting.
-    store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
+    # No pre-ping in the pools: fenced writes retry a dead pooled connection themselves (Store._transaction).
+    store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size, pre_ping=False)
     metrics_server = await start_pool_observability(pool, settings.task_queue(pool), store)
     client = await connect(settings)
     worker = build_worker(pool, client, store, settings)

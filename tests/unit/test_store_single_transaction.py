@@ -122,3 +122,31 @@ async def test_a_result_and_its_attempt_record_are_one_write_under_one_token(any
     row = await any_store.get_work_item(wid)
     assert row is not None and attempt.token == row.result_token == res.token
     assert (attempt.verdict, row.state, row.attempt_count) == ("passed", "succeeded", 1)
+
+
+async def test_a_fenced_write_survives_its_pooled_connection_being_killed_without_pre_ping(pg_url: str) -> None:
+    """The worker pools run without pre-ping: a fenced write whose pooled connection PostgreSQL has closed runs once
+    more on a fresh connection, and is applied exactly once."""
+    import asyncpg  # the driver the store uses on PostgreSQL
+
+    store = Store(pg_url, pool_size=2, pre_ping=False)
+    try:
+        tid, wid = await _item(store)
+        async with store.session() as s:  # make sure a pooled connection exists, and learn its backend
+            conn = await s.connection()
+            pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+        admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg", "postgresql"))
+        try:
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await admin.close()
+        res = await store.set_state(
+            work_item_id=wid, tenant_id=tid, token=None, state=WorkItemState.running, writer="after-kill"
+        )
+        assert res.ok
+        changes = [e for e in await store.list_events(wid) if e.type == "state_changed"]
+        assert [e.data["state"] for e in changes] == ["running"]
+        art = await store.put_artifact(work_item_id=wid, tenant_id=tid, name="t.txt", data=b"x")
+        assert (await store.artifact_content(art.id)) == b"x"
+    finally:
+        await store.close()
