@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -130,6 +131,10 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
         except subprocess.TimeoutExpired:
             alive = {pool: _pool_pids(pool, tmp_path) for pool in ("control", "agent", "validate")}
             os.killpg(proc.pid, signal.SIGKILL)
+            # The stack's processes run in their own sessions: kill them too, or they outlive the test.
+            for pid in _stack_pids("crewwork (api|worker)|temporal server start-dev", tmp_path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             logs = "".join(
                 f"\n--- {f.name} (tail)\n" + f.read_text(errors="replace")[-2000:]
                 for f in sorted((tmp_path / "data" / "logs").glob("*.log"))
@@ -144,7 +149,11 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
 
 def _pool_pids(pool: str, tmp_path: Path) -> list[int]:
     """Pool processes of this test's stack (identified by the data directory in their environment)."""
-    out = subprocess.run(["pgrep", "-f", f"crewwork worker --pool {pool}"], capture_output=True, text=True).stdout
+    return _stack_pids(f"crewwork worker --pool {pool}", tmp_path)
+
+
+def _stack_pids(pattern: str, tmp_path: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     pids = []
     for pid in (int(p) for p in out.split()):
         try:
