@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from crewwork.models import WorkItemState
 from crewwork.store.store import Store, WriteResult, mask_secrets, work_item_fence_key
 
 log = logging.getLogger("crewwork.activities")
@@ -48,7 +49,7 @@ class ExecutionLease:
     Temporal), but it still runs and still tries its writes, which the store must then reject."""
     details: list[Any] = field(default_factory=list)
     started: WriteResult[None] | None = None
-    """The attempt's first write, made in the transaction that took the lease (see `execution_lease(start=...)`)."""
+    """The attempt's first write, made in the transaction that took the lease (see `execution_lease(first=...)`)."""
     released: bool = False
     """The lease was released together with the attempt's last write (`record_step(..., release=True)`)."""
 
@@ -93,7 +94,6 @@ async def record_step(
         )
 
     res = await lease.store.fenced_write(
-        key=work_item_fence_key(lease.work_item_id),
         token=lease.token,
         work_item_id=lease.work_item_id,
         tenant_id=tenant_id,
@@ -106,7 +106,15 @@ async def record_step(
     return res
 
 
-StartWrite = Callable[[str, float], Awaitable[WriteResult[None]]]
+@dataclass(frozen=True)
+class FirstWrite:
+    """An execution attempt's first state, written in the transaction that issues its token and takes the lease."""
+
+    tenant_id: str
+    state: WorkItemState
+    reason: str
+    writer: str
+    event_data: dict[str, Any]
 
 
 @contextlib.asynccontextmanager
@@ -116,19 +124,30 @@ async def execution_lease(
     ttl_s: float,
     heartbeat_every_s: float = 2.0,
     workspace_ttl_s: float | None = None,
-    start: StartWrite | None = None,
+    first: FirstWrite | None = None,
 ) -> AsyncIterator[ExecutionLease]:
     """Supersede the work item's execution lease for this attempt and keep it alive while the body runs.
 
     With `workspace_ttl_s`, the renewals also keep the item's workspace leases (held by the work item id) alive, so
-    a long agent run or validation cannot let another item take the branch from under it. With `start(holder,
-    ttl_s)`, a fenced write that takes the lease itself (`Store.set_state(token=None, lease=...)`), the attempt's
-    first write and the lease are one transaction; its result is `lease.started`."""
+    a long agent run or validation cannot let another item take the branch from under it. With `first`, the
+    attempt's first state and the lease are one transaction (`Store.set_state(token=None, lease=...)`); its result
+    is `lease.started` (stale when the item is already terminal). An item not in the store is BadInput."""
     lease = ExecutionLease(store, work_item_id, ttl_s, heartbeat_every_s)
     key = work_item_fence_key(work_item_id)
     token: int | None
-    if start is not None:
-        lease.started = await start(lease.holder(), ttl_s)
+    if first is not None:
+        lease.started = await store.set_state(
+            work_item_id=work_item_id,
+            tenant_id=first.tenant_id,
+            token=None,
+            state=first.state,
+            reason=first.reason,
+            writer=first.writer,
+            event_data=first.event_data,
+            lease=(lease.holder(), ttl_s),
+        )
+        if lease.started.missing:
+            raise bad_input(f"work item {work_item_id} is not in the store")
         token = lease.started.token
     else:
         token, _ = await store.acquire_lease(key, lease.holder(), ttl_s, supersede=True)

@@ -85,9 +85,8 @@ class ControlActivities:
             raise bad_input(f"work item {inp.work_item_id} is not in the store")
         if res.closed:
             return AdmitResult(admitted=False, reason=f"already {res.state}")
-        attempts = res.value or []
-        fps = [fp if verdict != "passed" else None for verdict, fp in attempts]
-        return AdmitResult(admitted=True, past_fingerprints=fps, attempts_recorded=len(attempts))
+        fps = res.value or []
+        return AdmitResult(admitted=True, past_fingerprints=fps, attempts_recorded=len(fps))
 
     @activity.defn(name="set_state")
     async def set_state(self, inp: SetStateInput) -> WriteOutcome:
@@ -131,27 +130,15 @@ class ControlActivities:
 
     @activity.defn(name="record_attempt")
     async def record_attempt(self, inp: RecordInput) -> RecordResult:
-        r = _attempt_record(inp)
         res = await self.store.record_attempt(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
             token=None,
-            number=r.number,
-            verdict=r.verdict,
-            reason=r.reason,
-            cause=r.cause,
-            fingerprint=r.fingerprint,
-            agent=r.agent,
-            validation=r.validation,
+            record=_attempt_record(inp),
             writer=_writer(),
         )
-        if res.value is not None:
-            fingerprints = res.value
-        else:  # rejected (the item is closed): report the recorded history as it stands
-            fingerprints = [
-                a.fingerprint if a.verdict != "passed" else None
-                for a in await self.store.list_attempts(inp.work_item_id)
-            ]
+        # Rejected (the item is closed): report the recorded history as it stands.
+        fingerprints = res.value if res.value is not None else await self.store.fingerprints(inp.work_item_id)
         return RecordResult(ok=res.ok, stale=res.stale, fingerprints=fingerprints)
 
     @activity.defn(name="land_change")

@@ -19,7 +19,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops
-from crewwork.activities.common import AGENT_ERROR, bad_input, execution_lease, record_step
+from crewwork.activities.common import AGENT_ERROR, FirstWrite, bad_input, execution_lease, record_step
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
@@ -34,7 +34,7 @@ from crewwork.models import (
 )
 from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
 from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
-from crewwork.store.store import Store, WriteResult
+from crewwork.store.store import Store
 from crewwork.store.tables import Artifact
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
@@ -128,30 +128,21 @@ class ExecuteActivities:
         except AgentConfigError as exc:
             raise bad_input(str(exc)) from exc
 
-        async def start(holder: str, ttl_s: float) -> WriteResult[None]:
-            # The execution lease and the attempt's first state in one transaction (fresh token, see Store).
-            return await self.store.set_state(
-                work_item_id=inp.work_item_id,
-                tenant_id=inp.tenant_id,
-                token=None,
-                state=WorkItemState.running,
-                reason=f"attempt {inp.attempt}: agent {spec.agent.name} running",
-                writer=f"run_agent#{info.attempt}",
-                event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
-                lease=(holder, ttl_s),
-            )
-
         async with execution_lease(
             self.store,
             inp.work_item_id,
             self.settings.lease_ttl_s,
             workspace_ttl_s=self.settings.lease_ttl_s * 10,
-            start=start,
+            first=FirstWrite(
+                tenant_id=inp.tenant_id,
+                state=WorkItemState.running,
+                reason=f"attempt {inp.attempt}: agent {spec.agent.name} running",
+                writer=f"run_agent#{info.attempt}",
+                event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
+            ),
         ) as lease:
             w = lease.started
             assert w is not None
-            if w.missing:
-                raise bad_input(f"work item {inp.work_item_id} is not in the store")
             if w.stale:
                 if not w.closed:
                     raise superseded("run_agent", lease.token, w.current_token)
@@ -276,29 +267,21 @@ class ExecuteActivities:
     async def validate_change(self, inp: ValidateInput) -> ValidationOutcome:
         info = activity.info()
 
-        async def start(holder: str, ttl_s: float) -> WriteResult[None]:
-            return await self.store.set_state(
-                work_item_id=inp.work_item_id,
-                tenant_id=inp.tenant_id,
-                token=None,
-                state=WorkItemState.validating,
-                reason=f"attempt {inp.attempt}: validating",
-                writer=f"validate_change#{info.attempt}",
-                event_data={"attempt": inp.attempt},
-                lease=(holder, ttl_s),
-            )
-
         async with execution_lease(
             self.store,
             inp.work_item_id,
             self.settings.lease_ttl_s,
             workspace_ttl_s=self.settings.lease_ttl_s * 10,
-            start=start,
+            first=FirstWrite(
+                tenant_id=inp.tenant_id,
+                state=WorkItemState.validating,
+                reason=f"attempt {inp.attempt}: validating",
+                writer=f"validate_change#{info.attempt}",
+                event_data={"attempt": inp.attempt},
+            ),
         ) as lease:
             w = lease.started
             assert w is not None
-            if w.missing:
-                raise bad_input(f"work item {inp.work_item_id} is not in the store")
             if w.stale:
                 if not w.closed:
                     raise superseded("validate_change", lease.token, w.current_token)

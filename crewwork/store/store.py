@@ -451,7 +451,6 @@ class Store:
     async def fenced_write(
         self,
         *,
-        key: str,
         token: int | None,
         work_item_id: str,
         tenant_id: str,
@@ -460,99 +459,77 @@ class Store:
         lease: tuple[str, float] | None = None,
         release_lease: bool = False,
     ) -> WriteResult[T]:
-        """Run `apply(session, db_now, token)` only if `token` is still the newest issued for `key`.
+        """Run `apply(session, db_now, token)` only if `token` is still the newest issued for the work item's fence
+        (`work_item_fence_key`).
 
         `token=None` issues a fresh token inside this write's own transaction (the writer is then the newest by
         construction, and issuing locks the fence row exactly as the check does): one transaction instead of two
         for a writer that takes a token just to write once (the control activities).
 
-        `lease=(holder, ttl_s)` (with `token=None`) also takes the lease on `key` for `holder` under the new token,
-        superseding any holder, in the same transaction: an activity attempt's start (take the execution lease, write
-        its first state) in one transaction. `release_lease` releases the lease `token` holds on `key` together with
-        an accepted write: an attempt's last write and its release in one transaction.
+        `lease=(holder, ttl_s)` (with `token=None`) also takes the item's execution lease for `holder` under the new
+        token, superseding any holder, in the same transaction: an activity attempt's start (take the execution
+        lease, write its first state) in one transaction. `release_lease` releases the lease `token` holds together
+        with an accepted write: an attempt's last write and its release in one transaction.
 
         A stale write changes nothing but an appended `stale_write_rejected` event naming both tokens."""
         if lease is not None and token is not None:
             raise ValueError("fenced_write: taking a lease needs a fresh token (token=None)")
-        presented = token
+        key = work_item_fence_key(work_item_id)
 
         async def body(s: AsyncSession, started: Callable[[], None]) -> WriteResult[T]:
-            return await self._fenced(
-                s, started, key, presented, work_item_id, tenant_id, writer, apply, lease, release_lease
-            )
-
-        return await self._transaction(body)
-
-    async def _fenced(
-        self,
-        s: AsyncSession,
-        started: Callable[[], None],
-        key: str,
-        token: int | None,
-        work_item_id: str,
-        tenant_id: str,
-        writer: str,
-        apply: Callable[[AsyncSession, float, int], Awaitable[T]],
-        lease: tuple[str, float] | None,
-        release_lease: bool,
-    ) -> WriteResult[T]:
-        current: int | None
-        if token is None:
-            token = current = await self._issue(s, key)
-        else:
-            current = await s.scalar(select(Fence.token).where(Fence.key == key).with_for_update())
-        started()
-        # The item's state and the database clock in one round trip, after the fence row is locked.
-        conn = await s.connection()
-        row = (
-            await conn.execute(
-                select(WorkItem.state, self._now_sql()).where(WorkItem.id == bindparam("wid")),
-                {"wid": work_item_id},
-            )
-        ).first()
-        if row is None:
-            # No such work item: nothing to write to, and no event can name it.
-            return WriteResult(ok=False, current_token=current, token=token, missing=True)
-        now = float(row[1])
-        if lease is not None:
-            await self._take_lease(s, key, lease[0], lease[1], token, now)
-        if current is None or token < current:
-            s.add(
-                Event(
+            current: int | None
+            if token is None:
+                tok = current = await self._issue(s, key)
+            else:
+                tok = token
+                current = await s.scalar(select(Fence.token).where(Fence.key == key).with_for_update())
+            started()
+            # The item's state and the database clock in one round trip, after the fence row is locked.
+            conn = await s.connection()
+            row = (
+                await conn.execute(
+                    select(WorkItem.state, self._now_sql()).where(WorkItem.id == bindparam("wid")),
+                    {"wid": work_item_id},
+                )
+            ).first()
+            if row is None:
+                # No such work item: nothing to write to, and no event can name it.
+                return WriteResult(ok=False, current_token=current, token=tok, missing=True)
+            state, now = row[0], float(row[1])
+            if lease is not None:
+                await self._take_lease(s, key, lease[0], lease[1], tok, now)
+            rejected = {"key": key, "presented_token": tok, "writer": writer}
+            if current is None or tok < current:
+                await self.insert_event(
+                    s,
                     work_item_id=work_item_id,
                     tenant_id=tenant_id,
                     type="stale_write_rejected",
-                    data={
-                        "key": key,
-                        "presented_token": token,
-                        "current_token": current,
-                        "writer": writer,
-                    },
-                    token=token,
+                    data={**rejected, "current_token": current},
+                    token=tok,
                     created_at=now,
                 )
-            )
-            return WriteResult(ok=False, current_token=current, token=token, state=row[0])
-        # A terminal work item is closed. A zombie activity attempt that only *starts* after its item finished
-        # (e.g. its process was SIGSTOPped before it took its lease) is issued a token newer than every write
-        # so far; without this check its "running" write would reopen a finished item (found by the chaos soak).
-        closed = row[0]
-        if WorkItemState(closed).terminal:
-            s.add(
-                Event(
+                return WriteResult(ok=False, current_token=current, token=tok, state=state)
+            # A terminal work item is closed. A zombie activity attempt that only *starts* after its item finished
+            # (e.g. its process was SIGSTOPped before it took its lease) is issued a token newer than every write
+            # so far; without this check its "running" write would reopen a finished item (found by the chaos soak).
+            if WorkItemState(state).terminal:
+                await self.insert_event(
+                    s,
                     work_item_id=work_item_id,
                     tenant_id=tenant_id,
                     type="write_after_terminal_rejected",
-                    data={"key": key, "presented_token": token, "state": closed, "writer": writer},
-                    token=token,
+                    data={**rejected, "state": state},
+                    token=tok,
                     created_at=now,
                 )
-            )
-            return WriteResult(ok=False, current_token=current, closed=True, token=token, state=closed)
-        value = await apply(s, now, token)
-        if release_lease:
-            await self._release(s, key, token, None, now)
-        return WriteResult(ok=True, value=value, current_token=current, token=token, state=row[0])
+                return WriteResult(ok=False, current_token=current, closed=True, token=tok, state=state)
+            value = await apply(s, now, tok)
+            if release_lease:
+                await self._release(s, key, tok, None, now)
+            return WriteResult(ok=True, value=value, current_token=current, token=tok, state=state)
+
+        return await self._transaction(body)
 
     async def set_state(
         self,
@@ -577,7 +554,6 @@ class Store:
             await self._change_state(s, now, token, work_item_id, tenant_id, state, reason, fields, event_data)
 
         return await self.fenced_write(
-            key=work_item_fence_key(work_item_id),
             token=token,
             work_item_id=work_item_id,
             tenant_id=tenant_id,
@@ -586,14 +562,12 @@ class Store:
             lease=lease,
         )
 
-    async def admit(
-        self, *, work_item_id: str, tenant_id: str, writer: str
-    ) -> WriteResult[list[tuple[str, str | None]]]:
+    async def admit(self, *, work_item_id: str, tenant_id: str, writer: str) -> WriteResult[list[str | None]]:
         """Admission in one transaction: a fresh token, `submitted` -> `admitted` (only from `submitted`: a continued
-        run re-admits an item that is already further on), and the item's attempts so far as (verdict, fingerprint).
+        run re-admits an item that is already further on), and the item's failure fingerprints so far (`_fingerprints`).
         Rejected with `missing` when the item is not in the store, `closed` when it is already terminal."""
 
-        async def _apply(s: AsyncSession, now: float, token: int) -> list[tuple[str, str | None]]:
+        async def _apply(s: AsyncSession, now: float, token: int) -> list[str | None]:
             await self._change_state(
                 s,
                 now,
@@ -606,16 +580,9 @@ class Store:
                 None,
                 only_from="submitted",
             )
-            conn = await s.connection()
-            rows = await conn.execute(
-                select(Attempt.verdict, Attempt.fingerprint)
-                .where(Attempt.work_item_id == work_item_id)
-                .order_by(Attempt.number)
-            )
-            return [(v, fp) for v, fp in rows.all()]
+            return await self._fingerprints(s, work_item_id)
 
         return await self.fenced_write(
-            key=work_item_fence_key(work_item_id),
             token=None,
             work_item_id=work_item_id,
             tenant_id=tenant_id,
@@ -683,46 +650,39 @@ class Store:
         return True
 
     async def record_attempt(
-        self,
-        *,
-        work_item_id: str,
-        tenant_id: str,
-        token: int | None,
-        number: int,
-        verdict: str,
-        reason: str,
-        cause: str | None,
-        fingerprint: str | None,
-        agent: dict[str, Any] | None,
-        validation: dict[str, Any] | None,
-        writer: str,
+        self, *, work_item_id: str, tenant_id: str, token: int | None, record: AttemptRecord, writer: str
     ) -> WriteResult[list[str | None]]:
-        """Insert or replace attempt `number`'s record (a retried record activity overwrites its own attempt).
+        """Insert or replace attempt `record.number`'s record (a retried record activity overwrites its own attempt).
 
         The accepted write's value is the item's failure fingerprints in attempt order (None for a passed attempt),
         read in the same transaction: what the workflow's same-cause breaker needs."""
-        record = AttemptRecord(number, verdict, reason, cause, fingerprint, agent, validation)
 
         async def _apply(s: AsyncSession, now: float, token: int) -> list[str | None]:
             await self._record(s, now, token, work_item_id, tenant_id, record)
-            conn = await s.connection()
-            rows = (
-                await conn.execute(
-                    select(Attempt.verdict, Attempt.fingerprint)
-                    .where(Attempt.work_item_id == work_item_id)
-                    .order_by(Attempt.number)
-                )
-            ).all()
-            return [fp if v != "passed" else None for v, fp in rows]
+            return await self._fingerprints(s, work_item_id)
 
         return await self.fenced_write(
-            key=work_item_fence_key(work_item_id),
             token=token,
             work_item_id=work_item_id,
             tenant_id=tenant_id,
             writer=writer,
             apply=_apply,
         )
+
+    async def fingerprints(self, work_item_id: str) -> list[str | None]:
+        async with self.session() as s:
+            return await self._fingerprints(s, work_item_id)
+
+    async def _fingerprints(self, s: AsyncSession, work_item_id: str) -> list[str | None]:
+        """The item's failure fingerprints in attempt order, None for a passed attempt: what the workflow's
+        same-cause breaker reads."""
+        conn = await s.connection()
+        rows = await conn.execute(
+            select(Attempt.verdict, Attempt.fingerprint)
+            .where(Attempt.work_item_id == work_item_id)
+            .order_by(Attempt.number)
+        )
+        return [fp if verdict != "passed" else None for verdict, fp in rows.all()]
 
     async def _record(
         self, s: AsyncSession, now: float, token: int, work_item_id: str, tenant_id: str, r: AttemptRecord

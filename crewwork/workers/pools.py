@@ -67,7 +67,8 @@ def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:
         raise ValueError(f"unknown pool {pool!r}; pools are: {', '.join(POOLS)}")
     queue = settings.task_queue(pool)
     if pool == "control":
-        _cache_workflow_bytecode()
+        if settings.workflow_sandbox != "off":  # only the sandbox re-imports the workflow module per run
+            _cache_workflow_bytecode()
         control = ControlActivities(store, settings)
         return Worker(
             client,

@@ -205,14 +205,9 @@ class WorkItemWorkflow:
                     record=record,
                 )
             await self._record(
-                inp,
-                attempt,
-                verdict,
-                reason,
-                None if verdict == "passed" else "agent_error",
-                None,
-                outcome,
-                None,
+                self._attempt(
+                    inp, attempt, verdict, reason, None if verdict == "passed" else "agent_error", None, outcome, None
+                )
             )
             if outcome.error is None:
                 return await self._finish(
@@ -284,17 +279,18 @@ class WorkItemWorkflow:
             if outcome.stale:
                 raise _Dead("superseded by a newer writer")
             if outcome.error is not None:
-                rec = await self._record(
-                    inp,
-                    attempt,
-                    "failed",
-                    f"agent error: {outcome.error}",
-                    "agent_error",
-                    "agent_error",
-                    outcome,
-                    None,
+                fingerprints = await self._record(
+                    self._attempt(
+                        inp,
+                        attempt,
+                        "failed",
+                        f"agent error: {outcome.error}",
+                        "agent_error",
+                        "agent_error",
+                        outcome,
+                        None,
+                    )
                 )
-                fingerprints = rec
                 diagnostics = f"Attempt {attempt} failed: the agent reported an error: {outcome.error}"
                 attempt += 1
                 continue
@@ -304,14 +300,16 @@ class WorkItemWorkflow:
                 raise _Dead("superseded by a newer writer")
             verdict = "passed" if validation.passed else "failed"
             fingerprints = await self._record(
-                inp,
-                attempt,
-                verdict,
-                validation.reason,
-                validation.cause,
-                validation.fingerprint,
-                outcome,
-                validation,
+                self._attempt(
+                    inp,
+                    attempt,
+                    verdict,
+                    validation.reason,
+                    validation.cause,
+                    validation.fingerprint,
+                    outcome,
+                    validation,
+                )
             )
             if validation.passed:
                 passed = (outcome, validation)
@@ -460,20 +458,8 @@ class WorkItemWorkflow:
             _reraise_cancellation(exc)
             raise _Dead(f"validation failed after {VALIDATE_RETRY.maximum_attempts} tries: {_cause(exc)}") from exc
 
-    async def _record(
-        self,
-        inp: WorkItemInput,
-        attempt: int,
-        verdict: str,
-        reason: str,
-        cause: str | None,
-        fingerprint: str | None,
-        agent: AgentOutcome | None,
-        validation: ValidationOutcome | None,
-    ) -> list[str | None]:
-        res = await self._control(
-            "record_attempt", self._attempt(inp, attempt, verdict, reason, cause, fingerprint, agent, validation)
-        )
+    async def _record(self, record: RecordInput) -> list[str | None]:
+        res = await self._control("record_attempt", record)
         if res.stale:
             raise _Dead("attempt record superseded by a newer writer")
         return list(res.fingerprints)

@@ -8,7 +8,7 @@ from sqlalchemy import update
 
 from crewwork.invariants import check_invariants
 from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.store.store import Store, work_item_fence_key
+from crewwork.store.store import AttemptRecord, Store, work_item_fence_key
 from crewwork.store.tables import Event, Lease, LeaseHistory, WorkItem
 
 pytestmark = [pytest.mark.postgres]
@@ -49,13 +49,7 @@ async def _clean_history(store: Store, kind: str = "task", state: WorkItemState 
         work_item_id=wid,
         tenant_id=tid,
         token=t,
-        number=1,
-        verdict="passed",
-        reason="ok",
-        cause=None,
-        fingerprint=None,
-        agent=None,
-        validation=None,
+        record=AttemptRecord(number=1, verdict="passed", reason="ok"),
         writer="record",
     )
     if kind == "code_change" and state == WorkItemState.succeeded:

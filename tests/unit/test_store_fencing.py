@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.store.store import Store, work_item_fence_key
+from crewwork.store.store import AttemptRecord, Store, work_item_fence_key
 
 
 async def _item(store: Store) -> tuple[str, str]:
@@ -64,20 +64,10 @@ async def test_stale_attempt_record_changes_nothing(any_store: Store) -> None:
     key = work_item_fence_key(wid)
     old = await any_store.issue_token(key)
     new = await any_store.issue_token(key)
-    kw = {
-        "work_item_id": wid,
-        "tenant_id": tid,
-        "number": 1,
-        "cause": None,
-        "fingerprint": None,
-        "validation": None,
-    }
-    assert (
-        await any_store.record_attempt(token=new, verdict="passed", reason="new", agent={"n": 2}, writer="w2", **kw)
-    ).ok
-    assert (
-        await any_store.record_attempt(token=old, verdict="failed", reason="old", agent={"n": 1}, writer="w1", **kw)
-    ).stale
+    newer = AttemptRecord(number=1, verdict="passed", reason="new", agent={"n": 2})
+    older = AttemptRecord(number=1, verdict="failed", reason="old", agent={"n": 1})
+    assert (await any_store.record_attempt(work_item_id=wid, tenant_id=tid, token=new, record=newer, writer="w2")).ok
+    assert (await any_store.record_attempt(work_item_id=wid, tenant_id=tid, token=old, record=older, writer="w1")).stale
     [attempt] = await any_store.list_attempts(wid)
     assert (attempt.verdict, attempt.token, attempt.agent) == ("passed", new, {"n": 2})
 

@@ -4,7 +4,7 @@ its attempt record."""
 
 from __future__ import annotations
 
-from crewwork.activities.common import execution_lease, record_step
+from crewwork.activities.common import FirstWrite, execution_lease, record_step
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.store import AttemptRecord, Store, work_item_fence_key
 
@@ -15,6 +15,10 @@ async def _item(store: Store) -> tuple[str, str]:
         tenant_id=tid, spec=WorkItemSpec.model_validate({"kind": "task", "input": {}}), base_commit=None, repo_path=None
     )
     return tid, row.id
+
+
+def _first(tenant_id: str, writer: str) -> FirstWrite:
+    return FirstWrite(tenant_id=tenant_id, state=WorkItemState.running, reason="start", writer=writer, event_data={})
 
 
 async def test_a_write_that_issues_its_token_is_newest_and_supersedes_older_tokens(any_store: Store) -> None:
@@ -43,12 +47,7 @@ async def test_execution_lease_is_taken_with_the_first_write_and_released_with_t
     tid, wid = await _item(any_store)
     key = work_item_fence_key(wid)
 
-    async def start(holder: str, ttl_s: float):  # type: ignore[no-untyped-def]
-        return await any_store.set_state(
-            work_item_id=wid, tenant_id=tid, token=None, state=WorkItemState.running, writer="a", lease=(holder, ttl_s)
-        )
-
-    async with execution_lease(any_store, wid, 60, start=start) as lease:
+    async with execution_lease(any_store, wid, 60, first=_first(tid, "a")) as lease:
         assert lease.started is not None and lease.started.ok
         held = await any_store.get_lease(key)
         assert held is not None and held.token == lease.token == lease.started.token
@@ -63,21 +62,8 @@ async def test_a_superseded_attempt_keeps_no_lease_and_its_last_write_releases_n
     tid, wid = await _item(any_store)
     key = work_item_fence_key(wid)
 
-    def starter(name: str):  # type: ignore[no-untyped-def]
-        async def start(holder: str, ttl_s: float):  # type: ignore[no-untyped-def]
-            return await any_store.set_state(
-                work_item_id=wid,
-                tenant_id=tid,
-                token=None,
-                state=WorkItemState.running,
-                writer=name,
-                lease=(f"{name}/{holder}", ttl_s),
-            )
-
-        return start
-
-    async with execution_lease(any_store, wid, 60, start=starter("zombie")) as zombie:
-        async with execution_lease(any_store, wid, 60, start=starter("newer")) as newer:
+    async with execution_lease(any_store, wid, 60, first=_first(tid, "zombie")) as zombie:
+        async with execution_lease(any_store, wid, 60, first=_first(tid, "newer")) as newer:
             assert newer.token > zombie.token
             late = await record_step(zombie, tid, "agent_finished", {"by": "zombie"}, writer="zombie", release=True)
             assert late.stale and not zombie.released
@@ -150,3 +136,14 @@ async def test_a_fenced_write_survives_its_pooled_connection_being_killed_withou
         assert (await store.artifact_content(art.id)) == b"x"
     finally:
         await store.close()
+
+
+async def test_an_execution_attempt_for_an_item_not_in_the_store_is_bad_input(any_store: Store) -> None:
+    import pytest
+    from temporalio.exceptions import ApplicationError
+
+    tid, _ = await _item(any_store)
+    with pytest.raises(ApplicationError) as err:
+        async with execution_lease(any_store, "wi_nope", 60, first=_first(tid, "a")):
+            pass
+    assert err.value.type == "BadInput"
