@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 from sqlalchemy import select
 
-from bench.harness import pg_database, rss_mb, summary, table, task_spec, write_results
+from bench.harness import pg_database, proc_cpu_s, rss_mb, summary, task_spec, write_results
 from crewwork.models import WorkItemState
 from crewwork.stack import Stack
 from crewwork.store.store import Store
@@ -126,49 +126,46 @@ async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: flo
     }
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    import os
-
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+def load_stack(data_dir: Path, url: str, agents: int, slots: int, control: int = 1) -> Stack:
+    """The load test's stack: the API, `control` control processes and `agents` agent processes of `slots` each, on a
+    throwaway Temporal dev server and the given database."""
+    return Stack(
+        data_dir,
+        temporal_port=free_port(),
+        ui_port=free_port(),
+        api_port=free_port(),
+        database_url=url,
+        pool_counts={"control": control, "agent": agents, "validate": 0},
+        ui=False,
+        extra_env={
+            "CREWWORK_TASK_QUEUE_PREFIX": f"load{uuid.uuid4().hex[:6]}",
+            "CREWWORK_AGENT_CONCURRENCY": str(slots),
+            # The reference had no rate limit: 100 submits from one key must not be throttled.
+            "CREWWORK_API_RATE_PER_S": "10000",
+            "CREWWORK_API_RATE_BURST": "10000",
+            "CREWWORK_LOG_LEVEL": "WARNING",
+        },
+    )
 
 
 def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="crewwork-load-") as tmp:
-        stack = Stack(
-            Path(tmp),
-            temporal_port=free_port(),
-            ui_port=free_port(),
-            api_port=free_port(),
-            database_url=url,
-            pool_counts={"control": 1, "agent": agents, "validate": 0},
-            ui=False,
-            extra_env={
-                "CREWWORK_TASK_QUEUE_PREFIX": f"load{uuid.uuid4().hex[:6]}",
-                "CREWWORK_AGENT_CONCURRENCY": str(slots),
-                # The reference had no rate limit: 100 submits from one key must not be throttled.
-                "CREWWORK_API_RATE_PER_S": "10000",
-                "CREWWORK_API_RATE_BURST": "10000",
-                "CREWWORK_LOG_LEVEL": "WARNING",
-            },
-        )
+        stack = load_stack(Path(tmp), url, agents, slots)
         stack.start()
         try:
             time.sleep(2.0)  # pools connect and start polling
             # Warm-up: a few items so imports, connections and first workflow tasks are out of the way.
             asyncio.run(drive(stack, url, 4, 4, 60))
             rss_before = {p.name: rss_mb(p.proc.pid) for p in stack.processes if p.proc}
-            cpu_before = {p.name: cpu_s(p.proc.pid) for p in stack.processes if p.proc}
+            cpu_before = {p.name: proc_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
             tserver = stack.temporal.proc.pid if stack.temporal and stack.temporal.proc else 0
-            cpu_before["temporal"] = cpu_s(tserver)
+            cpu_before["temporal"] = proc_cpu_s(tserver)
             out = asyncio.run(drive(stack, url, items, clients, 300))
             # CPU seconds each process spent on the run: where the time goes.
-            out["cpu_s"] = {p.name: cpu_s(p.proc.pid) - cpu_before.get(p.name, 0.0) for p in stack.processes if p.proc}
-            out["cpu_s"]["temporal"] = cpu_s(tserver) - cpu_before["temporal"]
+            out["cpu_s"] = {
+                p.name: proc_cpu_s(p.proc.pid) - cpu_before.get(p.name, 0.0) for p in stack.processes if p.proc
+            }
+            out["cpu_s"]["temporal"] = proc_cpu_s(tserver) - cpu_before["temporal"]
             out["rss_mb_after"] = {p.name: rss_mb(p.proc.pid) for p in stack.processes if p.proc}
             out["rss_mb_idle"] = rss_before
         finally:
@@ -297,45 +294,10 @@ def main() -> None:
                 flush=True,
             )
             runs.append(r)
-    rows = []
-    for r in runs:
-        ref = REFERENCE.get(r["agent_processes"])
-        rows.append(
-            [
-                r.get("system", "crewwork"),
-                r["agent_processes"],
-                r["agent_slots_per_process"],
-                r["tasks_per_s"],
-                f"{r['tasks_per_s'] / ref['tasks_per_s']:.2f}x" if ref else "",
-                r["submit_latency_s"]["p50"],
-                r["submit_latency_s"]["p95"],
-                r["submit_to_result_s"]["p50"],
-                r["submit_to_result_s"]["p95"],
-                f"{r['submit_to_result_s']['p50'] / ref['submit_to_result_p50_s']:.2f}x" if ref else "",
-                r["queue_wait_s"]["p50"],
-                r["queue_wait_s"]["p95"],
-            ]
-        )
+    from bench.report import load_table as render
+
     print()
-    print(
-        table(
-            [
-                "system",
-                "agent procs",
-                "slots/proc",
-                "tasks/s",
-                "vs ref",
-                "submit p50",
-                "submit p95",
-                "s2r p50",
-                "s2r p95",
-                "s2r p50 vs ref",
-                "qwait p50",
-                "qwait p95",
-            ],
-            rows,
-        )
-    )
+    print(render({"runs": runs, "reference": REFERENCE}))
     print("reference: SKIP LOCKED platform, 8 tasks/s (1 worker) and 14 (2), submit-to-result p50 4.6 s / 2.4 s")
     write_results("load", {"runs": runs, "reference": REFERENCE})
 

@@ -140,6 +140,9 @@ def peers(d: dict[str, Any]) -> str:
         z = d.get(key, {}).get("zombie")
         if not z:
             continue
+        if "error" in z:
+            zr.append([key, "?", z["error"]])
+            continue
         if key == "crewwork":
             what = (
                 f"{z.get('stale_writes_rejected')} stale write(s) rejected (stale_write_rejected events); stored "

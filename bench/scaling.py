@@ -28,7 +28,6 @@ from bench.harness import (
     in_process_pools,
     pg_database,
     psql,
-    table,
     task_spec,
     write_results,
 )
@@ -158,37 +157,10 @@ def main() -> None:
     if args.quick:
         args.sizes, args.probe = "100,1000", 15
     res = asyncio.run(run([int(x) for x in args.sizes.split(",")], args.probe))
-    rows = []
-    for lv in res["levels"]:
-        r = lv["probe"]
-        sb = lv["store_bytes"]
-        rows.append(
-            [
-                lv["work_items"],
-                r["items_per_s"],
-                r["latency_s"]["p50"],
-                r["latency_s"]["p95"],
-                sb["database"] / 1e6,
-                sb.get("work_items", 0) / 1e6,
-                sb.get("events", 0) / 1e6,
-                "yes" if all(p["indexed"] for p in lv["plans"].values()) else "NO",
-            ]
-        )
+    from bench.report import scaling as render
+
     print()
-    print(
-        table(
-            ["work items", "probe items/s", "p50 s", "p95 s", "db MB", "work_items MB", "events MB", "reads indexed"],
-            rows,
-        )
-    )
-    last = res["levels"][-1]["plans"]
-    print()
-    print(
-        table(
-            ["query (largest size)", "indexed", "execution"],
-            [[k, "yes" if v["indexed"] else f"NO: {v['seq_scans']}", v["execution"]] for k, v in last.items()],
-        )
-    )
+    print(render(res))
     write_results("scaling", res)
 
 

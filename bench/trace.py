@@ -19,7 +19,6 @@ import asyncio
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,10 @@ from sqlalchemy import select
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench.harness import pg_database, summary, table
-from bench.load import cpu_s, drive
-from crewwork.stack import Stack
+from bench.harness import pg_database, proc_cpu_s, summary, table
+from bench.load import drive, load_stack
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
-from crewwork.temporal.devserver import free_port
 
 
 def phases(events: list[Any]) -> dict[str, float]:
@@ -92,29 +89,14 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="pool process to sample with py-spy during the run (e.g. control-0)")
     args = ap.parse_args()
     with pg_database("crewwork_trace") as (url, _db), tempfile.TemporaryDirectory(prefix="crewwork-trace-") as tmp:
-        stack = Stack(
-            Path(tmp),
-            temporal_port=free_port(),
-            ui_port=free_port(),
-            api_port=free_port(),
-            database_url=url,
-            pool_counts={"control": args.control, "agent": args.agents, "validate": 0},
-            ui=False,
-            extra_env={
-                "CREWWORK_TASK_QUEUE_PREFIX": f"trace{uuid.uuid4().hex[:6]}",
-                "CREWWORK_AGENT_CONCURRENCY": str(args.slots),
-                "CREWWORK_API_RATE_PER_S": "10000",
-                "CREWWORK_API_RATE_BURST": "10000",
-                "CREWWORK_LOG_LEVEL": "WARNING",
-            },
-        )
+        stack = load_stack(Path(tmp), url, args.agents, args.slots, control=args.control)
         stack.start()
         try:
             time.sleep(2.0)
             asyncio.run(drive(stack, url, 4, 4, 60))
-            cpu0 = {p.name: cpu_s(p.proc.pid) for p in stack.processes if p.proc}
+            cpu0 = {p.name: proc_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
             tpid = stack.temporal.proc.pid if stack.temporal and stack.temporal.proc else 0
-            cpu0["temporal"] = cpu_s(tpid)
+            cpu0["temporal"] = proc_cpu_s(tpid)
             spy = None
             if args.profile:
                 import subprocess
@@ -144,8 +126,8 @@ def main() -> None:
 
                 spy.send_signal(_signal.SIGINT)
                 spy.wait(30)
-            cpu = {p.name: cpu_s(p.proc.pid) - cpu0[p.name] for p in stack.processes if p.proc}
-            cpu["temporal"] = cpu_s(tpid) - cpu0["temporal"]
+            cpu = {p.name: proc_cpu_s(p.proc.pid) - cpu0[p.name] for p in stack.processes if p.proc}
+            cpu["temporal"] = proc_cpu_s(tpid) - cpu0["temporal"]
             store = Store(url)
 
             async def ids() -> list[str]:

@@ -31,7 +31,6 @@ from bench.harness import (
     in_process_pools,
     pg_database,
     summary,
-    table,
     task_spec,
     write_results,
 )
@@ -287,44 +286,11 @@ def main() -> None:
         t = res[key]["throughput"]
         rows.append(tp(name, t["done"], t["wall_s"], t["latency"]))
     res["table"] = rows
-    base = rows[0]["items_per_s"]
+    from bench.report import peers as render
+
     print()
-    print(
-        table(
-            ["system", "items", "items/s", "crewwork/peer items/s", "p50 s", "p95 s", "p99 s"],
-            [
-                [
-                    r["system"],
-                    r["items"],
-                    r["items_per_s"],
-                    base / r["items_per_s"] if r["items_per_s"] else "",
-                    r["latency_s"]["p50"],
-                    r["latency_s"]["p95"],
-                    r["latency_s"]["p99"],
-                ]
-                for r in rows
-            ],
-        )
-    )
-    if zombie:
-        print()
-        zrows = []
-        for key in ("crewwork", "procrastinate", "dbos"):
-            z = res[key].get("zombie", {})
-            zrows.append([key, "yes" if z.get("overwrote") else ("no" if "overwrote" in z else "?"), _z_detail(key, z)])
-        print(table(["system", "stale late write overwrote the newer result?", "what happened"], zrows))
+    print(render(res))
     write_results("peers", res)
-
-
-def _z_detail(key: str, z: dict[str, Any]) -> str:
-    if "error" in z:
-        return z["error"]
-    if key == "crewwork":
-        return f"{z.get('stale_writes_rejected')} stale write(s) rejected; final state {z.get('final_state')}"
-    return (
-        f"newer attempt wrote {z.get('result_after_newer_attempt')}; final result by {z.get('final_result_writer')}; "
-        f"{z.get('result_writes')} result writes"
-    )
 
 
 if __name__ == "__main__":
