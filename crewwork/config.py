@@ -13,6 +13,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from crewwork.models import EnvironmentSpec
+from crewwork.repos.settings import ForgeConfig, RepoCredential, SetupSecret
+
 DEFAULT_DATA_DIR = Path(".crewwork")
 
 
@@ -80,6 +83,54 @@ class Settings(BaseSettings):
         description="Concurrent workflow-task polls of a control-pool process (half for new work items, half sticky).",
     )
     log_level: str = Field(default="INFO", description="Python log level.")
+    # ---------------------------------------------------------------- repositories (docs/repositories.md)
+    repo_schemes: str = Field(
+        default="https,http,ssh,git,file",
+        description="Comma-separated URL schemes submissions may use for repo.url (`file` covers local paths).",
+    )
+    repo_check_timeout_s: float = Field(
+        default=20.0, gt=0, description="Timeout of the submission-time check that the remote and its ref exist."
+    )
+    git_timeout_s: float = Field(default=600.0, gt=0, description="Timeout of one network git command (fetch, push).")
+    mirror_dir: Path | None = Field(
+        default=None, description="Where this host keeps its bare mirror per repository (default DATA/mirrors)."
+    )
+    mirror_max_bytes: int = Field(
+        default=20 * 1024**3,
+        gt=0,
+        description="Bytes the mirror cache may hold; least-recently-used mirrors without worktrees go first.",
+    )
+    mirror_fsck: bool = Field(
+        default=True, description="Check every fetched object (transfer.fsckObjects): malformed trees are refused."
+    )
+    repo_credentials: dict[str, RepoCredential] = Field(
+        default_factory=dict,
+        description="Operator-held git credentials by name (JSON): each names its secret file and the URL prefixes "
+        "it may be sent to.",
+    )
+    ssh_known_hosts: Path | None = Field(
+        default=None, description="known_hosts file host-side ssh checks servers against (strict checking)."
+    )
+    forges: list[ForgeConfig] = Field(
+        default_factory=list, description="Forges whose REST API opens pull requests for landed branches (JSON)."
+    )
+    repo_environments: dict[str, EnvironmentSpec] = Field(
+        default_factory=dict,
+        description="Default environment per repository (JSON, keyed by normalised URL); a work item's "
+        "`environment` overrides it.",
+    )
+    environment_images: str = Field(
+        default="",
+        description="Comma-separated sandbox images `environment.image` may name (besides the default image).",
+    )
+    setup_network_allowlist: str = Field(
+        default="",
+        description="Comma-separated host:port (or *.domain:port) a setup with `network: true` may reach through "
+        "the allowlisting proxy, e.g. pypi.org:443,files.pythonhosted.org:443. Empty: setup has no network.",
+    )
+    setup_secrets: dict[str, SetupSecret] = Field(
+        default_factory=dict, description="Operator secrets setup commands may name (JSON: name -> file, env var)."
+    )
 
     def resolved_database_url(self) -> str:
         if self.database_url:
@@ -88,6 +139,18 @@ class Settings(BaseSettings):
 
     def resolved_worktree_dir(self) -> Path:
         return (self.worktree_dir or self.data_dir / "worktrees").resolve()
+
+    def resolved_mirror_dir(self) -> Path:
+        return (self.mirror_dir or self.data_dir / "mirrors").resolve()
+
+    def repo_scheme_set(self) -> set[str]:
+        return {s.strip().lower() for s in self.repo_schemes.split(",") if s.strip()}
+
+    def environment_image_set(self) -> set[str]:
+        return {s.strip() for s in self.environment_images.split(",") if s.strip()}
+
+    def setup_allowlist(self) -> list[str]:
+        return [s.strip().lower() for s in self.setup_network_allowlist.split(",") if s.strip()]
 
     def task_queue(self, pool: str) -> str:
         return f"{self.task_queue_prefix}-{pool}"

@@ -12,6 +12,8 @@ from crewwork.models import (
     AgentOutcome,
     ArtifactRef,
     DiffStats,
+    EnvironmentSpec,
+    PullRequestSpec,
     SandboxSpec,
     ValidationOutcome,
     ValidationSpec,
@@ -83,6 +85,8 @@ class ValidateInput(ItemRef):
     diff_ref: ArtifactRef | None = None
     diff_stats: DiffStats | None = None
     review_comment: str | None = None
+    environment: EnvironmentSpec | None = None
+    """The repository's environment (resolved at submission): setup, interpreter, setup network and secrets."""
 
 
 class RecordInput(ItemRef):
@@ -108,6 +112,10 @@ class LandInput(ItemRef):
     message: str
     workspace_key: str | None = None
     workspace_token: int | None = None
+    pull_request: PullRequestSpec | None = None
+    """Open a pull request for the landed branch (also when the repository's forge says `always`)."""
+    ref: str | None = None
+    """The work item's `repo.ref`: the pull request's base when it names a branch."""
 
 
 class LandResult(BaseModel):
@@ -115,6 +123,7 @@ class LandResult(BaseModel):
     commit: str
     created: bool
     patch_ref: ArtifactRef | None = None
+    pull_request_url: str | None = None
 
 
 class FinishInput(ItemRef):

@@ -59,15 +59,114 @@ TERMINAL_STATES = frozenset(
 )
 
 
+class PullRequestSpec(Strict):
+    """Open a pull request for the landed branch on the repository's forge (configured by the operator)."""
+
+    draft: bool | None = Field(default=None, description="Open it as a draft (default: the forge's setting).")
+    base: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Branch the pull request targets (default: `repo.ref` when it is a branch, else the forge's "
+        "default branch).",
+    )
+    title: str | None = Field(default=None, max_length=256, description="Title (default: the instruction).")
+
+    @field_validator("base")
+    @classmethod
+    def _base_is_plain(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_ref_name(v)
+        return v
+
+
 class RepoSpec(Strict):
-    url: str = Field(description="A local path or file:// URL of a git repository.", min_length=1, max_length=4096)
+    url: str = Field(
+        description="The git repository: https://, http://, ssh:// or scp-style (git@host:path), git://, file:// "
+        "or a local path. Never credentials: the operator holds them (docs/repositories.md).",
+        min_length=1,
+        max_length=4096,
+    )
     ref: str = Field(default="HEAD", description="Branch, tag or commit to start from.", min_length=1, max_length=256)
+    pull_request: PullRequestSpec | None = Field(
+        default=None, description="Also open a pull request for the landed branch (needs a configured forge)."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url_grammar(cls, v: str) -> str:
+        from crewwork.repos.urls import RepoURLError, parse_repo_url
+
+        try:
+            # Grammar only (no roots, no existence checks): the service applies operator policy at submission.
+            parsed = parse_repo_url(v, roots=None) if not _is_relative_path(v) else None
+        except RepoURLError as exc:
+            raise ValueError(str(exc)) from None
+        return v if parsed is None or parsed.is_local else parsed.url
 
     @field_validator("ref")
     @classmethod
     def _ref_is_plain(cls, v: str) -> str:
-        if v.startswith("-") or (any(c in v for c in " \t\n\r\x00~^:?*[\\") and v != "HEAD"):
-            raise ValueError(f"ref {v!r} is not a valid git ref name")
+        return _check_ref_name(v)
+
+
+def _is_relative_path(v: str) -> bool:
+    """A relative local path (resolved against the operator's repo roots at submission, not here)."""
+    return "://" not in v and not v.startswith("/") and ":" not in v.split("/", 1)[0]
+
+
+def _check_ref_name(v: str) -> str:
+    if v.startswith("-") or (any(c in v for c in " \t\n\r\x00~^:?*[\\") and v != "HEAD") or ".." in v:
+        raise ValueError(f"ref {v!r} is not a valid git ref name")
+    return v
+
+
+class EnvironmentSpec(Strict):
+    """A repository's own environment: prepared once per base commit, then used by every validation run.
+
+    With `python` set, crewwork first creates a virtual environment `$CREWWORK_ENV/venv` from that interpreter
+    (inside the sandbox) and puts its `bin` first on PATH for the setup commands and for validation, so the tests
+    run with the repository's interpreter and packages, never crewwork's."""
+
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Sandbox image for setup and validation (docker/gvisor backends; the operator lists allowed ones).",
+    )
+    python: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="Interpreter the environment's venv is created from, as seen inside the sandbox "
+        "(e.g. `python3`, `/usr/bin/python3.11`). None: no venv.",
+    )
+    setup: list[list[str]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Setup commands (argv lists), run once per base commit in the environment, cwd the checkout.",
+    )
+    network: bool = Field(
+        default=False,
+        description="Setup may reach the operator's setup allowlist (CREWWORK_SETUP_NETWORK_ALLOWLIST) through "
+        "crewwork's allowlisting proxy. Agents and validation never have network.",
+    )
+    secrets: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Names of operator setup secrets (CREWWORK_SETUP_SECRETS) the setup commands see as "
+        "environment variables. Never given to agents or validation.",
+    )
+    setup_timeout_s: float = Field(default=600.0, gt=0, le=3600, description="Wall-clock limit of one setup command.")
+
+    @field_validator("setup")
+    @classmethod
+    def _commands(cls, v: list[list[str]]) -> list[list[str]]:
+        for i, argv in enumerate(v):
+            if not argv or not argv[0].strip():
+                raise ValueError(f"environment.setup[{i}] must name a program")
+            if len(argv) > MAX_VALIDATION_ARGS:
+                raise ValueError(f"environment.setup[{i}] has more than {MAX_VALIDATION_ARGS} arguments")
         return v
 
 
@@ -135,6 +234,9 @@ class WorkItemSpec(Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     review: ReviewSpec = Field(default_factory=ReviewSpec)
     sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    environment: EnvironmentSpec | None = Field(
+        default=None, description="The repository's environment for validation (overrides the repository's own)."
+    )
     target_branch: str | None = Field(
         default=None, max_length=256, description="Branch the change is meant for (workspace lease key)."
     )
@@ -285,6 +387,7 @@ class WorkItemStatus(BaseModel):
     attempts: list[AttemptSummary] = Field(default_factory=list)
     delivery_branch: str | None = None
     landed_commit: str | None = None
+    pull_request_url: str | None = None
 
 
 class WorkItemResult(BaseModel):
@@ -296,6 +399,7 @@ class WorkItemResult(BaseModel):
     delivery_branch: str | None = None
     landed_commit: str | None = None
     mock: bool = False
+    pull_request_url: str | None = None
 
 
 class ReviewDecision(BaseModel):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
@@ -16,7 +15,6 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from crewwork import gitops
 from crewwork.agents.base import AgentConfigError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
@@ -61,8 +59,9 @@ class WorkItemService:
             raise WorkflowUnavailable("not connected to Temporal")
         return self.client
 
-    async def check(self, spec: WorkItemSpec) -> tuple[Path | None, str | None]:
-        """Everything that can be checked before anything is stored. Returns (repo path, base commit)."""
+    async def check(self, spec: WorkItemSpec, tenant_id: str | None = None) -> tuple[str | None, str | None]:
+        """Everything that can be checked before anything is stored. Returns (repository locator, base commit):
+        the locator is the normalised URL of a remote, or the absolute path of a local repository."""
         try:
             get_agent_class(spec.agent.name).validate_config(spec.kind, spec.agent.config)
         except AgentConfigError as exc:
@@ -75,21 +74,52 @@ class WorkItemService:
                 )
             return None, None
         assert spec.repo is not None
-        try:
-            repo = gitops.repo_path_from_url(spec.repo.url, self.settings.repo_root_list())
-            commit = await gitops.resolve_commit(repo, spec.repo.ref)
-        except gitops.RepoRejected as exc:
-            raise SubmissionRejected(str(exc), "repo") from exc
+        url, commit = await self._check_repository(spec, tenant_id)
         if spec.sandbox.backend == "local" and not self.settings.allow_unsafe_sandbox:
             raise SubmissionRejected(
                 "sandbox.backend `local` has no isolation; the operator has not allowed it", "sandbox"
             )
-        return repo, commit
+        return url, commit
+
+    async def _check_repository(self, spec: WorkItemSpec, tenant_id: str | None) -> tuple[str, str]:
+        """The remote (or local repository) exists and has the ref; its environment and pull request are allowed
+        (crewwork.repos: docs/repositories.md)."""
+        from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
+        from crewwork.repos.service import RepoPolicyError, Repositories
+
+        assert spec.repo is not None
+        repos = Repositories(self.settings)
+        try:
+            url, commit = await repos.check(spec.repo.url, spec.repo.ref, tenant_id)
+        except RepoPolicyError as exc:
+            raise SubmissionRejected(str(exc), "repo") from exc
+        try:
+            repos.forge(url, spec.repo.pull_request)
+        except RepoPolicyError as exc:
+            raise SubmissionRejected(str(exc), "repo.pull_request") from exc
+        env = resolve_environment(spec.environment, self.settings, url.url)
+        if env is not None:
+            try:
+                check_environment(env, self.settings, tenant_id)
+            except EnvironmentRejected as exc:
+                raise SubmissionRejected(str(exc), "environment") from exc
+        return url.url, commit
+
+    def with_repository_defaults(self, spec: WorkItemSpec, locator: str | None) -> WorkItemSpec:
+        """The spec as it is stored and run: the repository's default environment filled in (resolved once, so
+        every attempt on every host prepares the same environment)."""
+        from crewwork.repos.environment import resolve_environment
+
+        if locator is None or spec.environment is not None:
+            return spec
+        env = resolve_environment(None, self.settings, locator)
+        return spec if env is None else spec.model_copy(update={"environment": env})
 
     async def submit(self, tenant_id: str, spec: WorkItemSpec) -> Submitted:
-        repo, commit = await self.check(spec)
+        repo, commit = await self.check(spec, tenant_id)
+        spec = self.with_repository_defaults(spec, repo)
         row, created = await self.store.create_work_item(
-            tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=str(repo) if repo else None
+            tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=repo
         )
         # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
         # already running for this id is the same work item: not an error.

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import logging
 import shutil
-from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork import gitops
 from crewwork.activities.common import LANDING_CONFLICT, bad_input
 from crewwork.config import Settings
 from crewwork.contracts import (
@@ -31,7 +29,10 @@ from crewwork.contracts import (
     WorkspaceLeaseResult,
     WriteOutcome,
 )
+from crewwork.forge import ForgeError
 from crewwork.models import ArtifactRef, WorkItemState
+from crewwork.repos.landing import LandingConflictError
+from crewwork.repos.service import PULL_REQUEST_FAILED, REPO_ERRORS, Repositories, repo_failure
 from crewwork.store.store import AttemptRecord, Store
 
 log = logging.getLogger("crewwork.activities.control")
@@ -61,6 +62,7 @@ class ControlActivities:
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
         self.settings = settings
+        self.repos = Repositories(settings)
 
     @activity.defn(name="admit")
     async def admit(self, inp: AdmitInput) -> AdmitResult:
@@ -156,7 +158,6 @@ class ControlActivities:
         assert res.token is not None
         token = res.token
         diff = (await self._artifact_bytes(inp.diff_ref.id)).decode()
-        repo = Path(inp.repo_path)
         if inp.workspace_token is not None and inp.workspace_key:
             key = inp.workspace_key
             if not await self.store.renew_lease(key, inp.workspace_token, self.settings.lease_ttl_s * 10):
@@ -173,16 +174,41 @@ class ControlActivities:
                 )
         scratch = self.settings.resolved_worktree_dir() / inp.work_item_id / f"land-t{token}"
         try:
-            branch, commit, created = await gitops.land(
-                repo,
+            landed = await self.repos.land(
+                inp.repo_path,
+                tenant_id=inp.tenant_id,
                 work_item_id=inp.work_item_id,
                 base_commit=inp.base_commit,
                 diff=diff,
                 message=inp.message,
                 scratch=scratch,
             )
-        except gitops.GitError as exc:
-            raise ApplicationError(str(exc), type=LANDING_CONFLICT, non_retryable=True) from exc
+        except LandingConflictError as exc:
+            raise ApplicationError(self.repos.redact(str(exc)), type=LANDING_CONFLICT, non_retryable=True) from None
+        except REPO_ERRORS as exc:
+            raise repo_failure(exc) from None
+        branch, commit, created = landed.branch, landed.commit, landed.created
+        pr_url: str | None = None
+        try:
+            pr = await self.repos.open_pull_request(
+                inp.repo_path,
+                tenant_id=inp.tenant_id,
+                branch=branch,
+                spec=inp.pull_request,
+                ref=inp.ref,
+                message=inp.message,
+                work_item_id=inp.work_item_id,
+            )
+        except ForgeError as exc:
+            raise ApplicationError(
+                f"{branch} was pushed, but the pull request could not be opened: {self.repos.redact(str(exc))}",
+                type=PULL_REQUEST_FAILED,
+                non_retryable=not exc.retryable,
+            ) from None
+        except REPO_ERRORS as exc:
+            raise repo_failure(exc) from None
+        if pr is not None:
+            pr_url = pr.url
         patch = await self.store.put_artifact(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
@@ -201,13 +227,20 @@ class ControlActivities:
                 inp.work_item_id,
                 inp.tenant_id,
                 "landed",
-                {"branch": branch, "commit": commit, "created": created},
+                {
+                    "branch": branch,
+                    "commit": commit,
+                    "created": created,
+                    "remote": landed.remote,
+                    "pull_request_url": pr_url,
+                },
                 token=token,
             )
         return LandResult(
             branch=branch,
             commit=commit,
             created=created,
+            pull_request_url=pr_url,
             patch_ref=ArtifactRef(
                 id=patch.id,
                 name=patch.name,
@@ -252,5 +285,6 @@ class ControlActivities:
         root = self.settings.resolved_worktree_dir() / inp.work_item_id
         if root.exists():
             shutil.rmtree(root, ignore_errors=True)
-        if inp.repo_path and Path(inp.repo_path).exists():
-            await gitops.git("worktree", "prune", cwd=inp.repo_path, check=False)
+        if inp.repo_path:
+            # Worktrees live in this host's mirror; forget the ones whose directories were just removed.
+            await self.repos.prune(inp.repo_path)

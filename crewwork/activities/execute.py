@@ -10,6 +10,7 @@ runs the command in a fresh sandbox, and grades the saved evidence with a pure f
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -27,11 +28,14 @@ from crewwork.contracts import AgentStepInput, ValidateInput
 from crewwork.models import (
     AgentOutcome,
     ArtifactRef,
+    EnvironmentSpec,
     SandboxSpec,
     ValidationOutcome,
     WorkItemKind,
     WorkItemState,
 )
+from crewwork.repos.environment import EnvironmentRejected, setup_plan
+from crewwork.repos.service import REPO_ERRORS, Repositories, repo_failure
 from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
 from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
 from crewwork.store.store import Store
@@ -58,7 +62,8 @@ def superseded(step: str, token: int, current: int | None) -> ApplicationError:
     )
 
 
-def pick_sandbox(spec: SandboxSpec | None, settings: Settings) -> Sandbox:
+def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None = None) -> Sandbox:
+    from crewwork.sandbox.config import SandboxSettings
     from crewwork.sandbox.registry import best_available, get_sandbox
 
     name = (spec.backend if spec and spec.backend else None) or settings.sandbox_backend
@@ -69,7 +74,13 @@ def pick_sandbox(spec: SandboxSpec | None, settings: Settings) -> Sandbox:
             "sandbox backend `local` has no isolation and is refused unless the operator sets "
             "CREWWORK_ALLOW_UNSAFE_SANDBOX=true"
         )
+    if image is not None and name not in ("docker", "gvisor"):
+        raise bad_input(f"environment.image {image!r} needs the docker or gvisor sandbox backend, not {name!r}")
     try:
+        if image is not None:
+            return get_sandbox(
+                name, allow_unsafe=settings.allow_unsafe_sandbox, settings=SandboxSettings(docker_image=image)
+            )
         return get_sandbox(name, allow_unsafe=settings.allow_unsafe_sandbox)
     except ValueError as exc:
         raise bad_input(str(exc)) from exc
@@ -88,6 +99,26 @@ class ExecuteActivities:
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
         self.settings = settings
+        self.repos = Repositories(settings)
+
+    async def _checkout(
+        self, work_item_id: str, tenant_id: str, locator: str, commit: str, path: Path, token: int, attempt: int
+    ) -> Path:
+        """A worktree of `commit` from this host's mirror of the repository (fetched when it lacks the commit).
+        Returns the mirror, the git dir the worktree belongs to."""
+        try:
+            gitdir, stats = await self.repos.add_worktree(locator, commit, path, tenant_id)
+        except REPO_ERRORS as exc:
+            raise repo_failure(exc) from None
+        if stats.fetched:
+            await self.store.append_event(
+                work_item_id,
+                tenant_id,
+                "repository_fetched",
+                {"attempt": attempt, "cloned": stats.cloned, "seconds": round(stats.seconds, 3)},
+                token=token,
+            )
+        return gitdir
 
     async def _save(self, work_item_id: str, tenant_id: str, name: str, data: bytes, ctype: str) -> ArtifactRef:
         if len(data) > self.settings.max_artifact_bytes:
@@ -148,13 +179,15 @@ class ExecuteActivities:
                     raise superseded("run_agent", lease.token, w.current_token)
                 return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, stale=True, error="superseded")
             workspace: Path | None = None
-            repo = Path(inp.repo_path) if inp.repo_path else None
+            repo: Path | None = None
             if spec.kind != WorkItemKind.task:
-                assert repo is not None and inp.base_commit
+                assert inp.repo_path and inp.base_commit
                 workspace = (
                     self.settings.resolved_worktree_dir() / inp.work_item_id / f"attempt-{inp.attempt}-t{lease.token}"
                 )
-                await gitops.add_worktree(repo, workspace, inp.base_commit)
+                repo = await self._checkout(
+                    inp.work_item_id, inp.tenant_id, inp.repo_path, inp.base_commit, workspace, lease.token, inp.attempt
+                )
             sandbox = None
             limits = None
             if agent_cls.needs_sandbox:
@@ -320,25 +353,43 @@ class ExecuteActivities:
         if not diff.strip():
             evidence = ValidationEvidence(**ev)
             return self._judge(inp, evidence, outcome_extra)
-        repo = Path(inp.repo_path)
         ws = self.settings.resolved_worktree_dir() / inp.work_item_id / f"validate-{inp.attempt}-t{token}"
-        await gitops.add_worktree(repo, ws, inp.base_commit)
+        repo = await self._checkout(
+            inp.work_item_id, inp.tenant_id, inp.repo_path, inp.base_commit, ws, token, inp.attempt
+        )
         try:
-            sandbox = pick_sandbox(inp.sandbox, self.settings)
+            environment: EnvironmentSpec | None = inp.environment
+            sandbox = pick_sandbox(inp.sandbox, self.settings, environment.image if environment else None)
             limits = sandbox_limits(inp.sandbox, spec.timeout_s)
             run_env: dict[str, str] = {}
             mounts: list[Path] = []
-            if spec.setup:
-                # Setup runs once per (repository, base commit, setup spec) on this host; every later attempt and
+            setup_commands = [*(environment.setup if environment else []), *spec.setup]
+            if setup_commands or (environment is not None and environment.python):
+                # Setup runs once per (repository, base commit, environment) on this host; every later attempt and
                 # validation mounts the result read-only instead of reinstalling.
+                plan = None
+                setup_limits = limits
+                if environment is not None:
+                    try:
+                        plan = setup_plan(
+                            environment,
+                            self.settings,
+                            inp.tenant_id,
+                            exposed=self.repos.credentials.exposed,
+                            redact=self.repos.redact,
+                        )
+                    except EnvironmentRejected as exc:
+                        raise bad_input(str(exc)) from exc
+                    setup_limits = dataclasses.replace(limits, timeout_s=environment.setup_timeout_s)
                 try:
                     prepared = await PreparedEnvCache(self.settings.data_dir.resolve() / "prepared").get_or_prepare(
                         sandbox=sandbox,
                         repo=inp.repo_path,
                         base_commit=inp.base_commit,
-                        setup=spec.setup,
+                        setup=setup_commands,
                         source=ws,
-                        limits=limits,
+                        limits=setup_limits,
+                        plan=plan,
                     )
                 except SetupFailed as exc:
                     setup = exc.results[-1]
@@ -346,7 +397,7 @@ class ExecuteActivities:
                         inp.work_item_id,
                         inp.tenant_id,
                         f"attempt-{inp.attempt}-setup.log",
-                        setup.stdout + b"\n--- stderr ---\n" + setup.stderr,
+                        exc.log or (setup.stdout + b"\n--- stderr ---\n" + setup.stderr),
                         "text/plain",
                     )
                     evidence = ValidationEvidence(
@@ -362,17 +413,18 @@ class ExecuteActivities:
                     return self._judge(inp, evidence, outcome_extra, sandbox_report=setup.report(4000))
                 run_env.update(prepared.env())
                 mounts.extend(prepared.mounts())
+                prepared_ev: dict[str, Any] = {"attempt": inp.attempt, **prepared.evidence()}
+                if prepared.cold:
+                    log_ref = await self._save(
+                        inp.work_item_id,
+                        inp.tenant_id,
+                        f"attempt-{inp.attempt}-setup.log",
+                        prepared.setup_log(),
+                        "text/plain",
+                    )
+                    prepared_ev["log_ref"] = log_ref.id
                 await self.store.append_event(
-                    inp.work_item_id,
-                    inp.tenant_id,
-                    "environment_prepared",
-                    {
-                        "attempt": inp.attempt,
-                        "key": prepared.key,
-                        "cold": prepared.cold,
-                        "seconds": round(prepared.prepare_s, 3),
-                    },
-                    token=token,
+                    inp.work_item_id, inp.tenant_id, "environment_prepared", prepared_ev, token=token
                 )
             heartbeat()
             ok, err = await gitops.apply_diff(ws, diff)

@@ -10,8 +10,17 @@ working. Later runs mount `env/` read-only and get PATH/PYTHONPATH pointing into
 Invalidation is by construction: the key hashes the repository, the base commit and the setup spec, so a
 new commit or a changed setup is a different entry. `evict()` removes least-recently-used entries beyond
 a byte budget. Entries are built under a per-key file lock, so concurrent attempts on one host build once.
-Sandboxes have no network: setup installs from what is mounted (a wheelhouse, a vendored tree) or from an
-image that already has it.
+
+A repository's environment (`SetupPlan`, from `EnvironmentSpec`) adds three things to a build:
+- `python`: first create a virtual environment `env/venv` from that interpreter (inside the sandbox); its `bin`
+  leads PATH for the setup commands and for every later run, and PYTHONPATH is not set, so tests run with the
+  repository's interpreter and packages, never crewwork's own.
+- `allowlist`: setup commands reach the network through `crewwork.repos.proxy` (an allowlisting proxy on a unix
+  socket bind-mounted into the setup sandbox only). Later runs get no socket: no network.
+- `secrets`: environment variables for the setup commands only, masked in the setup log.
+Without an allowlist, sandboxes have no network at all: setup installs from what is mounted (a wheelhouse, a
+vendored tree) or from an image that already has it. The setup log, each command's duration and the proxy's
+decisions are kept in the entry (`setup.log`, `READY.json`) as evidence for cold and warm runs alike.
 """
 
 from __future__ import annotations
@@ -26,24 +35,67 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from crewwork.sandbox.base import Sandbox, SandboxLimits, SandboxRunResult
 
 READY = "READY.json"
+SETUP_LOG = "setup.log"
 DEFAULT_MAX_BYTES = 10 * 1024**3
 
 
 def prepare_key(
-    repo: str, base_commit: str, setup: Sequence[Sequence[str]], env: Mapping[str, str] | None = None
+    repo: str,
+    base_commit: str,
+    setup: Sequence[Sequence[str]],
+    env: Mapping[str, str] | None = None,
+    plan: SetupPlan | None = None,
 ) -> str:
-    """Content key of a prepared environment. Any change in the inputs gives a different key."""
-    spec = json.dumps(
-        {"repo": repo, "commit": base_commit, "setup": [list(c) for c in setup], "env": dict(env or {})},
-        sort_keys=True,
-    )
-    return hashlib.sha256(spec.encode()).hexdigest()[:32]
+    """Content key of a prepared environment. Any change in the inputs gives a different key (secret *values* and
+    the allowlist's contents are not inputs: rotating a token or widening the allowlist reuses what was built)."""
+    spec: dict[str, Any] = {
+        "repo": repo,
+        "commit": base_commit,
+        "setup": [list(c) for c in setup],
+        "env": dict(env or {}),
+    }
+    if plan is not None and not plan.empty:
+        spec["plan"] = plan.key_fields()
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@dataclasses.dataclass(frozen=True)
+class SetupPlan:
+    """How a repository's environment is built, beyond its setup commands (see the module docstring)."""
+
+    python: str | None = None
+    """Interpreter (as seen inside the sandbox) the venv is created from; None: no venv."""
+    allowlist: tuple[str, ...] = ()
+    """host:port the setup may reach through the allowlisting proxy; empty: no network."""
+    secrets: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Environment variable -> value, for setup commands only."""
+    image: str | None = None
+    redact: Callable[[str], str] | None = None
+    """Masks secrets in the setup log (the secret values are masked regardless)."""
+
+    @property
+    def empty(self) -> bool:
+        return self.python is None and not self.allowlist and not self.secrets and self.image is None
+
+    def key_fields(self) -> dict[str, Any]:
+        return {
+            "python": self.python,
+            "network": bool(self.allowlist),
+            "secrets": sorted(self.secrets),
+            "image": self.image,
+        }
+
+    def mask(self, text: str) -> str:
+        for value in sorted((v for v in self.secrets.values() if len(v) >= 4), key=len, reverse=True):
+            text = text.replace(value, "[REDACTED]")
+        return self.redact(text) if self.redact is not None else text
 
 
 @dataclasses.dataclass
@@ -55,16 +107,30 @@ class PreparedEnv:
     cold: bool
     setup_results: list[SandboxRunResult]
     prepare_s: float
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def env_dir(self) -> Path:
         return self.root / "env"
 
+    @property
+    def venv(self) -> Path | None:
+        v = self.env_dir / "venv"
+        return v if self.meta.get("venv") or (v / "pyvenv.cfg").is_file() else None
+
     def mounts(self) -> list[Path]:
         return [self.env_dir]
 
     def env(self, python_version: str | None = None) -> dict[str, str]:
-        """PATH and PYTHONPATH entries for what `pip install --prefix $CREWWORK_ENV` put there."""
+        """What a run in this environment needs: the venv's bin first on PATH (no PYTHONPATH) when there is a
+        venv, else PYTHONPATH into what `pip install --prefix $CREWWORK_ENV` put there."""
+        venv = self.venv
+        if venv is not None:
+            return {
+                "CREWWORK_ENV": str(self.env_dir),
+                "VIRTUAL_ENV": str(venv),
+                "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
+            }
         version = python_version or f"python{sys.version_info.major}.{sys.version_info.minor}"
         site = self.env_dir / "lib" / version / "site-packages"
         return {"CREWWORK_ENV": str(self.env_dir), "PYTHONPATH": str(site)}
@@ -72,13 +138,49 @@ class PreparedEnv:
     def path_prefix(self) -> str:
         return str(self.env_dir / "bin")
 
+    def setup_log(self) -> bytes:
+        """The setup commands' output as the build recorded it (secrets masked)."""
+        try:
+            return (self.root / SETUP_LOG).read_bytes()
+        except OSError:
+            return b""
+
+    def evidence(self) -> dict[str, Any]:
+        """Cache hit or build, durations of the build's steps, the setup network's decisions."""
+        return {
+            "key": self.key,
+            "cold": self.cold,
+            "seconds": round(self.prepare_s, 3),
+            "built_at": self.meta.get("built_at"),
+            "build_seconds": self.meta.get("build_seconds"),
+            "steps": self.meta.get("steps", []),
+            "network": self.meta.get("network", []),
+            "venv": bool(self.meta.get("venv")),
+        }
+
 
 class SetupFailed(RuntimeError):
     """A setup command exited non-zero or hit a cap: a property of the work item, not of the machinery."""
 
-    def __init__(self, message: str, results: list[SandboxRunResult]) -> None:
+    def __init__(
+        self,
+        message: str,
+        results: list[SandboxRunResult],
+        log: bytes = b"",
+        network: list[dict[str, object]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.results = results
+        self.log = log
+        self.network = network or []
+
+
+def _meta(entry: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((entry / READY).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 class PreparedEnvCache:
@@ -110,19 +212,20 @@ class PreparedEnvCache:
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
         ro_mounts: Sequence[Path] = (),
+        plan: SetupPlan | None = None,
     ) -> PreparedEnv:
         """The entry for these inputs; on a miss, runs `setup` in `sandbox` against a copy of `source`."""
         started = time.monotonic()
-        key = prepare_key(repo, base_commit, setup, env)
+        key = prepare_key(repo, base_commit, setup, env, plan)
         entry = self.lookup(key)
         if entry is not None:
-            return PreparedEnv(key, entry, cold=False, setup_results=[], prepare_s=time.monotonic() - started)
+            return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry))
         async with self._lock(key):
             entry = self.lookup(key)  # built by someone else while we waited
             if entry is not None:
-                return PreparedEnv(key, entry, False, [], time.monotonic() - started)
-            results = await self._build(key, sandbox, setup, source, limits, env, ro_mounts)
-        prepared = PreparedEnv(key, self.root / key, True, results, time.monotonic() - started)
+                return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry))
+            results = await self._build(key, sandbox, setup, source, limits, env, ro_mounts, plan or SetupPlan())
+        prepared = PreparedEnv(key, self.root / key, True, results, time.monotonic() - started, _meta(self.root / key))
         await asyncio.to_thread(self.evict, keep={key})
         return prepared
 
@@ -135,33 +238,85 @@ class PreparedEnvCache:
         limits: SandboxLimits,
         env: Mapping[str, str] | None,
         ro_mounts: Sequence[Path],
+        plan: SetupPlan,
     ) -> list[SandboxRunResult]:
         entry = self.root / key
         await asyncio.to_thread(shutil.rmtree, entry, True)  # a half-built leftover of a crashed worker
         entry.mkdir()
+        build_started = time.monotonic()
+        log: list[bytes] = []
+        steps: list[dict[str, Any]] = []
+        proxy = None
         try:
             await asyncio.to_thread(
                 shutil.copytree, source, entry / "src", symlinks=True, ignore=shutil.ignore_patterns(".git")
             )
-            (entry / "env").mkdir()
-            run_env = {**(env or {}), "CREWWORK_ENV": str(entry / "env")}
+            env_dir = entry / "env"
+            env_dir.mkdir()
+            run_env = {**(env or {}), "CREWWORK_ENV": str(env_dir)}
+            commands: list[tuple[str, list[str]]] = []
+            if plan.python:
+                venv = env_dir / "venv"
+                commands.append(("venv", [plan.python, "-m", "venv", str(venv)]))
+                run_env["VIRTUAL_ENV"] = str(venv)
+                run_env["PATH"] = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
+            commands += [("setup", list(c)) for c in setup]
+            mounts = list(ro_mounts)
+            if plan.allowlist:
+                from crewwork.repos.proxy import AllowlistProxy, new_sock_dir
+
+                proxy = AllowlistProxy(list(plan.allowlist), new_sock_dir(self.root))
+                await proxy.__aenter__()
+                mounts.append(proxy.sock_dir)
             results: list[SandboxRunResult] = []
-            for command in setup:
+            for kind, command in commands:
                 # cwd is the repository copy; the entry itself is the sandbox's one writable place.
                 argv = ["sh", "-c", 'cd src && exec "$@"', "setup", *command]
-                r = await sandbox.run(argv, workspace=entry, limits=limits, env=run_env, ro_mounts=ro_mounts)
+                step_env = dict(run_env)
+                if kind == "setup":
+                    step_env.update(plan.secrets)
+                    if proxy is not None:
+                        argv = proxy.wrap(argv, python=plan.python or "python3")
+                r = await sandbox.run(argv, workspace=entry, limits=limits, env=step_env, ro_mounts=mounts)
                 results.append(r)
+                steps.append({"kind": kind, "argv": command, "seconds": round(r.duration_s, 3), "exit": r.exit_code})
+                log.append(
+                    plan.mask(
+                        f"$ {' '.join(command)}   # {kind}, {r.duration_s:.2f} s, {r.cause} {r.exit_code}\n"
+                        + r.stdout.decode(errors="replace")
+                        + ("\n--- stderr ---\n" + r.stderr.decode(errors="replace") if r.stderr else "")
+                        + "\n"
+                    ).encode()
+                )
                 if not r.ok:
+                    masked = [
+                        dataclasses.replace(
+                            x,
+                            stdout=plan.mask(x.stdout.decode(errors="replace")).encode(),
+                            stderr=plan.mask(x.stderr.decode(errors="replace")).encode(),
+                        )
+                        for x in results
+                    ]
                     raise SetupFailed(
-                        f"setup command {list(command)} failed ({r.cause}, exit {r.exit_code}): "
-                        f"{r.stderr[-2000:].decode(errors='replace')}",
-                        results,
+                        f"{kind} command {command} failed ({r.cause}, exit {r.exit_code}): "
+                        f"{masked[-1].stderr[-2000:].decode(errors='replace')}",
+                        masked,
+                        log=b"".join(log),
+                        network=proxy.summary() if proxy is not None else [],
                     )
+            if proxy is not None:
+                await proxy.__aexit__(None, None, None)
+                log.append(f"--- setup network: {json.dumps(proxy.summary())}\n".encode())
+            (entry / SETUP_LOG).write_bytes(b"".join(log))
             meta = {
                 "key": key,
                 "setup": [list(c) for c in setup],
                 "built_at": time.time(),
+                "build_seconds": round(time.monotonic() - build_started, 3),
                 "backend": sandbox.name,
+                "venv": bool(plan.python),
+                "steps": steps,
+                "network": proxy.summary() if proxy is not None else [],
             }
             tmp = entry / (READY + ".tmp")
             tmp.write_text(json.dumps(meta))
@@ -170,6 +325,10 @@ class PreparedEnvCache:
         except BaseException:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, entry, True))
             raise
+        finally:
+            if proxy is not None:
+                await proxy.__aexit__(None, None, None)
+                await asyncio.to_thread(shutil.rmtree, proxy.sock_dir, True)
 
     @contextlib.asynccontextmanager
     async def _lock(self, key: str):  # type: ignore[no-untyped-def]

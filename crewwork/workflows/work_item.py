@@ -47,7 +47,10 @@ with workflow.unsafe.imports_passed_through():
 
 # ---------------------------------------------------------------- timeouts and retry policies (docs/reliability.md)
 
-NON_RETRYABLE = ["BadInput", "AgentError", "AgentConfigError", "LandingConflict", "StaleWrite"]
+NON_RETRYABLE = ["BadInput", "AgentError", "AgentConfigError", "LandingConflict", "StaleWrite", "RepositoryError"]
+# Failures that are the work item's, not the machinery's: the item ends `failed` with the message (which names the
+# remote), never `dead` (RepositoryUnavailable only once its retries are exhausted).
+ITEM_FAILURES = ("RepositoryError", "RepositoryUnavailable", "LandingConflict", "PullRequestFailed")
 
 CONTROL_TIMEOUT = timedelta(seconds=30)
 CONTROL_RETRY = RetryPolicy(
@@ -103,6 +106,10 @@ SA_REPO = SearchAttributeKey.for_keyword("CrewworkRepo")
 
 class _Dead(Exception):
     """Infrastructure retries are exhausted: the item ends `dead` with the last error."""
+
+
+class _Failed(Exception):
+    """The repository or the landing refused the item (see ITEM_FAILURES): the item ends `failed`."""
 
 
 @workflow.defn(name="WorkItemWorkflow")
@@ -177,6 +184,8 @@ class WorkItemWorkflow:
             raise
         except _Dead as exc:
             return await self._finish(inp, WorkItemState.dead, str(exc))
+        except _Failed as exc:
+            return await self._finish(inp, WorkItemState.failed, str(exc))
         finally:
             if ws_key is not None and not self._continuing:
                 await self._release(inp, ws_key, ws_token)
@@ -360,17 +369,22 @@ class WorkItemWorkflow:
                 message=_commit_message(inp, attempt),
                 workspace_key=ws_key,
                 workspace_token=ws_token,
+                pull_request=spec.repo.pull_request if spec.repo else None,
+                ref=spec.repo.ref if spec.repo else None,
             ),
         )
         self._status.delivery_branch = landed.branch  # type: ignore[union-attr]
         self._status.landed_commit = landed.commit  # type: ignore[union-attr]
+        self._status.pull_request_url = landed.pull_request_url  # type: ignore[union-attr]
+        pr = f" (pull request {landed.pull_request_url})" if landed.pull_request_url else ""
         return await self._finish(
             inp,
             WorkItemState.succeeded,
-            f"validated on attempt {attempt} and landed on {landed.branch}",
+            f"validated on attempt {attempt} and landed on {landed.branch}{pr}",
             branch=landed.branch,
             commit=landed.commit,
             mock=mock,
+            pull_request_url=landed.pull_request_url,
         )
 
     # ------------------------------------------------------------------ steps
@@ -397,6 +411,7 @@ class WorkItemWorkflow:
             )
         except ActivityError as exc:
             _reraise_cancellation(exc)
+            _raise_item_failure(exc, name)
             raise _Dead(f"{name} failed after retries: {_cause(exc)}") from exc
 
     async def _agent(
@@ -423,6 +438,7 @@ class WorkItemWorkflow:
             )
         except ActivityError as exc:
             _reraise_cancellation(exc)
+            _raise_item_failure(exc, "run_agent")
             if _is_non_retryable(exc, "BadInput"):
                 raise _Dead(f"bad input: {_cause(exc)}") from exc
             raise _Dead(f"agent step failed after {AGENT_RETRY.maximum_attempts} tries: {_cause(exc)}") from exc
@@ -446,16 +462,17 @@ class WorkItemWorkflow:
                     diff_ref=outcome.diff_ref,
                     diff_stats=outcome.diff_stats,
                     review_comment=review_comment,
+                    environment=spec.environment,
                 ),
                 task_queue=self._queues["validate"],
-                start_to_close_timeout=timedelta(seconds=spec.validation.timeout_s * (1 + len(spec.validation.setup)))
-                + VALIDATE_MARGIN,
+                start_to_close_timeout=timedelta(seconds=_validation_budget_s(inp)) + VALIDATE_MARGIN,
                 heartbeat_timeout=VALIDATE_HEARTBEAT,
                 retry_policy=VALIDATE_RETRY,
                 result_type=ValidationOutcome,
             )
         except ActivityError as exc:
             _reraise_cancellation(exc)
+            _raise_item_failure(exc, "validate_change")
             raise _Dead(f"validation failed after {VALIDATE_RETRY.maximum_attempts} tries: {_cause(exc)}") from exc
 
     async def _record(self, record: RecordInput) -> list[str | None]:
@@ -576,6 +593,7 @@ class WorkItemWorkflow:
         commit: str | None = None,
         mock: bool = False,
         record: RecordInput | None = None,
+        pull_request_url: str | None = None,
     ) -> WorkItemResult:
         assert self._status is not None
         result = WorkItemResult(
@@ -587,6 +605,7 @@ class WorkItemWorkflow:
             delivery_branch=branch,
             landed_commit=commit,
             mock=mock,
+            pull_request_url=pull_request_url,
         )
         self._set(state, reason)
         await self._control(
@@ -673,6 +692,26 @@ def _reraise_cancellation(exc: ActivityError) -> None:
     not an infrastructure failure, so it must reach `run`'s cancellation handler (ending `cancelled`, not `dead`)."""
     if is_cancelled_exception(exc):
         raise asyncio.CancelledError(str(exc)) from exc
+
+
+def _raise_item_failure(exc: BaseException, step: str) -> None:
+    """An ITEM_FAILURES error (a repository or landing refusal) ends the item `failed`, with its message."""
+    cur: BaseException | None = exc
+    while cur is not None:
+        if isinstance(cur, ApplicationError) and cur.type in ITEM_FAILURES:
+            raise _Failed(f"{step}: {cur.type}: {cur.message}") from exc
+        cur = cur.__cause__
+
+
+def _validation_budget_s(inp: WorkItemInput) -> float:
+    """Start-to-close budget of one validation: its run, each setup command, and the environment's setup."""
+    v = inp.spec.validation
+    assert v is not None
+    total = v.timeout_s * (1 + len(v.setup))
+    env = inp.spec.environment
+    if env is not None:
+        total += env.setup_timeout_s * (len(env.setup) + (1 if env.python else 0))
+    return total
 
 
 def _is_non_retryable(exc: BaseException, type_: str) -> bool:

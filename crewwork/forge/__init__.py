@@ -1,0 +1,29 @@
+"""Forges: opening a pull request for a landed delivery branch through a forge's REST API.
+
+One module per forge dialect (`github.py`: GitHub and GitHub Enterprise). `forge_for(url, forges)` picks the
+operator's `ForgeConfig` whose scope covers a repository.
+"""
+
+from __future__ import annotations
+
+from crewwork.repos.settings import ForgeConfig, matches
+from crewwork.repos.urls import RepoURL
+
+
+class ForgeError(RuntimeError):
+    """The forge refused or failed a request. `retryable` says whether trying again later can help."""
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+def forge_for(url: RepoURL, forges: list[ForgeConfig]) -> ForgeConfig | None:
+    """The forge hosting `url` (longest matching scope), or None."""
+    best: tuple[int, ForgeConfig] | None = None
+    for f in forges:
+        for p in f.match:
+            if matches(p, url.url) and (best is None or len(p) > best[0]):
+                best = (len(p), f)
+    return best[1] if best else None

@@ -1,0 +1,72 @@
+"""A repository's own environment: which one applies, whether the operator allows it, and the setup plan.
+
+The environment of a work item is its own `environment`, else the operator's default for the repository
+(`CREWWORK_REPO_ENVIRONMENTS`, keyed by normalised URL). It is resolved once, at submission, and stored with the
+spec, so every attempt on every host prepares the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from crewwork.config import Settings
+from crewwork.models import EnvironmentSpec
+from crewwork.repos.credentials import CredentialError, read_secret
+from crewwork.sandbox.config import DEFAULT_IMAGE
+from crewwork.sandbox.prepare import SetupPlan
+
+
+class EnvironmentRejected(ValueError):
+    """The environment asks for something the operator does not allow; the message names the field."""
+
+
+def resolve_environment(requested: EnvironmentSpec | None, settings: Settings, locator: str) -> EnvironmentSpec | None:
+    return requested if requested is not None else settings.repo_environments.get(locator)
+
+
+def check_environment(env: EnvironmentSpec, settings: Settings, tenant_id: str | None) -> None:
+    """Everything about `env` that can be checked before anything runs."""
+    if env.network and not settings.setup_allowlist():
+        raise EnvironmentRejected(
+            "environment.network is true but the operator allows setup no network "
+            "(CREWWORK_SETUP_NETWORK_ALLOWLIST is empty)"
+        )
+    for name in env.secrets:
+        secret = settings.setup_secrets.get(name)
+        if secret is None:
+            raise EnvironmentRejected(f"environment.secrets: no setup secret named {name!r} is configured")
+        if secret.tenants is not None and tenant_id not in secret.tenants:
+            raise EnvironmentRejected(f"environment.secrets: setup secret {name!r} is not available to this tenant")
+    if env.image is not None and env.image not in settings.environment_image_set() | {DEFAULT_IMAGE}:
+        allowed = ", ".join(sorted(settings.environment_image_set() | {DEFAULT_IMAGE}))
+        raise EnvironmentRejected(
+            f"environment.image {env.image!r} is not one the operator allows (CREWWORK_ENVIRONMENT_IMAGES: {allowed})"
+        )
+
+
+def setup_plan(
+    env: EnvironmentSpec,
+    settings: Settings,
+    tenant_id: str | None,
+    *,
+    exposed: Iterable[Path] = (),
+    redact: Callable[[str], str] | None = None,
+) -> SetupPlan:
+    """The plan the prepared-environment cache builds with: the allowlist only when asked for, the named secrets
+    read from their files now (so a rotated secret is picked up by the next build)."""
+    check_environment(env, settings, tenant_id)
+    secrets: dict[str, str] = {}
+    for name in env.secrets:
+        ref = settings.setup_secrets[name]
+        try:
+            secrets[ref.env] = read_secret(name, ref.file, exposed)
+        except (CredentialError, UnicodeDecodeError) as exc:
+            raise EnvironmentRejected(f"environment.secrets: {exc}") from None
+    return SetupPlan(
+        python=env.python,
+        allowlist=tuple(settings.setup_allowlist()) if env.network else (),
+        secrets=secrets,
+        image=env.image,
+        redact=redact,
+    )

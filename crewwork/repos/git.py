@@ -1,0 +1,257 @@
+"""Host-side git for talking to remotes and keeping mirrors: hardened invocations, typed and redacted errors.
+
+Every command runs with an explicit environment built here (PATH, an empty HOME, no system or global config, no
+terminal prompts, no trace variables inherited from the worker) plus the remote's `GitAuth`, and with `-c` options
+that switch off what a hostile remote or repository could use: hooks, protocol helpers other than the one in use,
+redirects, submodule recursion, automatic gc. Error text is masked (`GitAuth.redact`) before it is raised.
+
+The containment-hardened local operations (worktrees, diffs, apply) stay in `crewwork.gitops`; this module is the
+network half and the mirror's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from crewwork.repos.credentials import GitAuth
+from crewwork.repos.urls import RepoURL, redact_url
+
+# Environment variables host git may inherit from the worker; everything else is dropped (GIT_TRACE_CURL would
+# log headers, GIT_SSH/GIT_ASKPASS/SSH_AUTH_SOCK would bring the operator's own identity, GIT_DIR would redirect).
+_INHERIT = (
+    "PATH",
+    "TMPDIR",
+    "SYSTEMROOT",
+    "http_proxy",
+    "https_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "no_proxy",
+    "NO_PROXY",
+)
+_EMPTY_HOME = Path(tempfile.gettempdir()) / "crewwork-git-home"
+
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "crewwork",
+    "GIT_AUTHOR_EMAIL": "crewwork@localhost",
+    "GIT_COMMITTER_NAME": "crewwork",
+    "GIT_COMMITTER_EMAIL": "crewwork@localhost",
+}
+
+
+class RemoteError(RuntimeError):
+    """A remote git operation failed. Subclasses say whether retrying can help. Messages are redacted."""
+
+    retryable = False
+
+    def __init__(self, message: str, remote: str = "") -> None:
+        super().__init__(message)
+        self.remote = remote
+
+
+class RemoteUnavailable(RemoteError):
+    """The remote could not be reached or broke off (network, DNS, timeout, server error): retrying may help."""
+
+    retryable = True
+
+
+class RemoteAccessDenied(RemoteError):
+    """Authentication or authorization failed, or the server's host key is not the known one."""
+
+
+class RemoteNotFound(RemoteError):
+    """The repository, ref or commit does not exist on the remote."""
+
+
+class PushRejected(RemoteError):
+    """The remote refused a push (compare-and-swap lost, hook or protection rule); carries its message."""
+
+
+@dataclass
+class GitOutput:
+    code: int
+    out: str
+    err: str
+
+
+def git_env(auth: GitAuth | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    _EMPTY_HOME.mkdir(mode=0o700, exist_ok=True)
+    env = {k: v for k in _INHERIT if (v := os.environ.get(k)) is not None}
+    env.update(
+        {
+            "HOME": str(_EMPTY_HOME),
+            "XDG_CONFIG_HOME": str(_EMPTY_HOME),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_ASKPASS": "/bin/false",
+            "SSH_ASKPASS": "/bin/false",
+            "GIT_PROTOCOL_FROM_USER": "0",
+            "GIT_SSH_COMMAND": "ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes "
+            "-o UserKnownHostsFile=/dev/null -o GlobalKnownHostsFile=/dev/null",
+            "LC_ALL": "C",
+            **IDENTITY,
+        }
+    )
+    if auth is not None:
+        env.update(auth.env)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def hardening(scheme: str | None = None, *, fsck: bool = True) -> list[str]:
+    """`-c` options for every git command crewwork runs against a mirror or a remote."""
+    opts = {
+        "core.hooksPath": os.devnull,
+        "core.fsmonitor": "false",
+        "core.askPass": "/bin/false",
+        "credential.helper": "",
+        "protocol.allow": "never",
+        "http.followRedirects": "false",
+        "submodule.recurse": "false",
+        "fetch.recurseSubmodules": "false",
+        "gc.auto": "0",
+        "maintenance.auto": "false",
+        "fetch.writeCommitGraph": "false",
+        "advice.detachedHead": "false",
+        "init.defaultBranch": "main",
+    }
+    if scheme is not None:
+        opts[f"protocol.{scheme}.allow"] = "always"
+    if fsck:
+        opts["transfer.fsckObjects"] = "true"
+    out: list[str] = []
+    for k, v in opts.items():
+        out += ["-c", f"{k}={v}"]
+    return out
+
+
+def protocol_of(url: RepoURL) -> str:
+    """The name git's `protocol.<name>.allow` knows this remote's transport by."""
+    return "file" if url.is_local else url.scheme
+
+
+async def run_git(
+    args: Sequence[str],
+    *,
+    cwd: Path | str,
+    auth: GitAuth | None = None,
+    scheme: str | None = None,
+    timeout_s: float = 600.0,
+    input_bytes: bytes | None = None,
+    fsck: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> GitOutput:
+    """Run git with the hardening options; output is returned redacted. Never raises for a non-zero exit."""
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        *hardening(scheme, fsck=fsck),
+        *args,
+        cwd=str(cwd),
+        env=git_env(auth, env),
+        stdin=asyncio.subprocess.PIPE if input_bytes is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(input_bytes), timeout_s)
+    except TimeoutError:
+        _kill(proc)
+        await proc.wait()
+        return GitOutput(124, "", f"timed out after {timeout_s:.0f} s")
+    except asyncio.CancelledError:
+        _kill(proc)
+        await proc.wait()
+        raise
+    redact = auth.redact if auth is not None else redact_url
+    return GitOutput(proc.returncode or 0, redact(out.decode(errors="replace")), redact(err.decode(errors="replace")))
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    # The whole session: git's children (ssh, remote-https, index-pack) die with it.
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+_DENIED = (
+    "authentication failed",
+    "permission denied",
+    "host key verification failed",
+    "could not read username",
+    "could not read password",
+    "returned error: 401",
+    "returned error: 403",
+    "http 401",
+    "http 403",
+    "access denied",
+    "invalid username or password",
+    "no such identity",
+    "remote host identification has changed",
+)
+_NOT_FOUND = (
+    "couldn't find remote ref",
+    "repository not found",
+    "not found",
+    "does not appear to be a git repository",
+    "no such file or directory",
+    "not our ref",
+    "no such repository",
+    "unadvertised object",
+    "returned error: 404",
+    "no matching remote head",
+)
+_UNAVAILABLE = (
+    "could not resolve host",
+    "connection refused",
+    "connection timed out",
+    "timed out",
+    "failed to connect",
+    "unable to connect",
+    "network is unreachable",
+    "no route to host",
+    "connection reset",
+    "remote end hung up",
+    "early eof",
+    "returned error: 5",
+    "the requested url returned error: 5",
+    "couldn't connect",
+    "operation timed out",
+    "could not read from remote repository",
+    "unable to access",
+)
+
+
+def classify(err: str, remote: str, what: str) -> RemoteError:
+    """The typed error for a failed remote command, from git's (already redacted) stderr."""
+    text = err.strip()
+    low = text.lower()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    detail = "; ".join(lines[-4:])[-1500:] or "no message"
+    msg = f"{what} {remote} failed: {detail}"
+    if any(p in low for p in _DENIED):
+        return RemoteAccessDenied(msg, remote)
+    if any(p in low for p in _UNAVAILABLE):
+        return RemoteUnavailable(msg, remote)
+    if any(p in low for p in _NOT_FOUND):
+        return RemoteNotFound(msg, remote)
+    return RemoteUnavailable(msg, remote)
+
+
+SHA_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+def is_sha(s: str) -> bool:
+    return bool(SHA_RE.match(s))

@@ -1,0 +1,109 @@
+"""Landing a validated change: commit it on its base in this host's mirror, then push `crewwork/<id>` to the
+remote with compare-and-swap.
+
+The push carries `--force-with-lease=refs/heads/crewwork/<id>:` (empty expected value: the branch must not exist),
+which the server checks under its own ref lock. So:
+
+- a concurrent writer of the same branch is detected, never overwritten (the push is rejected and the landing
+  fails with `LandingConflict`, carrying the remote's message);
+- a retried landing whose earlier push went through finds the branch already holding a commit with the same tree
+  on the same parent, recognises it as its own, and returns it (idempotent; `created` is False);
+- the target branch and every other ref are never touched.
+
+Local repositories are just another remote (a path); their hooks do not run (`receive-pack` is started with
+`core.hooksPath=/dev/null`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from crewwork import gitops
+from crewwork.repos.git import IDENTITY, PushRejected, run_git
+from crewwork.repos.mirror import MirrorCache
+from crewwork.repos.remote import Remote
+
+DELIVERY_PREFIX = "crewwork/"
+
+
+class LandingConflictError(RuntimeError):
+    """The change cannot be landed as it is (the branch holds something else, the push was refused, or the
+    change no longer applies). The message is redacted and names the remote."""
+
+
+@dataclass(frozen=True)
+class Landed:
+    branch: str
+    commit: str
+    created: bool
+    """False when the branch already held this change (a retried landing)."""
+    remote: str
+
+
+def delivery_branch(work_item_id: str) -> str:
+    return f"{DELIVERY_PREFIX}{work_item_id}"
+
+
+async def land_by_push(
+    cache: MirrorCache,
+    remote: Remote,
+    *,
+    work_item_id: str,
+    base_commit: str,
+    diff: str,
+    message: str,
+    scratch: Path,
+) -> Landed:
+    branch = delivery_branch(work_item_id)
+    ref = f"refs/heads/{branch}"
+    async with cache.using(remote, base_commit) as (gitdir, _stats):
+        tree = await _tree_of_change(gitdir, base_commit, diff, scratch)
+        current = (await remote.ls_remote(ref)).get(ref)
+        if current is not None:
+            if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit):
+                return Landed(branch, current, False, remote.name)
+            raise LandingConflictError(
+                f"{remote.name} already has {branch} at {current[:12]} with different content; refusing to move it"
+            )
+        res = await run_git(
+            ["commit-tree", tree, "-p", base_commit, "-F", "-"], cwd=gitdir, input_bytes=message.encode()
+        )
+        commit = res.out.strip()
+        if res.code != 0 or not commit:
+            raise RuntimeError(f"git commit-tree failed in the mirror of {remote.name}: {res.err.strip()}")
+        try:
+            await remote.push_branch(gitdir, commit, branch, expected_old=None)
+        except PushRejected as exc:
+            # Lost a race: with ourselves (a retried landing running alongside) is fine, with anyone else is not.
+            current = (await remote.ls_remote(ref)).get(ref)
+            if current is not None and await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit):
+                return Landed(branch, current, False, remote.name)
+            raise LandingConflictError(str(exc)) from exc
+        # Keep the landed commit reachable in the mirror (nothing else refers to it there).
+        await run_git(["update-ref", f"refs/crewwork/landed/{work_item_id}", commit], cwd=gitdir)
+        return Landed(branch, commit, True, remote.name)
+
+
+async def _tree_of_change(gitdir: Path, base_commit: str, diff: str, scratch: Path) -> str:
+    wt = await gitops.add_worktree(gitdir, scratch, base_commit)
+    try:
+        ok, err = await gitops.apply_diff(wt, diff)
+        if not ok:
+            raise LandingConflictError(f"the change no longer applies to {base_commit[:12]}: {err[-1500:]}")
+        return (await gitops.git("write-tree", cwd=wt)).out.strip()
+    finally:
+        await gitops.remove_worktree(gitdir, scratch)
+
+
+async def _is_same_change(remote: Remote, gitdir: Path, work_item_id: str, commit: str, tree: str, parent: str) -> bool:
+    """Whether the remote's `commit` is this change (same tree on the same parent): fetched into the mirror to look."""
+    if not await _has(gitdir, commit):
+        await remote.fetch(gitdir, f"+refs/heads/{delivery_branch(work_item_id)}:refs/crewwork/remote/{work_item_id}")
+    res = await run_git(["show", "-s", "--format=%T %P", commit], cwd=gitdir, env=IDENTITY)
+    info = res.out.split()
+    return res.code == 0 and len(info) == 2 and info[0] == tree and info[1] == parent
+
+
+async def _has(gitdir: Path, commit: str) -> bool:
+    return (await run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=gitdir)).code == 0

@@ -1,0 +1,137 @@
+"""Talking to one remote: list refs, resolve a ref, fetch into a mirror, push a branch with compare-and-swap.
+
+A `Remote` is a parsed URL plus the `GitAuth` the operator's credentials give it. Nothing here keeps state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crewwork.repos.credentials import GitAuth
+from crewwork.repos.git import (
+    GitOutput,
+    PushRejected,
+    RemoteError,
+    RemoteNotFound,
+    classify,
+    is_sha,
+    protocol_of,
+    run_git,
+)
+from crewwork.repos.urls import RepoURL
+
+HEADS_AND_TAGS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
+
+
+@dataclass(frozen=True)
+class Remote:
+    url: RepoURL
+    auth: GitAuth = field(default_factory=GitAuth)
+    timeout_s: float = 600.0
+    fsck: bool = True
+
+    @property
+    def name(self) -> str:
+        """How messages name the remote (normalised, credential-free)."""
+        return self.url.url
+
+    def _push_args(self) -> list[str]:
+        if self.url.is_local:
+            # A local repository's own hooks must not run on the host (`receive-pack` would run them).
+            return ["--receive-pack=git -c core.hooksPath=/dev/null receive-pack"]
+        return []
+
+    async def git(self, *args: str, cwd: Path | str, timeout_s: float | None = None) -> GitOutput:
+        return await run_git(
+            args,
+            cwd=cwd,
+            auth=self.auth,
+            scheme=protocol_of(self.url),
+            timeout_s=timeout_s or self.timeout_s,
+            fsck=self.fsck,
+        )
+
+    async def ls_remote(self, *patterns: str, cwd: Path | str = "/", timeout_s: float | None = None) -> dict[str, str]:
+        """ref -> object id of the remote's refs matching `patterns` (all refs when none)."""
+        res = await self.git("ls-remote", "--", self.url.url, *patterns, cwd=cwd, timeout_s=timeout_s)
+        if res.code != 0:
+            raise classify(res.err, self.name, "listing refs of")
+        refs: dict[str, str] = {}
+        for line in res.out.splitlines():
+            sha, _, ref = line.partition("\t")
+            if ref and is_sha(sha):
+                refs[ref] = sha
+        return refs
+
+    async def resolve(self, ref: str, *, timeout_s: float | None = None) -> str:
+        """The commit `ref` names on the remote (a branch, a tag, HEAD or a full ref). A commit id is returned
+        as is: servers do not say whether they have an arbitrary commit until it is fetched."""
+        if is_sha(ref):
+            return ref
+        if ref == "HEAD":
+            wanted = ["HEAD"]
+        elif ref.startswith("refs/"):
+            wanted = [ref, f"{ref}^{{}}"]
+        else:
+            wanted = [f"refs/heads/{ref}", f"refs/tags/{ref}^{{}}", f"refs/tags/{ref}"]
+        refs = await self.ls_remote(*[w.removesuffix("^{}") for w in wanted], timeout_s=timeout_s)
+        if ref.startswith("refs/") and f"{ref}^{{}}" in refs:
+            return refs[f"{ref}^{{}}"]
+        for w in wanted:
+            if w in refs:
+                return refs[w]
+        raise RemoteNotFound(f"ref {ref!r} does not exist in {self.name}", self.name)
+
+    async def fetch(self, gitdir: Path, *refspecs: str, prune: bool = False) -> None:
+        args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-auto-gc"]
+        if prune:
+            args.append("--prune")
+        res = await self.git(*args, "--", self.url.url, *(refspecs or HEADS_AND_TAGS), cwd=gitdir)
+        if res.code != 0:
+            raise classify(res.err, self.name, "fetching from")
+
+    async def push_branch(self, gitdir: Path, commit: str, branch: str, expected_old: str | None) -> str:
+        """Point `refs/heads/<branch>` on the remote at `commit`, only if it is now `expected_old` (None: only if
+        it does not exist). The server checks this under its ref lock, so a concurrent writer is detected, never
+        overwritten. Returns the remote's porcelain status line; raises PushRejected with the remote's message."""
+        ref = f"refs/heads/{branch}"
+        lease = f"--force-with-lease={ref}:{expected_old or ''}"
+        res = await self.git(
+            "push",
+            "--porcelain",
+            "--no-verify",
+            *self._push_args(),
+            lease,
+            "--",
+            self.url.url,
+            f"{commit}:{ref}",
+            cwd=gitdir,
+        )
+        status = [ln for ln in res.out.splitlines() if ln.startswith(("=", "*", "+", " ", "!", "-"))]
+        rejected = [ln for ln in status if ln.startswith("!")]
+        if res.code == 0 and not rejected:
+            return status[0] if status else ""
+        if rejected or "rejected" in res.err or "stale info" in res.err:
+            remote_msg = (
+                "; ".join([*(ln.split("\t", 2)[-1] for ln in rejected), *_remote_lines(res.err)])
+                or res.err.strip()[-1500:]
+            )
+            raise PushRejected(f"{self.name} rejected the push of {ref}: {remote_msg}", self.name)
+        err = classify(res.err, self.name, f"pushing {ref} to")
+        raise err
+
+
+def _remote_lines(err: str) -> list[str]:
+    """What the server said (`remote: ...` lines and `! [rejected]` lines), for a rejection's message."""
+    out = []
+    for ln in err.splitlines():
+        s = ln.strip()
+        if s.startswith("remote:") and s[7:].strip():
+            out.append(s)
+        elif s.startswith("! ") or "[rejected]" in s or "[remote rejected]" in s:
+            out.append(s)
+    return out[-6:]
+
+
+__all__ = ["HEADS_AND_TAGS", "PushRejected", "Remote", "RemoteError", "RemoteNotFound"]

@@ -1,0 +1,239 @@
+"""Repositories for one crewwork process: operator policy on URLs, credentials, this host's mirror cache.
+
+The one object activities and the submission check use: `Repositories(settings)`. A repository is named
+everywhere by its *locator*, the normalised URL (`RepoURL.url`: a remote URL, or an absolute path for a local
+repository), which never holds a secret.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from crewwork.config import Settings
+from crewwork.forge.github import PullRequest
+from crewwork.models import PullRequestSpec
+from crewwork.repos.credentials import CredentialError, Credentials, GitAuth, read_secret
+from crewwork.repos.git import RemoteError, RemoteNotFound, is_sha, run_git
+from crewwork.repos.landing import Landed, land_by_push
+from crewwork.repos.mirror import FetchStats, MirrorCache
+from crewwork.repos.remote import Remote
+from crewwork.repos.settings import ForgeConfig
+from crewwork.repos.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
+from crewwork.transport.redact import Redactor
+
+
+class RepoPolicyError(ValueError):
+    """A submitted repository or ref is unusable; the message is safe to show the submitter."""
+
+
+class Repositories:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        exposed = [settings.data_dir.resolve(), settings.resolved_worktree_dir(), settings.resolved_mirror_dir()]
+        self.credentials = Credentials(settings.repo_credentials, known_hosts=settings.ssh_known_hosts, exposed=exposed)
+
+    @functools.cached_property
+    def mirrors(self) -> MirrorCache:
+        return MirrorCache(
+            self.settings.resolved_mirror_dir(), self.settings.mirror_max_bytes, fsck=self.settings.mirror_fsck
+        )
+
+    # ------------------------------------------------------------------ naming
+
+    def parse(self, raw: str, *, must_exist: bool = False) -> RepoURL:
+        """A submitted URL under operator policy: allowed scheme, local paths confined to the repo roots."""
+        try:
+            url = parse_repo_url(raw, roots=self.settings.repo_root_list(), must_exist=must_exist)
+        except RepoURLError as exc:
+            raise RepoPolicyError(str(exc)) from None
+        scheme = "file" if url.is_local else url.scheme
+        allowed = self.settings.repo_scheme_set()
+        if scheme not in allowed:
+            raise RepoPolicyError(
+                f"repository {url.url}: {scheme} repositories are not allowed here (CREWWORK_REPO_SCHEMES="
+                f"{','.join(sorted(allowed))})"
+            )
+        return url
+
+    def locate(self, locator: str) -> RepoURL:
+        """The URL of a stored locator (already checked at submission)."""
+        return parse_repo_url(locator)
+
+    def remote(self, url: RepoURL, tenant_id: str | None = None) -> Remote:
+        return Remote(
+            url=url,
+            auth=self.auth(url, tenant_id),
+            timeout_s=self.settings.git_timeout_s,
+            fsck=self.settings.mirror_fsck,
+        )
+
+    def auth(self, url: RepoURL, tenant_id: str | None = None) -> GitAuth:
+        return self.credentials.auth_for(url, tenant_id)
+
+    def redactor(self) -> Redactor:
+        """Masks every configured credential and URL user info (for text of unknown origin)."""
+        return Redactor(self.credentials.all_secret_values())
+
+    def redact(self, text: str) -> str:
+        return self.redactor()(redact_url(text))
+
+    # ------------------------------------------------------------------ submission
+
+    async def check(self, raw_url: str, ref: str, tenant_id: str | None = None) -> tuple[RepoURL, str]:
+        """The repository and the commit `ref` names now, checked against the remote itself where it can be
+        (unreachable, bad credentials, missing ref: a RepoPolicyError naming the remote)."""
+        url = self.parse(raw_url, must_exist=True)
+        if url.is_local:
+            return url, await self._resolve_local(url, ref)
+        try:
+            remote = self.remote(url, tenant_id)
+            return url, await remote.resolve(ref, timeout_s=self.settings.repo_check_timeout_s)
+        except CredentialError as exc:
+            raise RepoPolicyError(f"repository {url.url}: {exc}") from None
+        except RemoteNotFound as exc:
+            raise RepoPolicyError(f"repo.ref {ref!r} does not exist in {url.url} ({exc})") from None
+        except RemoteError as exc:
+            raise RepoPolicyError(str(exc)) from None
+
+    async def _resolve_local(self, url: RepoURL, ref: str) -> str:
+        res = await run_git(
+            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"], cwd=url.local_path
+        )
+        sha = res.out.strip()
+        if res.code != 0 or len(sha) not in (40, 64):
+            raise RepoPolicyError(f"repo.ref {ref!r} does not exist in {url.url}")
+        return sha
+
+    # ------------------------------------------------------------------ activities
+
+    async def add_worktree(
+        self, locator: str, commit: str, path: Path, tenant_id: str | None = None
+    ) -> tuple[Path, FetchStats]:
+        """A worktree of `commit` at `path` from this host's mirror; returns the mirror (the worktree's git dir)."""
+        url = self.locate(locator)
+        return await self.mirrors.add_worktree(self.remote(url, tenant_id), commit, path)
+
+    async def remove_worktree(self, gitdir: Path, path: Path) -> None:
+        from crewwork import gitops
+
+        await gitops.remove_worktree(gitdir, path)
+
+    async def land(
+        self,
+        locator: str,
+        *,
+        tenant_id: str | None,
+        work_item_id: str,
+        base_commit: str,
+        diff: str,
+        message: str,
+        scratch: Path,
+    ) -> Landed:
+        url = self.locate(locator)
+        return await land_by_push(
+            self.mirrors,
+            self.remote(url, tenant_id),
+            work_item_id=work_item_id,
+            base_commit=base_commit,
+            diff=diff,
+            message=message,
+            scratch=scratch,
+        )
+
+    # ------------------------------------------------------------------ pull requests
+
+    def forge(self, url: RepoURL, requested: PullRequestSpec | None) -> ForgeConfig | None:
+        """The forge that opens a pull request for landings on `url`: when the work item asks for one, or the
+        forge opens one for every landing. Raises RepoPolicyError when one is asked for and none is configured."""
+        from crewwork.forge import forge_for
+
+        forge = forge_for(url, self.settings.forges)
+        if requested is not None and forge is None:
+            raise RepoPolicyError(
+                f"repo.pull_request: no forge is configured for {url.url} (CREWWORK_FORGES), so no pull request "
+                "can be opened"
+            )
+        if forge is not None and (requested is not None or forge.pull_requests == "always"):
+            if url.owner_and_name is None:
+                raise RepoPolicyError(f"repo.pull_request: {url.url} does not name an owner/repository on the forge")
+            cred = self.settings.repo_credentials.get(forge.credential)
+            if cred is None or cred.kind != "https_token":
+                raise RepoPolicyError(
+                    f"repo.pull_request: the forge's credential {forge.credential!r} is not a configured https_token"
+                )
+            return forge
+        return None
+
+    async def open_pull_request(
+        self,
+        locator: str,
+        *,
+        tenant_id: str | None,
+        branch: str,
+        spec: PullRequestSpec | None,
+        ref: str | None,
+        message: str,
+        work_item_id: str,
+    ) -> PullRequest | None:
+        """Open (or find, on a retry) the pull request of a landed branch, if one is wanted. ForgeError on failure."""
+        from crewwork.forge import ForgeError
+        from crewwork.forge.github import GitHubForge
+
+        url = self.locate(locator)
+        try:
+            forge = self.forge(url, spec)
+        except RepoPolicyError as exc:
+            raise ForgeError(str(exc), retryable=False) from None
+        if forge is None:
+            return None
+        cred = self.settings.repo_credentials[forge.credential]
+        if cred.tenants is not None and tenant_id not in cred.tenants:
+            raise ForgeError(
+                f"the forge's credential {forge.credential!r} is not available to this tenant", retryable=False
+            )
+        token = read_secret(forge.credential, cred.secret_file, self.credentials.exposed)
+        owner_name = url.owner_and_name
+        assert owner_name is not None
+        owner, name = owner_name
+        lines = message.strip().splitlines()
+        title = (spec.title if spec and spec.title else None) or (lines[0] if lines else branch)
+        body = "\n".join(lines[1:]).strip() + f"\n\nOpened by crewwork for work item `{work_item_id}`.\n"
+        base = spec.base if spec and spec.base else _branch_of(ref)
+        draft = spec.draft if spec and spec.draft is not None else forge.draft
+        return await GitHubForge(forge.api_url, token, timeout_s=forge.timeout_s).open_pull_request(
+            owner, name, head=branch, base=base, title=title, body=body.strip() + "\n", draft=draft
+        )
+
+    async def prune(self, locator: str) -> None:
+        try:
+            url = self.locate(locator)
+        except RepoURLError:
+            return
+        await self.mirrors.prune(url)
+
+
+def _branch_of(ref: str | None) -> str | None:
+    """`ref` as a branch name when it can be one (not HEAD, a commit or a tag)."""
+    if not ref or ref == "HEAD" or is_sha(ref) or ref.startswith("refs/tags/"):
+        return None
+    return ref.removeprefix("refs/heads/")
+
+
+# Error types activities raise for repository failures; the workflow ends the item `failed` naming the remote
+# (never `dead`) once retries of the retryable one are exhausted.
+REPOSITORY_UNAVAILABLE = "RepositoryUnavailable"
+REPOSITORY_ERROR = "RepositoryError"
+PULL_REQUEST_FAILED = "PullRequestFailed"
+
+
+def repo_failure(exc: BaseException) -> Exception:
+    """The Temporal error for a repository failure: retryable while the remote is unreachable, not otherwise."""
+    from temporalio.exceptions import ApplicationError
+
+    if isinstance(exc, RemoteError) and exc.retryable:
+        return ApplicationError(str(exc), type=REPOSITORY_UNAVAILABLE)
+    return ApplicationError(str(exc), type=REPOSITORY_ERROR, non_retryable=True)
+
+
+REPO_ERRORS: tuple[type[BaseException], ...] = (RemoteError, CredentialError, RepoURLError)

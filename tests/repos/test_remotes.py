@@ -1,0 +1,217 @@
+"""Fetch, resolve and push with compare-and-swap against real git servers: git daemon, smart HTTP with basic auth,
+sshd with a key; and the errors of an unreachable remote, a missing ref, bad credentials."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from crewwork.repos.credentials import Credentials
+from crewwork.repos.git import PushRejected, RemoteAccessDenied, RemoteNotFound, RemoteUnavailable
+from crewwork.repos.landing import LandingConflictError, land_by_push
+from crewwork.repos.mirror import MirrorCache
+from crewwork.repos.remote import Remote
+from crewwork.repos.settings import RepoCredential
+from crewwork.repos.urls import parse_repo_url
+from crewwork.temporal.devserver import free_port
+from tests.repos.conftest import Served
+from tests.repos.servers import GitDaemon, SmartHttp, Sshd, git
+
+RIGHT_DIFF = (
+    "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+    "-    return a - b\n+    return a + b\n"
+)
+
+
+def _http_remote(smart_http: SmartHttp, secret_dir: Path, password: str, name: str = "acme/calc.git") -> Remote:
+    token = secret_dir / "http-token"
+    token.write_text(password + "\n")
+    url = parse_repo_url(smart_http.url(name))
+    creds = Credentials(
+        {
+            "http": RepoCredential(
+                kind="https_token", match=[f"http://127.0.0.1:{smart_http.port}/"], secret_file=token, username="crew"
+            )
+        }
+    )
+    return Remote(url=url, auth=creds.auth_for(url))
+
+
+def _ssh_remote(sshd: Sshd, bare: Path) -> Remote:
+    url = parse_repo_url(sshd.url(bare))
+    creds = Credentials(
+        {
+            "deploy": RepoCredential(
+                kind="ssh_key", match=[f"ssh://root@127.0.0.1:{sshd.port}/"], secret_file=sshd.client_key
+            )
+        },
+        known_hosts=sshd.known_hosts,
+    )
+    return Remote(url=url, auth=creds.auth_for(url))
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> MirrorCache:
+    return MirrorCache(tmp_path / "data" / "mirrors")
+
+
+async def _roundtrip(remote: Remote, served: Served, cache: MirrorCache, tmp_path: Path) -> None:
+    main = git(served.bare, "rev-parse", "main")
+    assert await remote.resolve("main") == main
+    assert await remote.resolve("HEAD") == main
+    gitdir, stats = await cache.ensure(remote, main)
+    assert stats.cloned and gitdir.is_dir()
+    _again, stats2 = await cache.ensure(remote, main)
+    assert not stats2.fetched, "a mirror that has the commit must not fetch again"
+    landed = await land_by_push(
+        cache,
+        remote,
+        work_item_id="wi1",
+        base_commit=main,
+        diff=RIGHT_DIFF,
+        message="fix add\n",
+        scratch=tmp_path / "scratch",
+    )
+    assert landed.created
+    assert git(served.bare, "rev-parse", "refs/heads/crewwork/wi1") == landed.commit
+    assert git(served.bare, "rev-parse", "main") == main, "the target branch never moves"
+    assert "return a + b" in git(served.bare, "show", f"{landed.commit}:calc.py")
+    again = await land_by_push(
+        cache,
+        remote,
+        work_item_id="wi1",
+        base_commit=main,
+        diff=RIGHT_DIFF,
+        message="fix add\n",
+        scratch=tmp_path / "scratch",
+    )
+    assert (again.commit, again.created) == (landed.commit, False), "a retried landing recognises its own commit"
+
+
+async def test_git_daemon_fetch_and_push_with_cas(
+    daemon: GitDaemon, served: Served, cache: MirrorCache, tmp_path: Path
+):
+    await _roundtrip(Remote(url=parse_repo_url(daemon.url(served.name))), served, cache, tmp_path)
+
+
+async def test_smart_http_with_basic_auth(
+    smart_http: SmartHttp, served: Served, cache: MirrorCache, tmp_path: Path, secret_dir: Path, http_password: str
+):
+    remote = _http_remote(smart_http, secret_dir, http_password)
+    await _roundtrip(remote, served, cache, tmp_path)
+    assert smart_http.requests and all(r.authorization for r in smart_http.requests[1:])
+    # The header went over the wire, but never into the mirror's files.
+    for p in cache.root.rglob("*"):
+        if p.is_file():
+            assert http_password.encode() not in p.read_bytes(), p
+
+
+async def test_sshd_with_key(sshd: Sshd, served: Served, cache: MirrorCache, tmp_path: Path):
+    await _roundtrip(_ssh_remote(sshd, served.bare), served, cache, tmp_path)
+
+
+async def test_scp_style_url_reaches_the_same_repository(sshd: Sshd, served: Served):
+    # scp-style paths are relative to the login's home; an absolute path works the same.
+    url = parse_repo_url(f"root@127.0.0.1:{served.bare}")
+    assert url.scp
+    remote = _ssh_remote(sshd, served.bare)
+    scp = Remote(url=url, auth=remote.auth)
+    # The port is not expressible in scp-style syntax: reach the test server through ssh's own -p.
+    env = dict(scp.auth.env)
+    env["GIT_SSH_COMMAND"] += f" -p {sshd.port}"
+    kh = sshd.known_hosts.read_text().replace(f"[127.0.0.1]:{sshd.port}", f"[127.0.0.1]:{sshd.port},127.0.0.1")
+    sshd.known_hosts.write_text(kh)
+    from crewwork.repos.credentials import GitAuth
+
+    scp = Remote(url=url, auth=GitAuth(env=env, secrets=remote.auth.secrets))
+    assert await scp.resolve("main") == git(served.bare, "rev-parse", "main")
+
+
+async def test_concurrent_writer_is_detected_never_overwritten(
+    daemon: GitDaemon, served: Served, cache: MirrorCache, tmp_path: Path
+):
+    remote = Remote(url=parse_repo_url(daemon.url(served.name)))
+    main = git(served.bare, "rev-parse", "main")
+    gitdir, _ = await cache.ensure(remote, main)
+    # Someone else pushes the delivery branch between our look and our push: CAS against "absent" must lose.
+    other = tmp_path / "other"
+    git(tmp_path, "clone", "--quiet", str(served.bare), str(other))
+    (other / "calc.py").write_text("def add(a, b):\n    return 42\n")
+    git(other, "commit", "-qam", "someone else")
+    git(other, "push", "--quiet", "origin", "HEAD:refs/heads/crewwork/wi2")
+    theirs = git(served.bare, "rev-parse", "refs/heads/crewwork/wi2")
+    mine = git(gitdir, "commit-tree", f"{main}^{{tree}}", "-p", main, "-m", "mine")
+    with pytest.raises(PushRejected) as err:
+        await remote.push_branch(gitdir, mine, "crewwork/wi2", expected_old=None)
+    assert "stale info" in str(err.value) or "rejected" in str(err.value)
+    assert git(served.bare, "rev-parse", "refs/heads/crewwork/wi2") == theirs, "the other writer's commit stays"
+    # With the right expected value the swap goes through; with a stale one it is refused again.
+    await remote.push_branch(gitdir, mine, "crewwork/wi2", expected_old=theirs)
+    assert git(served.bare, "rev-parse", "refs/heads/crewwork/wi2") == mine
+    with pytest.raises(PushRejected):
+        await remote.push_branch(gitdir, main, "crewwork/wi2", expected_old=theirs)
+    # And a landing of that item refuses to move a branch holding someone else's change.
+    with pytest.raises(LandingConflictError, match="different content"):
+        await land_by_push(
+            cache,
+            remote,
+            work_item_id="wi2",
+            base_commit=main,
+            diff=RIGHT_DIFF,
+            message="x\n",
+            scratch=tmp_path / "s2",
+        )
+
+
+async def test_unreachable_remote_is_a_retryable_error_naming_it(cache: MirrorCache):
+    port = free_port()
+    remote = Remote(url=parse_repo_url(f"git://127.0.0.1:{port}/calc.git"), timeout_s=20)
+    with pytest.raises(RemoteUnavailable, match=f"git://127.0.0.1:{port}/calc.git"):
+        await remote.resolve("main")
+    with pytest.raises(RemoteUnavailable):
+        await cache.ensure(remote, "a" * 40)
+    assert not any(cache.root.glob("*.git")), "a failed first clone leaves no mirror behind"
+
+
+async def test_missing_ref_and_missing_commit_are_not_found(daemon: GitDaemon, served: Served, cache: MirrorCache):
+    remote = Remote(url=parse_repo_url(daemon.url(served.name)))
+    with pytest.raises(RemoteNotFound, match="no-such-branch"):
+        await remote.resolve("no-such-branch")
+    with pytest.raises(RemoteNotFound, match="is not in"):
+        await cache.ensure(remote, "b" * 40)
+    missing = Remote(url=parse_repo_url(daemon.url("acme/nope.git")))
+    with pytest.raises(RemoteNotFound):
+        await missing.resolve("main")
+
+
+async def test_bad_credential_is_access_denied_and_redacted(
+    smart_http: SmartHttp, secret_dir: Path, http_password: str
+):
+    wrong = "wrong-" + http_password[::-1]
+    remote = _http_remote(smart_http, secret_dir, wrong)
+    with pytest.raises(RemoteAccessDenied) as err:
+        await remote.resolve("main")
+    assert wrong not in str(err.value) and http_password not in str(err.value)
+    none = Remote(url=parse_repo_url(smart_http.url("acme/calc.git")))
+    with pytest.raises(RemoteAccessDenied):
+        await none.resolve("main")
+
+
+async def test_ssh_refuses_a_server_whose_host_key_is_unknown(sshd: Sshd, served: Served):
+    remote = _ssh_remote(sshd, served.bare)
+    sshd.known_hosts.write_text("")
+    with pytest.raises(RemoteAccessDenied, match=r"[Hh]ost key verification failed"):
+        await remote.resolve("main")
+
+
+async def test_mirror_meta_holds_no_secret_and_names_the_url(
+    smart_http: SmartHttp, served: Served, cache: MirrorCache, secret_dir: Path, http_password: str
+):
+    remote = _http_remote(smart_http, secret_dir, http_password)
+    gitdir, _ = await cache.ensure(remote, None)
+    meta = json.loads((gitdir / "crewwork-mirror.json").read_text())
+    assert meta["url"] == smart_http.url("acme/calc.git")
+    config = (gitdir / "config").read_text()
+    assert "hooksPath" in config and http_password not in config and "url" not in config.lower()
