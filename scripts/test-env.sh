@@ -11,6 +11,9 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v git >/dev/null || need+=(git)
 command -v psql >/dev/null || need+=(postgresql-client)
 command -v chromium >/dev/null || need+=(chromium)
+# Repository tests: sshd serves ssh:// remotes on loopback; the system python's venv module builds environments.
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
     echo "test-env: installing ${need[*]}"
     apt-get update -qq
@@ -24,6 +27,21 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 pg_isready -h 127.0.0.1 -p 5432 || { echo "test-env: PostgreSQL is not reachable at 127.0.0.1:5432" >&2; exit 1; }
+
+# Packages the repository tests serve from a loopback package index (tests/repos/test-packages.txt): downloaded now,
+# at install time, never while the tests run.
+PACKAGES="${CREWWORK_TEST_PACKAGES:-.cache/test-packages}"
+if [ ! -f "$PACKAGES/.complete" ] || [ tests/repos/test-packages.txt -nt "$PACKAGES/.complete" ]; then
+    echo "test-env: downloading test packages into $PACKAGES"
+    mkdir -p "$PACKAGES/wheels" "$PACKAGES/sdists"
+    wheels=$(awk '$1 == "wheel" {print $2}' tests/repos/test-packages.txt)
+    sdists=$(awk '$1 == "sdist" {print $2}' tests/repos/test-packages.txt)
+    # shellcheck disable=SC2086
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary :all: -d "$PACKAGES/wheels" $wheels
+    # shellcheck disable=SC2086
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: -d "$PACKAGES/sdists" $sdists
+    touch "$PACKAGES/.complete"
+fi
 
 # A Docker engine with gVisor and the locally built sandbox image (no registry is reachable).
 bash .ci/docker-up.sh "$PYTHON"

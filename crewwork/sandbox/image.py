@@ -38,8 +38,9 @@ TOOLS = (
     "xargs sort uniq tr cut dirname basename readlink realpath chmod ln pwd test [ date stat diff cmp patch "
     "tee uname nproc timeout yes dd seq printf expr which git"
 ).split()
+# ensurepip stays: a repository's environment is a venv created inside the sandbox (crewwork/sandbox/prepare.py).
 STDLIB_SKIP = (
-    "test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages",
+    "test", "idlelib", "tkinter", "turtledemo", "lib2to3", "site-packages",
     "config-",  # the static libpython, only for embedding
 )  # fmt: skip
 STDLIB_SKIP_NESTED = ("test", "tests", "idle_test")
@@ -223,7 +224,7 @@ def fingerprint(packages: Sequence[str] = IMAGE_PACKAGES) -> str:
     import hashlib
 
     dists = [f"{d.metadata['Name']}=={d.version}" for d in distribution_closure(packages)]
-    text = "\n".join([os.path.realpath(sys.executable), sys.version, *dists])
+    text = "\n".join([os.path.realpath(sys.executable), sys.version, repr(STDLIB_SKIP), *dists])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
