@@ -114,6 +114,8 @@ def render_item(item: dict[str, Any]) -> str:
     ]
     if item.get("delivery_branch"):
         lines.append(f"delivered   {item['delivery_branch']} @ {(item.get('landed_commit') or '')[:12]}")
+    if item.get("pull_request_url"):
+        lines.append(f"pull req.   {item['pull_request_url']}")
     for a in item.get("attempts") or []:
         val = a.get("validation") or {}
         tests = val.get("tests") or []

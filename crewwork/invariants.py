@@ -223,14 +223,16 @@ def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event], chec
     if landed and commits != {item.landed_commit}:
         r.fail(f"{item.id}: landed commits {sorted(map(str, commits))} != stored {item.landed_commit}")
     if check_git and item.repo_url and item.delivery_branch:
+        # ls-remote reads a local path and a (credential-free) remote URL alike.
         res = subprocess.run(
-            ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{item.delivery_branch}"],
-            cwd=item.repo_url,
+            ["git", "ls-remote", "--", item.repo_url, f"refs/heads/{item.delivery_branch}"],
+            cwd="/",
             capture_output=True,
             text=True,
         )
-        if res.stdout.strip() != item.landed_commit:
-            r.fail(f"{item.id}: {item.delivery_branch} is at {res.stdout.strip() or 'nothing'}, not the landed commit")
+        at = res.stdout.split()[0] if res.stdout.split() else ""
+        if at != item.landed_commit:
+            r.fail(f"{item.id}: {item.delivery_branch} is at {at or 'nothing'}, not the landed commit")
 
 
 def _check_leases(r: InvariantResult, history: list[LeaseHistory]) -> None:

@@ -41,6 +41,7 @@ class WorkItemView(BaseModel):
     attempt_count: int
     delivery_branch: str | None
     landed_commit: str | None
+    pull_request_url: str | None = None
     mock: bool
     created_at: float
     updated_at: float

@@ -70,6 +70,7 @@ def view(request: Request, row: WorkItem) -> WorkItemView:
         attempt_count=row.attempt_count,
         delivery_branch=row.delivery_branch,
         landed_commit=row.landed_commit,
+        pull_request_url=(row.result or {}).get("pull_request_url"),
         mock=row.mock,
         created_at=row.created_at,
         updated_at=row.updated_at,

@@ -643,6 +643,7 @@ class Store:
                     "reason": reason or "",
                     "token": token,
                     "occurred_at": now,
+                    **_delivery(fields),
                 }
             ),
             now=now,
@@ -870,3 +871,16 @@ class Store:
         async with self.session() as s:
             q = select(Artifact).where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
             return list((await s.scalars(q)).all())
+
+
+def _delivery(fields: dict[str, Any] | None) -> dict[str, Any]:
+    """Where a landed change went (branch, commit, pull request), for the webhook of the state change that says so."""
+    if not fields:
+        return {}
+    result = fields.get("result") if isinstance(fields.get("result"), dict) else {}
+    out = {
+        "delivery_branch": fields.get("delivery_branch"),
+        "landed_commit": fields.get("landed_commit"),
+        "pull_request_url": (result or {}).get("pull_request_url"),
+    }
+    return {k: v for k, v in out.items() if v}

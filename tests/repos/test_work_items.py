@@ -122,7 +122,14 @@ async def test_work_item_over_smart_http_opens_a_pull_request_and_never_leaks_th
     pg_url: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    from crewwork.store.outbox import OutboxStore
+
     caplog.set_level(logging.DEBUG)
+    _kid, key = await remote_crew.store.create_api_key("pr-tenant")
+    remote_crew.tenant_id = await remote_crew.store.ensure_tenant("pr-tenant")
+    hook = await OutboxStore(remote_crew.store).create_webhook(
+        remote_crew.tenant_id, "http://127.0.0.1:9/hook", ["work_item.state_changed"]
+    )
     url = smart_http.url(served.name)
     spec = item(url, [{"files": {"calc.py": RIGHT}}], repo={"url": url, "ref": "main", "pull_request": {"draft": True}})
     wid = await remote_crew.submit(spec)
@@ -139,6 +146,14 @@ async def test_work_item_over_smart_http_opens_a_pull_request_and_never_leaks_th
     assert len(landed) == 1 and landed[0].data["pull_request_url"] == prs[0]["html_url"]
     row = await remote_crew.store.get_work_item(wid)
     assert row is not None and (row.result or {}).get("pull_request_url") == prs[0]["html_url"]
+    # The webhook of the final state change names the pull request, and so does the API's view of the item.
+    deliveries = await OutboxStore(remote_crew.store).deliveries(remote_crew.tenant_id, hook.id)
+    succeeded = [d.payload for d in deliveries if d.payload.get("state") == "succeeded"]
+    assert succeeded and succeeded[0]["pull_request_url"] == prs[0]["html_url"]
+    assert succeeded[0]["delivery_branch"] == branch and succeeded[0]["landed_commit"] == result.landed_commit
+    with ApiServer(remote_crew.settings) as api:
+        view = httpx.get(f"{api.url}/v1/work-items/{wid}", headers={"Authorization": f"Bearer {key}"}).json()
+    assert view["pull_request_url"] == prs[0]["html_url"]
     # Every HTTP request to the git server carried the credential; nothing else did.
     assert any(r.authorization for r in smart_http.requests)
     await _assert_nowhere(remote_crew, wid, pg_url, caplog, [http_password, forge_token], result)

@@ -27,6 +27,8 @@ function h(tag, attrs = {}, ...children) {
   for (const c of children.flat(Infinity)) if (c !== null && c !== undefined) el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   return el;
 }
+// The forge's answer is only partly trusted: link it only when it is an http(s) URL.
+const prLink = (u) => (typeof u === "string" && /^https?:\/\//.test(u) ? h("a", { href: u, target: "_blank", rel: "noopener noreferrer", id: "pull-request-link", text: u }) : "");
 const fmtTime = (t) => (t ? new Date(t * 1000).toLocaleString() : "");
 const stateBadge = (s) => h("span", { class: `state ${s}`, "data-state": s, text: s.replace("_", " ") });
 function toast(msg) {
@@ -319,6 +321,7 @@ async function renderItem(signal, id) {
         h("dt", { text: "Repository" }), h("dd", { class: "mono", text: `${cur.repo || ""} ${cur.base_commit ? "@ " + cur.base_commit.slice(0, 12) : ""}` }),
         h("dt", { text: "Labels" }), h("dd", { text: Object.entries(cur.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ") }),
         h("dt", { text: "Delivery branch" }), h("dd", { class: "mono", text: cur.delivery_branch ? `${cur.delivery_branch} ${cur.landed_commit ? "(" + cur.landed_commit.slice(0, 12) + ")" : ""}` : "" }),
+        h("dt", { text: "Pull request" }), h("dd", {}, prLink(cur.pull_request_url)),
         h("dt", { text: "Workflow" }), h("dd", {}, h("a", { href: cur.links.temporal_ui, target: "_blank", rel: "noopener", id: "temporal-workflow-link", text: `${cur.workflow_id} in the Temporal UI` })),
         h("dt", { text: "Created / updated" }), h("dd", { text: `${fmtTime(cur.created_at)} / ${fmtTime(cur.updated_at)}` })));
     renderReview(cur);
