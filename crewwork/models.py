@@ -97,12 +97,14 @@ class RepoSpec(Strict):
     def _url_grammar(cls, v: str) -> str:
         from crewwork.repos.urls import RepoURLError, parse_repo_url
 
+        if _is_local_path(v):
+            # Local paths are resolved and checked by the service at submission; this validator also runs when a
+            # workflow decodes its input, so it must not touch the filesystem.
+            return v
         try:
-            # Grammar only (no roots, no existence checks): the service applies operator policy at submission.
-            parsed = parse_repo_url(v, roots=None) if not _is_relative_path(v) else None
+            return parse_repo_url(v).url
         except RepoURLError as exc:
             raise ValueError(str(exc)) from None
-        return v if parsed is None or parsed.is_local else parsed.url
 
     @field_validator("ref")
     @classmethod
@@ -110,9 +112,13 @@ class RepoSpec(Strict):
         return _check_ref_name(v)
 
 
-def _is_relative_path(v: str) -> bool:
-    """A relative local path (resolved against the operator's repo roots at submission, not here)."""
-    return "://" not in v and not v.startswith("/") and ":" not in v.split("/", 1)[0]
+def _is_local_path(v: str) -> bool:
+    """A local repository (a path or a file:// URL; not scp-style `host:path`), checked at submission."""
+    if v.startswith("-") or any(c in v for c in "\x00\n\r"):
+        return False
+    if v.startswith("/") or v.lower().startswith("file:"):
+        return True
+    return "://" not in v and ":" not in v.split("/", 1)[0]
 
 
 def _check_ref_name(v: str) -> str:
