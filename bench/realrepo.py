@@ -176,7 +176,7 @@ async def run(rounds: int, cold_runs: int) -> dict[str, Any]:
                 c = await crewwork_validate()
                 pairs.append((b, c))
             cold: list[float] = []
-            for i in range(cold_runs):
+            for _ in range(cold_runs):
                 # An empty environment cache (the mirror stays): setup runs again, through the proxy.
                 shutil.rmtree(prepared_root)
                 cold.append(await crewwork_validate())
