@@ -104,7 +104,7 @@ class Settings(BaseSettings):
         default=True, description="Check every fetched object (transfer.fsckObjects): malformed trees are refused."
     )
     repo_credentials: dict[str, RepoCredential] = Field(
-        default_factory=dict,
+        default={},
         description="Operator-held git credentials by name (JSON): each names its secret file and the URL prefixes "
         "it may be sent to.",
     )
@@ -112,10 +112,10 @@ class Settings(BaseSettings):
         default=None, description="known_hosts file host-side ssh checks servers against (strict checking)."
     )
     forges: list[ForgeConfig] = Field(
-        default_factory=list, description="Forges whose REST API opens pull requests for landed branches (JSON)."
+        default=[], description="Forges whose REST API opens pull requests for landed branches (JSON)."
     )
     repo_environments: dict[str, EnvironmentSpec] = Field(
-        default_factory=dict,
+        default={},
         description="Default environment per repository (JSON, keyed by normalised URL); a work item's "
         "`environment` overrides it.",
     )
@@ -129,7 +129,7 @@ class Settings(BaseSettings):
         "the allowlisting proxy, e.g. pypi.org:443,files.pythonhosted.org:443. Empty: setup has no network.",
     )
     setup_secrets: dict[str, SetupSecret] = Field(
-        default_factory=dict, description="Operator secrets setup commands may name (JSON: name -> file, env var)."
+        default={}, description="Operator secrets setup commands may name (JSON: name -> file, env var)."
     )
 
     def resolved_database_url(self) -> str:
