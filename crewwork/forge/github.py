@@ -128,4 +128,7 @@ def _message(r: httpx.Response) -> str:
     for e in data.get("errors") or []:
         if isinstance(e, dict) and e.get("message"):
             parts.append(str(e["message"]))
+        elif isinstance(e, dict):
+            # GitHub's validation errors without a message: `{"resource", "field", "code"}`.
+            parts.append(" ".join(str(e[k]) for k in ("resource", "field", "code") if e.get(k)))
     return "; ".join(p for p in parts if p)[:1000]

@@ -291,3 +291,15 @@ async def test_concurrent_writer_of_the_delivery_branch_is_detected_and_kept(
     assert "LandingConflict" in result.reason and daemon.url(served.name) in result.reason
     assert git(served.bare, "rev-parse", f"refs/heads/crewwork/{wid}") == theirs, "never overwritten"
     assert not [e for e in await remote_crew.store.list_events(wid) if e.type == "landed"]
+
+
+async def test_a_commit_the_remote_does_not_have_fails_the_item_naming_it(
+    remote_crew: Crew, daemon: GitDaemon, served: Served
+) -> None:
+    # A commit id cannot be checked at submission without fetching; the first activity finds it missing.
+    spec = item(daemon.url(served.name), [{"files": {"calc.py": RIGHT}}])
+    spec["repo"]["ref"] = "c0ffee" * 6 + "c0ff"
+    wid = await remote_crew.submit(spec)
+    result = await remote_crew.result(wid)
+    assert result.state == "failed", result.reason
+    assert "RepositoryError" in result.reason and "c0ffee" in result.reason and daemon.url(served.name) in result.reason
