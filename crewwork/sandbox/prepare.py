@@ -41,6 +41,29 @@ from typing import Any
 
 from crewwork.sandbox.base import Sandbox, SandboxLimits, SandboxRunResult
 
+# Run with the environment's interpreter inside the sandbox: `python -m venv`, and where the interpreter has no
+# ensurepip (slimmed images, Debian's python3 without python3-venv) a venv without pip plus a copy of the
+# interpreter's own pip (pure Python, its dependencies vendored), so setup can still `python -m pip install`.
+MAKE_VENV = r"""
+import os, shutil, subprocess, sys
+target = sys.argv[1]
+try:
+    import ensurepip  # noqa: F401
+    has_ensurepip = True
+except ImportError:
+    has_ensurepip = False
+subprocess.run([sys.executable, "-m", "venv", *([] if has_ensurepip else ["--without-pip"]), target], check=True)
+if not has_ensurepip:
+    try:
+        import pip
+    except ImportError:
+        sys.exit(f"{sys.executable} has neither ensurepip nor pip: the environment's venv would have no pip")
+    py = os.path.join(target, "bin", "python")
+    purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copytree(os.path.dirname(pip.__file__), os.path.join(purelib, "pip"))
+    print(f"{sys.executable} has no ensurepip: venv made without pip, the interpreter's pip copied in")
+"""
 READY = "READY.json"
 SETUP_LOG = "setup.log"
 DEFAULT_MAX_BYTES = 10 * 1024**3
@@ -254,13 +277,15 @@ class PreparedEnvCache:
             env_dir = entry / "env"
             env_dir.mkdir()
             run_env = {**(env or {}), "CREWWORK_ENV": str(env_dir)}
-            commands: list[tuple[str, list[str]]] = []
+            commands: list[tuple[str, list[str], list[str]]] = []  # (kind, argv, argv as shown in evidence)
             if plan.python:
                 venv = env_dir / "venv"
-                commands.append(("venv", [plan.python, "-m", "venv", str(venv)]))
+                commands.append(
+                    ("venv", [plan.python, "-c", MAKE_VENV, str(venv)], [plan.python, "-m", "venv", str(venv)])
+                )
                 run_env["VIRTUAL_ENV"] = str(venv)
                 run_env["PATH"] = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
-            commands += [("setup", list(c)) for c in setup]
+            commands += [("setup", list(c), list(c)) for c in setup]
             mounts = list(ro_mounts)
             if plan.allowlist:
                 from crewwork.repos.proxy import AllowlistProxy, new_sock_dir
@@ -269,7 +294,7 @@ class PreparedEnvCache:
                 await proxy.__aenter__()
                 mounts.append(proxy.sock_dir)
             results: list[SandboxRunResult] = []
-            for kind, command in commands:
+            for kind, command, shown in commands:
                 # cwd is the repository copy; the entry itself is the sandbox's one writable place.
                 argv = ["sh", "-c", 'cd src && exec "$@"', "setup", *command]
                 step_env = dict(run_env)
@@ -279,10 +304,10 @@ class PreparedEnvCache:
                         argv = proxy.wrap(argv, python=plan.python or "python3")
                 r = await sandbox.run(argv, workspace=entry, limits=limits, env=step_env, ro_mounts=mounts)
                 results.append(r)
-                steps.append({"kind": kind, "argv": command, "seconds": round(r.duration_s, 3), "exit": r.exit_code})
+                steps.append({"kind": kind, "argv": shown, "seconds": round(r.duration_s, 3), "exit": r.exit_code})
                 log.append(
                     plan.mask(
-                        f"$ {' '.join(command)}   # {kind}, {r.duration_s:.2f} s, {r.cause} {r.exit_code}\n"
+                        f"$ {' '.join(shown)}   # {kind}, {r.duration_s:.2f} s, {r.cause} {r.exit_code}\n"
                         + r.stdout.decode(errors="replace")
                         + ("\n--- stderr ---\n" + r.stderr.decode(errors="replace") if r.stderr else "")
                         + "\n"
@@ -298,7 +323,7 @@ class PreparedEnvCache:
                         for x in results
                     ]
                     raise SetupFailed(
-                        f"{kind} command {command} failed ({r.cause}, exit {r.exit_code}): "
+                        f"{kind} command {shown} failed ({r.cause}, exit {r.exit_code}): "
                         f"{masked[-1].stderr[-2000:].decode(errors='replace')}",
                         masked,
                         log=b"".join(log),

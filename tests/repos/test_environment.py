@@ -164,6 +164,14 @@ async def test_validation_runs_the_environments_interpreter_not_crewworks(sandbo
     prefix, isolated = r.stdout.decode().split()
     assert prefix == str(prepared.venv), "`python` is the environment's venv"
     assert isolated == "True", "crewwork's own packages are not importable in the repository's environment"
+    r = await sandbox.run(
+        ["python", "-m", "pip", "--version"],
+        workspace=ws,
+        limits=LIMITS,
+        env=prepared.env(),
+        ro_mounts=prepared.mounts(),
+    )
+    assert r.ok and str(prepared.venv) in r.stdout.decode(), "setup can pip-install into the venv"
 
 
 # ------------------------------------------------------------------------------------------------ end to end

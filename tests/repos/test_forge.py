@@ -49,7 +49,9 @@ async def test_without_a_base_the_default_branch_is_used(github: FakeGitHub) -> 
 async def test_errors_say_whether_a_retry_can_help_and_never_show_the_token(github: FakeGitHub) -> None:
     github.fail_next(502, "Bad Gateway")
     with pytest.raises(ForgeError) as err:
-        await GitHubForge(github.api_url, TOKEN).open_pull_request("acme", "calc", head="crewwork/x", base="main", title="t", body="")
+        await GitHubForge(github.api_url, TOKEN).open_pull_request(
+            "acme", "calc", head="crewwork/x", base="main", title="t", body=""
+        )
     assert err.value.retryable and err.value.status == 502
     with pytest.raises(ForgeError) as err:
         await GitHubForge(github.api_url, "ghp_wrong" + "0" * 30).open_pull_request(
@@ -57,7 +59,9 @@ async def test_errors_say_whether_a_retry_can_help_and_never_show_the_token(gith
         )
     assert not err.value.retryable and "Bad credentials" in str(err.value) and "ghp_wrong" not in str(err.value)
     with pytest.raises(ForgeError, match="invalid") as err:
-        await GitHubForge(github.api_url, TOKEN).open_pull_request("acme", "calc", head="other", base="main", title="t", body="")
+        await GitHubForge(github.api_url, TOKEN).open_pull_request(
+            "acme", "calc", head="other", base="main", title="t", body=""
+        )
     assert not err.value.retryable and err.value.status == 422
 
 
