@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from crewwork.limits import OperatorCeilings
+
 DEFAULT_DATA_DIR = Path(".crewwork")
 
 
@@ -64,6 +66,15 @@ class Settings(BaseSettings):
     max_wall_clock_s_ceiling: float = Field(default=6 * 3600, gt=0, description="Ceiling on budget wall clock.")
     max_tokens_ceiling: int = Field(default=5_000_000, gt=0, description="Ceiling on budget.max_tokens.")
     max_cost_usd_ceiling: float = Field(default=100.0, gt=0, description="Ceiling on budget.max_cost_usd.")
+    max_review_timeout_s_ceiling: float = Field(
+        default=30 * 86400, gt=0, description="Ceiling on review.timeout_s; also the deadline where none is set."
+    )
+    tenant_max_in_flight: int = Field(
+        default=20,
+        ge=1,
+        description="Work items one tenant may have admitted at once (running, validating, landing); more wait "
+        "in `queued`, first come first served.",
+    )
     max_artifact_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="Largest artifact stored.")
     lease_ttl_s: float = Field(default=60.0, gt=0, description="Lease lifetime; heartbeats renew it.")
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
@@ -91,6 +102,14 @@ class Settings(BaseSettings):
 
     def task_queue(self, pool: str) -> str:
         return f"{self.task_queue_prefix}-{pool}"
+
+    def operator_ceilings(self) -> OperatorCeilings:
+        return OperatorCeilings(
+            max_attempts=self.max_attempts_ceiling,
+            max_wall_clock_s=self.max_wall_clock_s_ceiling,
+            max_tokens=self.max_tokens_ceiling,
+            max_cost_usd=self.max_cost_usd_ceiling,
+        )
 
     def repo_root_list(self) -> list[Path]:
         return [Path(p).resolve() for p in self.repo_roots.split(":") if p.strip()]

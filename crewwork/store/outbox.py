@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from crewwork.ids import new_id
 from crewwork.store.tables import OutboxMessage, Webhook
 
 if TYPE_CHECKING:
@@ -119,8 +120,6 @@ class OutboxStore:
         self.store = store
 
     async def create_webhook(self, tenant_id: str, url: str, event_types: list[str]) -> Webhook:
-        from crewwork.store.store import new_id
-
         async with self.store.session() as s:
             hook = Webhook(
                 id=new_id("wh"),
@@ -129,7 +128,7 @@ class OutboxStore:
                 secret="whsec_" + secrets.token_urlsafe(32),
                 event_types=",".join(sorted(set(event_types))),
                 active=True,
-                created_at=await self.store._now(s),
+                created_at=await self.store.now(s),
             )
             s.add(hook)
         return hook
@@ -180,14 +179,14 @@ class OutboxStore:
                     OutboxMessage.webhook_id == webhook_id,
                     OutboxMessage.status == "dead",
                 )
-                .values(status="pending", attempts=0, next_attempt_at=await self.store._now(s))
+                .values(status="pending", attempts=0, next_attempt_at=await self.store.now(s))
             )
             return int(res.rowcount)  # type: ignore[attr-defined]
 
     async def claim_due(self, limit: int, claim_s: float) -> list[Claimed]:
         """Take up to `limit` due rows, pushing their next attempt `claim_s` ahead so no one else takes them."""
         async with self.store.session() as s:
-            now = await self.store._now(s)
+            now = await self.store.now(s)
             q = (
                 select(OutboxMessage, Webhook.url, Webhook.secret)
                 .join(Webhook, Webhook.id == OutboxMessage.webhook_id)
@@ -206,7 +205,7 @@ class OutboxStore:
 
     async def mark_delivered(self, msg_id: int) -> None:
         async with self.store.session() as s:
-            now = await self.store._now(s)
+            now = await self.store.now(s)
             await s.execute(
                 update(OutboxMessage)
                 .where(OutboxMessage.id == msg_id)
@@ -218,7 +217,7 @@ class OutboxStore:
     ) -> str:
         """Record a failed attempt; returns the new status (`pending` for a retry, `dead` after the last)."""
         async with self.store.session() as s:
-            now = await self.store._now(s)
+            now = await self.store.now(s)
             attempts = int(await s.scalar(select(OutboxMessage.attempts).where(OutboxMessage.id == msg_id)) or 0) + 1
             status = "dead" if attempts >= max_attempts else "pending"
             delay = min(max_backoff_s, backoff_s * (2 ** (attempts - 1)))
