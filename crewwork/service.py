@@ -23,7 +23,8 @@ from crewwork.config import Settings
 from crewwork.models import ReviewDecision, WorkItemInput, WorkItemKind, WorkItemSpec, WorkItemStatus
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
-from crewwork.workflows.work_item import SA_KIND, SA_REPO, SA_STATE, SA_TENANT, WorkItemWorkflow
+from crewwork.workflows.policies import SA_KIND, SA_REPO, SA_STATE, SA_TENANT
+from crewwork.workflows.work_item import WorkItemWorkflow
 
 log = logging.getLogger("crewwork.service")
 
