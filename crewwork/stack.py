@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,8 @@ class Stack:
     pool_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(POOLS, 1))
     ui: bool = True
     on_event: object = None
+    worker_argv: Callable[[str], list[str]] | None = None
+    """The command that runs one pool process (default: this Python's `-m crewwork worker --pool POOL`)."""
     temporal: DevServer | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
     api_key: str = ""
@@ -135,7 +138,9 @@ class Stack:
                 self.processes.append(
                     ManagedProcess(
                         f"{pool}-{i}",
-                        [py, "-m", "crewwork", "worker", "--pool", pool],
+                        self.worker_argv(pool)
+                        if self.worker_argv
+                        else [py, "-m", "crewwork", "worker", "--pool", pool],
                         env,
                         logs / f"worker-{pool}-{i}.log",
                     )

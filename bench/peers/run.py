@@ -97,8 +97,8 @@ async def crewwork_side(root: Path, n: int, zombie: bool) -> dict[str, Any]:
                     "final_state": row.state,
                     "stale_writes_rejected": len(stale),
                     "rejected": [e.data for e in stale],
-                    "result_token_is_newest": report.results["result_token"].ok,
-                    "overwrote": not report.results["result_token"].ok,
+                    "result_rank_is_newest": report.results["fence_mark"].ok and report.results["monotonic_writes"].ok,
+                    "overwrote": not (report.results["fence_mark"].ok and report.results["monotonic_writes"].ok),
                     "invariants_ok": report.ok,
                 }
     return out
