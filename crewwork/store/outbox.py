@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import hashlib
 import hmac
@@ -40,6 +39,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork import tracing
+from crewwork.client import webhooks as standard
+from crewwork.client.webhooks import ID_HEADER, TIMESTAMP_HEADER
 from crewwork.store.tables import OutboxMessage, Webhook
 
 if TYPE_CHECKING:
@@ -47,16 +48,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crewwork.outbox")
 
-# Standard Webhooks headers.
-ID_HEADER = "webhook-id"
-TIMESTAMP_HEADER = "webhook-timestamp"
-STANDARD_SIGNATURE_HEADER = "webhook-signature"
+STANDARD_SIGNATURE_HEADER = standard.SIGNATURE_HEADER
 EVENT_HEADER = "X-Crewwork-Event"
 # Deprecated (one release): the former private signature format and delivery id.
 SIGNATURE_HEADER = "X-Crewwork-Signature"
 DELIVERY_HEADER = "X-Crewwork-Delivery"
 
-SECRET_PREFIX = "whsec_"
+SECRET_PREFIX = standard.SECRET_PREFIX
 SECRET_BYTES = 32
 DEFAULT_OVERLAP_S = 24 * 3600.0
 """How long the previous secret keeps signing after a rotation, unless the request says otherwise."""
@@ -69,54 +67,20 @@ def new_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
 
 
-def secret_key(secret: str) -> bytes:
-    """The HMAC key of a secret: its base64 part decoded.
-
-    Secrets issued before Standard Webhooks signing were `whsec_` + *URL-safe* base64 of 32 random bytes; those
-    decode too (`-`/`_` are read as `+`/`/`), so their deliveries carry a standard signature keyed with the same 32
-    bytes. A Standard Webhooks library reads a secret as standard base64, so give it `whsec_` +
-    base64.b64encode(key) of such a secret, or rotate it (docs/api.md, "Webhooks")."""
-    body = secret[len(SECRET_PREFIX) :] if secret.startswith(SECRET_PREFIX) else secret
-    body = body.replace("-", "+").replace("_", "/")
-    try:
-        key = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        key = b""
-    return key or secret.encode()
-
-
 def sign_standard(secrets_: list[str], msg_id: str, timestamp: int, body: bytes) -> str:
     """The `webhook-signature` value: one `v1,<base64>` per secret, space-separated (Standard Webhooks)."""
-    to_sign = f"{msg_id}.{timestamp}.".encode() + body
-    sigs = []
-    for secret in secrets_:
-        mac = hmac.new(secret_key(secret), to_sign, hashlib.sha256).digest()
-        sigs.append("v1," + base64.b64encode(mac).decode())
-    return " ".join(sigs)
+    return standard.sign(secrets_, msg_id, timestamp, body)
 
 
 def verify_standard(
     secret: str, headers: dict[str, str], body: bytes, *, tolerance_s: float | None = 300.0, now: float | None = None
 ) -> bool:
-    """Check a delivery's Standard Webhooks headers against one secret (what a receiver does; the reference library
-    `standardwebhooks` does the same). Constant-time comparison; any of several signatures may match."""
-    h = {k.lower(): v for k, v in headers.items()}
-    msg_id, ts_text, given = h.get(ID_HEADER), h.get(TIMESTAMP_HEADER), h.get(STANDARD_SIGNATURE_HEADER)
-    if not (msg_id and ts_text and given):
-        return False
+    """Whether a delivery's Standard Webhooks headers verify with `secret` (see crewwork.client.webhooks.verify)."""
     try:
-        ts = int(ts_text)
-    except ValueError:
+        standard.check_signature(secret, headers, body, tolerance_s=tolerance_s, now=now)
+    except standard.WebhookVerificationError:
         return False
-    if tolerance_s is not None and abs((now if now is not None else time.time()) - ts) > tolerance_s:
-        return False
-    expected = sign_standard([secret], msg_id, ts, body).split(",", 1)[1]
-    ok = False
-    for part in given.split(" "):
-        version, _, sig = part.partition(",")
-        if version == "v1" and hmac.compare_digest(expected, sig):
-            ok = True
-    return ok
+    return True
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:

@@ -15,7 +15,8 @@ import pytest
 import standardwebhooks
 from sqlalchemy import update
 
-from crewwork.store.outbox import SIGNATURE_HEADER, secret_key, sign_standard, verify, verify_standard
+from crewwork.client.webhooks import secret_key
+from crewwork.store.outbox import SIGNATURE_HEADER, sign_standard, verify, verify_standard
 from crewwork.store.tables import Webhook
 from crewwork.temporal.devserver import free_port
 from tests.api.conftest import Stack, task_item, wait_state
