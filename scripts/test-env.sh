@@ -11,6 +11,7 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v git >/dev/null || need+=(git)
 command -v psql >/dev/null || need+=(postgresql-client)
 command -v chromium >/dev/null || need+=(chromium)
+command -v jq >/dev/null || need+=(jq)  # tests/integration/test_cli_scripting.py drives the CLI with `--json | jq`
 if [ ${#need[@]} -gt 0 ]; then
     echo "test-env: installing ${need[*]}"
     apt-get update -qq

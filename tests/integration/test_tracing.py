@@ -157,8 +157,7 @@ async def test_one_submission_is_one_trace_from_the_api_through_temporal_to_the_
     model_calls = [
         s
         for s in mine
-        if (s.kind.name == "CLIENT"
-        and "/chat/completions" in str((s.attributes or {}).get("url.full", "")))
+        if (s.kind.name == "CLIENT" and "/chat/completions" in str((s.attributes or {}).get("url.full", "")))
         or "/chat/completions" in str((s.attributes or {}).get("http.url", ""))
     ]
     assert model_calls, [(s.name, dict(s.attributes or {})) for s in mine if s.kind.name == "CLIENT"]
