@@ -79,6 +79,11 @@ class Settings(BaseSettings):
         ge=2,
         description="Concurrent workflow-task polls of a control-pool process (half for new work items, half sticky).",
     )
+    agent_plugins: str = Field(
+        default="*",
+        description="Agent plugins (entry points `crewwork.agents`) that may be used: `*` every installed one, "
+        "empty none, else comma-separated names. Install plugins on the API and the agent pool.",
+    )
     log_level: str = Field(default="INFO", description="Python log level.")
     log_format: Literal["text", "json"] = Field(
         default="text",

@@ -26,6 +26,9 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
 fi
 pg_isready -h 127.0.0.1 -p 5432 || { echo "test-env: PostgreSQL is not reachable at 127.0.0.1:5432" >&2; exit 1; }
 
+# The example agent plugin, installed like any plugin (tests/integration/test_agent_plugins.py runs it for real).
+"$PYTHON" -m pip install --quiet --no-deps ./examples/crewwork-example-agent
+
 # A Docker engine with gVisor and the locally built sandbox image (no registry is reachable).
 bash .ci/docker-up.sh "$PYTHON"
 echo "test-env: ready"

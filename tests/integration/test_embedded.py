@@ -53,11 +53,15 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
     api_port, temporal_port, ui_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
     env["CREWWORK_DATA_DIR"] = str(tmp_path / "data")
+    # Started, as a user does, from a directory that holds something named `crewwork` (here a decoy package that
+    # fails on import, as a checkout of another version would be imported): the stack's processes must import the
+    # installed crewwork all the same.
+    cwd = tmp_path / "work"
+    (cwd / "crewwork").mkdir(parents=True)
+    (cwd / "crewwork" / "__init__.py").write_text("raise ImportError('the decoy crewwork in the current directory')\n")
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "crewwork",
+            str(Path(sys.executable).parent / "crewwork"),
             "dev",
             "--temporal-port",
             str(temporal_port),
@@ -67,6 +71,7 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
             str(api_port),
         ],
         env=env,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
