@@ -39,7 +39,8 @@ def require(script: str, modules: Sequence[str], programs: Sequence[str] = (), h
     if not gone:
         return
     print(
-        f"{script}: missing {', '.join(gone)}; install the benchmark extra first:\n  {INSTALL}" + (f"\n{hint}" if hint else ""),
+        f"{script}: missing {', '.join(gone)}; install the benchmark extra first:\n  {INSTALL}"
+        + (f"\n{hint}" if hint else ""),
         file=sys.stderr,
     )
     sys.exit(2)

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.deps import require  # noqa: E402
+from bench.deps import require
 
 # Before anything else (the peers are imported only after crewwork's own run, minutes in).
 if __name__ == "__main__":
