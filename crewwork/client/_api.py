@@ -33,6 +33,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT_S = 30.0
 RECONNECT_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 """Delays between reconnects of an event stream that dropped (the stream resumes after the last event seen)."""
+STREAM_READ_TIMEOUT_S = 60.0
+"""Silence after which a stream is taken for dead and reopened (the API sends a keepalive every 15 s by default)."""
 
 ReviewAction = Literal["approve", "reject", "request_changes"]
 
@@ -236,11 +238,11 @@ def _check(r: httpx.Response, call: _Call[Any]) -> None:
         raise ApiError.from_response(r)
 
 
-def _stream_params(after: int | None) -> tuple[dict[str, str], dict[str, Any]]:
+def _stream_headers(after: int | None) -> dict[str, str]:
     headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
     if after:
-        headers["Last-Event-ID"] = str(after)
-    return headers, {}
+        headers["Last-Event-ID"] = str(after)  # resume exactly after the last event seen
+    return headers
 
 
 def _reached(item: WorkItem, until: frozenset[str]) -> bool:
@@ -371,9 +373,10 @@ class AsyncClient:
         failures = 0
         path = f"/v1/work-items/{work_item_id}/events/stream"
         while True:
-            headers, _ = _stream_params(last)
+            headers = _stream_headers(last)
             try:
-                async with aconnect_sse(self._http, "GET", path, headers=headers, timeout=None) as es:
+                timeout = httpx.Timeout(DEFAULT_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
+                async with aconnect_sse(self._http, "GET", path, headers=headers, timeout=timeout) as es:
                     if es.response.status_code >= 400:
                         await es.response.aread()
                         raise ApiError.from_response(es.response)
@@ -384,6 +387,8 @@ class AsyncClient:
                         last = int(event["id"])
                         failures = 0
                         yield event
+            except httpx.ReadTimeout:
+                continue  # silent for too long: reopen, resuming after the last event
             except (httpx.TransportError, SSEError) as exc:
                 if failures >= len(RECONNECT_S):
                     raise ApiUnreachable(self.base_url, exc) from exc
@@ -537,9 +542,13 @@ class Client:
         failures = 0
         path = f"/v1/work-items/{work_item_id}/events/stream"
         while deadline is None or time.monotonic() < deadline:
-            headers, _ = _stream_params(last)
+            headers = _stream_headers(last)
             # Each read waits at most until the deadline (the stream sends keepalives at least every 15 s).
-            read = None if deadline is None else max(0.05, deadline - time.monotonic())
+            read = (
+                STREAM_READ_TIMEOUT_S
+                if deadline is None
+                else max(0.05, min(STREAM_READ_TIMEOUT_S, deadline - time.monotonic()))
+            )
             timeout = httpx.Timeout(DEFAULT_TIMEOUT_S, read=read)
             try:
                 with connect_sse(self._http, "GET", path, headers=headers, timeout=timeout) as es:

@@ -93,22 +93,42 @@ async def test_sync_client_waits_with_a_timeout_and_webhooks_verify(stack: Stack
                 assert err.value.state in ("admitted", "running")
                 c.cancel(wid)
                 assert c.wait(wid, timeout_s=60)["state"] == "cancelled"
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and not any(
+                    json.loads(b).get("state") == "cancelled" for _h, b in list(receiver.received)
+                ):
+                    time.sleep(0.1)
                 rotated = c.rotate_webhook_secret(hook["id"], overlap_s=60)
                 return wid, hook["secret"], rotated["secret"]
 
         wid, old, new = await asyncio.to_thread(sync_part)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(
-            json.loads(b).get("state") == "cancelled" for _h, b in list(receiver.received)
-        ):
-            await asyncio.sleep(0.1)
         headers, body = next((h, b) for h, b in receiver.received if json.loads(b).get("state") == "cancelled")
         assert verify_webhook(old, headers, body)["work_item_id"] == wid
         with pytest.raises(WebhookVerificationError):
-            verify_webhook(new, headers, body)  # signed before the rotation: only the old secret
+            verify_webhook(new, headers, body)  # delivered before the rotation: signed with the old secret only
         with pytest.raises(WebhookVerificationError):
             verify_webhook(old, {**headers, "webhook-timestamp": str(int(time.time()) - 3600)}, body)
         with pytest.raises(WebhookVerificationError):
             verify_webhook(old, headers, body.replace(b"cancelled", b"succeeded"))
     finally:
         receiver.stop()
+
+
+async def test_wait_survives_an_api_restart_without_losing_or_repeating_events(stack: Stack) -> None:
+    item = task_item()
+    item["agent"]["config"]["delay_s"] = 4
+    async with AsyncClient(stack.api.url, stack.alpha.key) as c:
+        wid = (await c.submit(item))["id"]
+        seen: list[int] = []
+
+        async def restart_soon() -> None:
+            while not seen:
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(stack.api.restart)
+
+        restarter = asyncio.create_task(restart_soon())
+        done = await c.wait(wid, timeout_s=120, on_event=lambda e: seen.append(e["id"]))
+        await restarter
+        assert done["state"] == "succeeded"
+        assert seen == sorted(set(seen)), "no event twice, in order"
+        assert seen == [e["id"] for e in await c.events(wid)], "every event, across the reconnect"
