@@ -843,6 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from crewwork.client import ApiError, ApiUnreachable, WaitTimeout
+    from crewwork.tracing import TracingConfigError
 
     args = build_parser().parse_args(argv)
     if args.api_url:
@@ -865,6 +866,9 @@ def main(argv: list[str] | None = None) -> int:
     except WaitTimeout as exc:
         print(f"crewwork: {exc}", file=sys.stderr)
         return EXIT_TIMEOUT
+    except TracingConfigError as exc:  # OTEL_* ask for something that is not installed: say what, no traceback
+        print(f"crewwork: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("", file=sys.stderr)
         return EXIT_INTERRUPTED

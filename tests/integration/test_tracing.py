@@ -191,3 +191,38 @@ def test_tracing_is_off_unless_the_otel_variables_ask_for_it(monkeypatch: pytest
     with pytest.raises(tracing.TracingConfigError, match="no installed package provides"):
         tracing._load_exporter("no-such-exporter")
     assert not tracing.enabled() and tracing.client_interceptors() == [] and tracing.current_traceparent() is None
+
+
+def test_the_otel_variables_configure_the_sdk_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """Without a provider handed in, `configure` builds one from OTEL_* (here the SDK's console exporter) and makes
+    it the global provider; an exporter that is not installed stops start-up naming what to install."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from crewwork import tracing\n"
+        "from crewwork.config import Settings\n"
+        "assert tracing.configure(Settings(), 'crewwork-test')\n"
+        "with tracing.span('hello', attributes={'k': 'v'}):\n"
+        "    print('traceparent', tracing.current_traceparent(), flush=True)\n"
+        "tracing.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    res = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "OTEL_TRACES_EXPORTER": "console"}, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert '"name": "hello"' in res.stdout and '"service.name": "crewwork-test"' in res.stdout, res.stdout
+    assert "traceparent 00-" in res.stdout
+    named = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "my-api"},
+        capture_output=True,
+        text=True,
+    )
+    assert '"service.name": "my-api"' in named.stdout, named.stdout
+    bad = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "OTEL_TRACES_EXPORTER": "zipkin_nope"}, capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "no installed package provides" in bad.stderr and "crewwork[otel]" in bad.stderr
