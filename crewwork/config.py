@@ -19,7 +19,7 @@ DEFAULT_DATA_DIR = Path(".crewwork")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Field(
         default=DEFAULT_DATA_DIR,
@@ -90,7 +90,43 @@ class Settings(BaseSettings):
         ge=2,
         description="Concurrent workflow-task polls of a control-pool process (half for new work items, half sticky).",
     )
+    agent_plugins: str = Field(
+        default="*",
+        description="Agent plugins (entry points `crewwork.agents`) that may be used: `*` every installed one, "
+        "empty none, else comma-separated names. Install plugins on the API and the agent pool.",
+    )
     log_level: str = Field(default="INFO", description="Python log level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines on stderr: `text` (one plain line per record) or `json` (one JSON object per line, "
+        "with work item, workflow and trace ids). Secrets are masked in both.",
+    )
+    # OpenTelemetry: the standard variables (no CREWWORK_ prefix), read here only to decide whether tracing is on;
+    # the SDK reads them (and every other OTEL_* variable) itself. See crewwork/tracing.py.
+    otel_sdk_disabled: bool = Field(
+        default=False, validation_alias="OTEL_SDK_DISABLED", description="OpenTelemetry: `true` turns tracing off."
+    )
+    otel_traces_exporter: str | None = Field(
+        default=None,
+        validation_alias="OTEL_TRACES_EXPORTER",
+        description="OpenTelemetry trace exporters (`otlp`, `console`, `none`); set (or an OTLP endpoint) turns "
+        "tracing on.",
+    )
+    otel_exporter_otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT",
+        description="OpenTelemetry OTLP endpoint; set alone, it turns tracing on with the `otlp` exporter.",
+    )
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        description="OpenTelemetry OTLP endpoint for traces only; like OTEL_EXPORTER_OTLP_ENDPOINT.",
+    )
+    otel_service_name: str | None = Field(
+        default=None,
+        validation_alias="OTEL_SERVICE_NAME",
+        description="OpenTelemetry service name (default: crewwork-api, crewwork-worker-POOL).",
+    )
 
     def resolved_database_url(self) -> str:
         if self.database_url:

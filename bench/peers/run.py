@@ -25,6 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.deps import require
+
+# Before anything else (the peers are imported only after crewwork's own run, minutes in).
+if __name__ == "__main__":
+    require("bench/peers/run.py", ["psycopg", "psycopg_pool", "procrastinate", "dbos"])
+
 from bench.harness import (
     bench_settings,
     dev_server,

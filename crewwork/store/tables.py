@@ -173,6 +173,9 @@ class Webhook(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     url: Mapped[str] = mapped_column(Text)
     secret: Mapped[str] = mapped_column(String(128))
+    previous_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    """The secret before the last rotation, still used to sign until `previous_secret_expires_at` (migration 0005)."""
+    previous_secret_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     event_types: Mapped[str] = mapped_column(String(500), default="")
     """Comma-separated event types to deliver; empty means all."""
     active: Mapped[bool] = mapped_column(default=True)
@@ -196,6 +199,9 @@ class OutboxMessage(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    trace_context: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """W3C `traceparent` of the change that wrote this row, when tracing is on (migration 0005): the delivery joins
+    the work item's trace."""
 
     __table_args__ = (
         Index("ix_outbox_due", "status", "next_attempt_at"),

@@ -32,6 +32,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from crewwork import tracing
 from crewwork.activities.control import ControlActivities
 from crewwork.activities.execute import ExecuteActivities
 from crewwork.config import Settings
@@ -145,6 +146,7 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
     # No pre-ping in the pools: fenced writes retry a dead pooled connection themselves (Store._transaction).
     store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size, pre_ping=False)
     metrics_server = await start_pool_observability(pool, settings.task_queue(pool), store)
+    tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor
     client = await connect(settings)
     worker = build_worker(pool, client, store, settings, extra_interceptors=extra_interceptors)
     stop = asyncio.Event()
@@ -162,6 +164,7 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
     if metrics_server is not None:
         metrics_server.close()
     await store.close()
+    tracing.shutdown()
     print(f"crewwork worker: pool {pool} drained", flush=True)
 
 
