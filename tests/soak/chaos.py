@@ -287,34 +287,43 @@ class ChaosDriver:
         return self._sigkill("validate")
 
     def _stop(self, when: str) -> Fault | None:
+        """Arm every agent and validate process; the first that receives an activity attempt freezes itself, the
+        others are disarmed. Frozen past the heartbeat timeout, then SIGCONTed."""
         pools = self._pools("agent") + self._pools("validate")
         if not pools:
             return None
-        p = self.rng.choice(pools)
-        assert p.proc is not None
-        pid = p.proc.pid
-        f = Fault(f"stop_{when}_write", p.name, time.time())
-        restart = p.restart
-        p.restart = False  # a stopped process is alive: keep the supervisor out of it anyway
-        arm, stopped = self.control_dir / f"{pid}.{when}", self.control_dir / f"{pid}.stopped-{when}"
-        arm.touch()
+        f = Fault(f"stop_{when}_write", "", time.time())
+        armed = {p.proc.pid: p for p in pools if p.proc is not None}
+        restarts = {pid: p.restart for pid, p in armed.items()}
+        for p in armed.values():
+            p.restart = False  # a stopped process is alive: keep the supervisor out of it anyway
+        for pid in armed:
+            (self.control_dir / f"{pid}.{when}").touch()
         deadline = time.monotonic() + ARM_WAIT_S
-        while not stopped.exists() and time.monotonic() < deadline and p.alive():
+        stopped: list[int] = []
+        while not stopped and time.monotonic() < deadline:
+            stopped = [pid for pid in armed if (self.control_dir / f"{pid}.stopped-{when}").exists()]
             time.sleep(0.05)
-        if not stopped.exists():
-            arm.unlink(missing_ok=True)
-            time.sleep(0.2)  # it may have claimed the arm just before it was taken away
-            if not stopped.exists():
-                p.restart = restart
-                f.injected, f.note, f.done_at = False, "no activity attempt arrived while armed", time.time()
-                return f
+        for pid in armed:
+            (self.control_dir / f"{pid}.{when}").unlink(missing_ok=True)
+        time.sleep(0.2)  # another may have claimed its arm just before it was taken away
+        stopped = [pid for pid in armed if (self.control_dir / f"{pid}.stopped-{when}").exists()]
+        if not stopped:
+            for pid, p in armed.items():
+                p.restart = restarts[pid]
+            f.injected, f.note, f.done_at = False, "no activity attempt arrived while armed", time.time()
+            return f
         f.at = time.time()
-        f.note = stopped.read_text()
-        stopped.unlink()
+        f.target = ",".join(armed[pid].name for pid in stopped)
+        f.note = "; ".join((self.control_dir / f"{pid}.stopped-{when}").read_text() for pid in stopped)
+        for pid in stopped:
+            (self.control_dir / f"{pid}.stopped-{when}").unlink()
         time.sleep(ZOMBIE_STOP_S)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-        p.restart = restart
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        for pid, p in armed.items():
+            p.restart = restarts[pid]
         f.done_at = time.time()
         return f
 

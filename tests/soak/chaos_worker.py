@@ -8,7 +8,10 @@ attempt that process receives then freezes the whole process with a real SIGSTOP
 - `after`: at the attempt's first heartbeat, which comes after its first write (a zombie that has started its work).
 
 The process writes CONTROL_DIR/<pid>.stopped-<kind> just before it stops, so the driver knows the fault is in place;
-the driver SIGCONTs it later. Test machinery only: it lives in tests/, and no production process loads it."""
+the driver SIGCONTs it later. When it wakes, the SDK notices the attempt's heartbeat timeout has passed and cancels
+it; the frozen attempt ignores that (as code blocked in a thread or in C does), the worst case, so it goes on and
+tries its writes, which the store must refuse. Test machinery only: it lives in tests/, and no production process
+loads it."""
 
 from __future__ import annotations
 
@@ -30,6 +33,14 @@ from temporalio.worker import (
 from crewwork.config import get_settings
 from crewwork.workers.pools import run_pool
 
+ZOMBIES: set[tuple[str, str, int]] = set()
+"""The activity attempts of this process that were frozen: they ignore cancellation from then on."""
+
+
+def _key() -> tuple[str, str, int]:
+    info = activity.info()
+    return info.workflow_id, info.activity_id, info.attempt
+
 
 def _claim(control: Path, kind: str) -> bool:
     try:
@@ -45,6 +56,7 @@ def _freeze(control: Path, kind: str) -> None:
         note = f"{info.activity_type} attempt {info.attempt} of {info.workflow_id}"
     except RuntimeError:
         note = "?"
+    ZOMBIES.add(_key())
     (control / f"{os.getpid()}.stopped-{kind}").write_text(note)
     os.kill(os.getpid(), signal.SIGSTOP)
 
@@ -68,8 +80,21 @@ class _Inbound(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         if _claim(self.control, "before"):
             _freeze(self.control, "before")
-            await asyncio.sleep(0)
-        return await self.next.execute_activity(input)
+        key = _key()
+        work = asyncio.ensure_future(self.next.execute_activity(input))
+        me = asyncio.current_task()
+        try:
+            while True:
+                try:
+                    return await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    if key not in ZOMBIES or work.done():
+                        work.cancel()
+                        raise
+                    if me is not None:
+                        me.uncancel()  # a zombie carries on regardless
+        finally:
+            ZOMBIES.discard(key)
 
 
 class _Outbound(ActivityOutboundInterceptor):
