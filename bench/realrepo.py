@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import machine, table, write_results  # noqa: E402
 from crewwork import gitops  # noqa: E402
+from crewwork.activities.common import AttemptWriter  # noqa: E402
 from crewwork.activities.execute import ExecuteActivities  # noqa: E402
 from crewwork.config import Settings  # noqa: E402
 from crewwork.contracts import ValidateInput  # noqa: E402
@@ -132,6 +133,7 @@ async def run(rounds: int, cold_runs: int) -> dict[str, Any]:
                 return ValidateInput(
                     work_item_id=row.id,
                     tenant_id=tenant,
+                    step=attempt,
                     attempt=attempt,
                     repo_path=url,
                     base_commit=base,
@@ -145,7 +147,8 @@ async def run(rounds: int, cold_runs: int) -> dict[str, Any]:
 
             async def crewwork_validate() -> float:
                 started = time.perf_counter()
-                out = await acts._validate(validate_input(next(counter)), 1, lambda *a: None)
+                inp = validate_input(next(counter))
+                out = await acts._validate(inp, AttemptWriter.of(store, inp), lambda *a: None)
                 elapsed = time.perf_counter() - started
                 if not out.passed:
                     raise SystemExit(f"crewwork validation did not pass: {out.reason}")

@@ -14,6 +14,7 @@ command -v chromium >/dev/null || need+=(chromium)
 # Repository tests: sshd serves ssh:// remotes on loopback; the system python's venv module builds environments.
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+command -v jq >/dev/null || need+=(jq)  # tests/integration/test_cli_scripting.py drives the CLI with `--json | jq`
 if [ ${#need[@]} -gt 0 ]; then
     echo "test-env: installing ${need[*]}"
     apt-get update -qq
@@ -42,6 +43,8 @@ if [ ! -f "$PACKAGES/.complete" ] || [ tests/repos/test-packages.txt -nt "$PACKA
     "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: -d "$PACKAGES/sdists" $sdists
     touch "$PACKAGES/.complete"
 fi
+# The example agent plugin, installed like any plugin (tests/integration/test_agent_plugins.py runs it for real).
+"$PYTHON" -m pip install --quiet --no-deps ./examples/crewwork-example-agent
 
 # A Docker engine with gVisor and the locally built sandbox image (no registry is reachable).
 bash .ci/docker-up.sh "$PYTHON"

@@ -1,6 +1,6 @@
 """Agent-pool and validate-pool activities: run the agent in its own worktree, then judge the change.
 
-The agent runs in a fresh worktree per activity attempt (named by its fencing token), so a zombie attempt still
+The agent runs in a fresh worktree per activity attempt (named by its rank), so a zombie attempt still
 writing files cannot touch the worktree of the attempt that superseded it. The platform captures the diff itself.
 
 Validation never runs in the agent's worktree: it starts from a clean checkout of the base commit, applies the
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops
-from crewwork.activities.common import AGENT_ERROR, FirstWrite, bad_input, execution_lease, record_step
+from crewwork.activities.common import AttemptWriter, watch
+from crewwork.activities.errors import AGENT_ERROR, bad_input
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
@@ -50,16 +52,6 @@ REPORT_DIR = gitops.PLATFORM_DIR
 
 def _ref(a: Artifact) -> ArtifactRef:
     return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
-
-
-def superseded(step: str, token: int, current: int | None) -> ApplicationError:
-    """This attempt's token was superseded mid-step by another attempt that started later (e.g. a zombie of an
-    earlier attempt that woke up and took the lease). If this attempt is still Temporal's current one, retrying
-    with a fresh token is right; if it is not, Temporal ignores its outcome anyway. Never a reason to end the item."""
-    return ApplicationError(
-        f"{step}: token {token} was superseded by token {current} during this attempt; retrying with a fresh token",
-        type="Superseded",
-    )
 
 
 def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None = None) -> Sandbox:
@@ -101,22 +93,17 @@ class ExecuteActivities:
         self.settings = settings
         self.repos = Repositories(settings)
 
-    async def _checkout(
-        self, work_item_id: str, tenant_id: str, locator: str, commit: str, path: Path, token: int, attempt: int
-    ) -> Path:
+    async def _checkout(self, w: AttemptWriter, locator: str, commit: str, path: Path, attempt: int) -> Path:
         """A worktree of `commit` from this host's mirror of the repository (fetched when it lacks the commit).
         Returns the mirror, the git dir the worktree belongs to."""
         try:
-            gitdir, stats = await self.repos.add_worktree(locator, commit, path, tenant_id)
+            gitdir, stats = await self.repos.add_worktree(locator, commit, path, w.tenant_id)
         except REPO_ERRORS as exc:
             raise repo_failure(exc) from None
         if stats.fetched:
-            await self.store.append_event(
-                work_item_id,
-                tenant_id,
+            await w.event(
                 "repository_fetched",
                 {"attempt": attempt, "cloned": stats.cloned, "seconds": round(stats.seconds, 3)},
-                token=token,
             )
         return gitdir
 
@@ -159,69 +146,61 @@ class ExecuteActivities:
         except AgentConfigError as exc:
             raise bad_input(str(exc)) from exc
 
-        async with execution_lease(
-            self.store,
-            inp.work_item_id,
-            self.settings.lease_ttl_s,
-            workspace_ttl_s=self.settings.lease_ttl_s * 10,
-            first=FirstWrite(
-                tenant_id=inp.tenant_id,
-                state=WorkItemState.running,
-                reason=f"attempt {inp.attempt}: agent {spec.agent.name} running",
-                writer=f"run_agent#{info.attempt}",
-                event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
-            ),
-        ) as lease:
-            w = lease.started
-            assert w is not None
-            if w.stale:
-                if not w.closed:
-                    raise superseded("run_agent", lease.token, w.current_token)
-                return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, stale=True, error="superseded")
-            workspace: Path | None = None
-            repo: Path | None = None
-            if spec.kind != WorkItemKind.task:
-                assert inp.repo_path and inp.base_commit
-                workspace = (
-                    self.settings.resolved_worktree_dir() / inp.work_item_id / f"attempt-{inp.attempt}-t{lease.token}"
-                )
-                repo = await self._checkout(
-                    inp.work_item_id, inp.tenant_id, inp.repo_path, inp.base_commit, workspace, lease.token, inp.attempt
-                )
-            sandbox = None
-            limits = None
-            if agent_cls.needs_sandbox:
-                sandbox = pick_sandbox(spec.sandbox, self.settings)
-                limits = sandbox_limits(spec.sandbox, None)
-            started = time.monotonic()
-
-            async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:
-                return await self._save(inp.work_item_id, inp.tenant_id, name, data, ctype)
-
-            ctx = AgentContext(
-                work_item_id=inp.work_item_id,
-                attempt=inp.attempt,
-                activity_attempt=info.attempt,
-                kind=spec.kind,
-                config=config,
-                instruction=spec.instruction,
-                input=spec.input,
-                workspace=workspace,
-                diagnostics=inp.diagnostics,
-                review_comment=inp.review_comment,
-                sandbox=sandbox,
-                limits=limits,
-                heartbeat=lease.heartbeat,
-                resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
-                save_artifact=save,
-                extra={
-                    "repo": spec.repo.url if spec.repo else None,
-                    "labels": dict(spec.labels),
-                    # Test-only fault injection (the scripted agent's `stall_s`): turn this attempt into a zombie.
-                    "fault_partition": lease.simulate_partition,
-                },
+        w = AttemptWriter.of(self.store, inp)
+        # The attempt's first write, before anything else: refused if a later-scheduled attempt has written.
+        started = await w.set_state(
+            WorkItemState.running,
+            f"attempt {inp.attempt}: agent {spec.agent.name} running",
+            event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
+        )
+        if started.stale:
+            raise w.stale(started, "run_agent")
+        workspace: Path | None = None
+        repo: Path | None = None
+        if spec.kind != WorkItemKind.task:
+            assert inp.repo_path and inp.base_commit
+            workspace = (
+                self.settings.resolved_worktree_dir()
+                / inp.work_item_id
+                / f"attempt-{inp.attempt}-s{inp.step}a{info.attempt}"
             )
-            try:
+            repo = await self._checkout(w, inp.repo_path, inp.base_commit, workspace, inp.attempt)
+        sandbox = None
+        limits = None
+        if agent_cls.needs_sandbox:
+            sandbox = pick_sandbox(spec.sandbox, self.settings)
+            limits = sandbox_limits(spec.sandbox, None)
+        started_at = time.monotonic()
+
+        async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:
+            return await self._save(inp.work_item_id, inp.tenant_id, name, data, ctype)
+
+        try:
+            async with watch(w, workspace_ttl_s=self.settings.lease_ttl_s * 10 if workspace else None) as live:
+                ctx = AgentContext(
+                    work_item_id=inp.work_item_id,
+                    attempt=inp.attempt,
+                    activity_attempt=info.attempt,
+                    kind=spec.kind,
+                    config=config,
+                    instruction=spec.instruction,
+                    input=spec.input,
+                    workspace=workspace,
+                    diagnostics=inp.diagnostics,
+                    review_comment=inp.review_comment,
+                    sandbox=sandbox,
+                    limits=limits,
+                    heartbeat=live.heartbeat,
+                    ensure_current=live.ensure_current,
+                    resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
+                    save_artifact=save,
+                    extra={
+                        "repo": spec.repo.url if spec.repo else None,
+                        "labels": dict(spec.labels),
+                        # Test-only fault injection (the scripted agent's `stall_s`): turn this attempt into a zombie.
+                        "fault_partition": live.simulate_partition,
+                    },
+                )
                 try:
                     result = await agent_cls().run(ctx)
                 except AgentError as exc:
@@ -238,13 +217,9 @@ class ExecuteActivities:
                         failed.transcript_ref = await save(
                             f"attempt-{inp.attempt}-transcript.txt", str(transcript).encode(), "text/plain"
                         )
-                    return failed
+                    return await self._agent_finished(w, inp, failed)
                 except AgentInfraError as exc:
-                    delay = None
-                    if exc.retry_after_s:
-                        from datetime import timedelta
-
-                        delay = timedelta(seconds=min(exc.retry_after_s, 600))
+                    delay = timedelta(seconds=min(exc.retry_after_s, 600)) if exc.retry_after_s else None
                     raise ApplicationError(str(exc), type="AgentInfraError", next_retry_delay=delay) from exc
                 except SandboxError as exc:
                     raise ApplicationError(f"sandbox failure: {exc}", type="SandboxError") from exc
@@ -270,77 +245,59 @@ class ExecuteActivities:
                     agent_cls.name,
                     inp.attempt,
                     inp.work_item_id,
-                    time.monotonic() - started,
+                    time.monotonic() - started_at,
                 )
-                done = await record_step(
-                    lease,
-                    inp.tenant_id,
-                    "agent_finished",
-                    {
-                        "attempt": inp.attempt,
-                        "activity_attempt": info.attempt,
-                        "diff_ref": outcome.diff_ref.id if outcome.diff_ref else None,
-                        "transcript_ref": outcome.transcript_ref.id if outcome.transcript_ref else None,
-                    },
-                    writer=f"run_agent#{info.attempt}",
-                    release=workspace is None,
-                )
-                if done.stale:
-                    if not done.closed:
-                        raise superseded("run_agent", lease.token, done.current_token)
-                    outcome.stale = True
-                return outcome
-            finally:
-                if workspace is not None and repo is not None:
-                    await gitops.remove_worktree(repo, workspace)
+                return await self._agent_finished(w, inp, outcome)
+        finally:
+            if workspace is not None and repo is not None:
+                await gitops.remove_worktree(repo, workspace)
+
+    async def _agent_finished(self, w: AttemptWriter, inp: AgentStepInput, outcome: AgentOutcome) -> AgentOutcome:
+        """The attempt's last write: the refs of what it produced. Refused (and the attempt ends) if a later attempt
+        has written meanwhile, so the event log only ever names the accepted attempt's artifacts."""
+        done = await w.event(
+            "agent_finished",
+            {
+                "attempt": inp.attempt,
+                "activity_attempt": w.rank.attempt,
+                "diff_ref": outcome.diff_ref.id if outcome.diff_ref else None,
+                "transcript_ref": outcome.transcript_ref.id if outcome.transcript_ref else None,
+                "error": outcome.error,
+            },
+        )
+        if done.stale:
+            raise w.stale(done, "run_agent")
+        return outcome
 
     # ------------------------------------------------------------------ validation
 
     @activity.defn(name="validate_change")
     async def validate_change(self, inp: ValidateInput) -> ValidationOutcome:
-        info = activity.info()
+        w = AttemptWriter.of(self.store, inp)
+        started = await w.set_state(
+            WorkItemState.validating,
+            f"attempt {inp.attempt}: validating",
+            event_data={"attempt": inp.attempt, "activity_attempt": w.rank.attempt},
+        )
+        if started.stale:
+            raise w.stale(started, "validate_change")
+        async with watch(w, workspace_ttl_s=self.settings.lease_ttl_s * 10) as live:
+            outcome = await self._validate(inp, w, live.heartbeat)
+        done = await w.event(
+            "validation_finished",
+            {
+                "attempt": inp.attempt,
+                "activity_attempt": w.rank.attempt,
+                "passed": outcome.passed,
+                "cause": outcome.cause,
+                "log_ref": outcome.log_ref.id if outcome.log_ref else None,
+            },
+        )
+        if done.stale:
+            raise w.stale(done, "validate_change")
+        return outcome
 
-        async with execution_lease(
-            self.store,
-            inp.work_item_id,
-            self.settings.lease_ttl_s,
-            workspace_ttl_s=self.settings.lease_ttl_s * 10,
-            first=FirstWrite(
-                tenant_id=inp.tenant_id,
-                state=WorkItemState.validating,
-                reason=f"attempt {inp.attempt}: validating",
-                writer=f"validate_change#{info.attempt}",
-                event_data={"attempt": inp.attempt},
-            ),
-        ) as lease:
-            w = lease.started
-            assert w is not None
-            if w.stale:
-                if not w.closed:
-                    raise superseded("validate_change", lease.token, w.current_token)
-                return ValidationOutcome(passed=False, reason="superseded", cause="infrastructure", stale=True)
-            outcome = await self._validate(inp, lease.token, lease.heartbeat)
-            done = await record_step(
-                lease,
-                inp.tenant_id,
-                "validation_finished",
-                {
-                    "attempt": inp.attempt,
-                    "activity_attempt": info.attempt,
-                    "passed": outcome.passed,
-                    "cause": outcome.cause,
-                    "log_ref": outcome.log_ref.id if outcome.log_ref else None,
-                },
-                writer=f"validate_change#{info.attempt}",
-                release=True,
-            )
-            if done.stale:
-                if not done.closed:
-                    raise superseded("validate_change", lease.token, done.current_token)
-                outcome.stale = True
-            return outcome
-
-    async def _validate(self, inp: ValidateInput, token: int, heartbeat: Any) -> ValidationOutcome:
+    async def _validate(self, inp: ValidateInput, w: AttemptWriter, heartbeat: Any) -> ValidationOutcome:
         spec = inp.validation
         diff = (await self._artifact_bytes(inp.diff_ref.id)).decode() if inp.diff_ref else ""
         ev: dict[str, Any] = {
@@ -353,10 +310,12 @@ class ExecuteActivities:
         if not diff.strip():
             evidence = ValidationEvidence(**ev)
             return self._judge(inp, evidence, outcome_extra)
-        ws = self.settings.resolved_worktree_dir() / inp.work_item_id / f"validate-{inp.attempt}-t{token}"
-        repo = await self._checkout(
-            inp.work_item_id, inp.tenant_id, inp.repo_path, inp.base_commit, ws, token, inp.attempt
+        ws = (
+            self.settings.resolved_worktree_dir()
+            / inp.work_item_id
+            / f"validate-{inp.attempt}-s{inp.step}a{w.rank.attempt}"
         )
+        repo = await self._checkout(w, inp.repo_path, inp.base_commit, ws, inp.attempt)
         try:
             environment: EnvironmentSpec | None = inp.environment
             sandbox = pick_sandbox(inp.sandbox, self.settings, environment.image if environment else None)
@@ -423,9 +382,7 @@ class ExecuteActivities:
                         "text/plain",
                     )
                     prepared_ev["log_ref"] = log_ref.id
-                await self.store.append_event(
-                    inp.work_item_id, inp.tenant_id, "environment_prepared", prepared_ev, token=token
-                )
+                await w.event("environment_prepared", prepared_ev)
             heartbeat()
             ok, err = await gitops.apply_diff(ws, diff)
             if not ok:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from crewwork.activities.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.config import Settings
 from crewwork.forge.github import PullRequest
 from crewwork.models import PullRequestSpec
@@ -220,15 +221,9 @@ def _branch_of(ref: str | None) -> str | None:
     return ref.removeprefix("refs/heads/")
 
 
-# Error types activities raise for repository failures; the workflow ends the item `failed` naming the remote
-# (never `dead`) once retries of the retryable one are exhausted.
-REPOSITORY_UNAVAILABLE = "RepositoryUnavailable"
-REPOSITORY_ERROR = "RepositoryError"
-PULL_REQUEST_FAILED = "PullRequestFailed"
-
-
 def repo_failure(exc: BaseException) -> Exception:
-    """The Temporal error for a repository failure: retryable while the remote is unreachable, not otherwise."""
+    """The Temporal error for a repository failure (types in crewwork/activities/errors.py): retryable while the
+    remote is unreachable, not otherwise. The workflow ends the item `failed` naming the remote, never `dead`."""
     from temporalio.exceptions import ApplicationError
 
     if isinstance(exc, RemoteError) and exc.retryable:
