@@ -46,7 +46,7 @@ FORBIDDEN_MODULES = {
 ACTIVITY_REFERENCES = {
     "crewwork.activities.control": {"ControlActivities"},
     "crewwork.activities.execute": {"ExecuteActivities"},
-    "crewwork.activities.errors": {"BAD_INPUT", "NON_RETRYABLE"},
+    "crewwork.activities.errors": {"BAD_INPUT", "NON_RETRYABLE", "ITEM_FAILURES"},
 }
 FORBIDDEN_CALLS = {"open", "input", "print", "now", "utcnow", "today", "sleep", "getenv"}
 # asyncio's own sleep/wait are non-deterministic outside Temporal's event loop; workflow.sleep/wait_condition are
