@@ -7,7 +7,6 @@ an activity can never overwrite what a newer one wrote.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 from temporalio import activity
@@ -33,6 +32,7 @@ from crewwork.contracts import (
 )
 from crewwork.models import ArtifactRef, WorkItemState
 from crewwork.store.store import AttemptRecord, Store
+from crewwork.workspace import remove_tree
 
 log = logging.getLogger("crewwork.activities.control")
 
@@ -174,7 +174,7 @@ class ControlActivities:
         scratch = self.settings.resolved_worktree_dir() / inp.work_item_id / f"land-t{token}"
         try:
             branch, commit, created = await gitops.land(
-                repo,
+                gitops.git_dir_of(repo),
                 work_item_id=inp.work_item_id,
                 base_commit=inp.base_commit,
                 diff=diff,
@@ -249,8 +249,7 @@ class ControlActivities:
 
     @activity.defn(name="cleanup")
     async def cleanup(self, inp: CleanupInput) -> None:
-        root = self.settings.resolved_worktree_dir() / inp.work_item_id
-        if root.exists():
-            shutil.rmtree(root, ignore_errors=True)
+        # Unmounts the item's workspace disks first; deletion never follows a link a sandbox left behind.
+        await remove_tree(self.settings.resolved_worktree_dir() / inp.work_item_id)
         if inp.repo_path and Path(inp.repo_path).exists():
             await gitops.git("worktree", "prune", cwd=inp.repo_path, check=False)

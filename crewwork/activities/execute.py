@@ -1,15 +1,20 @@
-"""Agent-pool and validate-pool activities: run the agent in its own worktree, then judge the change.
+"""Agent-pool and validate-pool activities: run the agent in its own workspace, then judge the change.
 
-The agent runs in a fresh worktree per activity attempt (named by its fencing token), so a zombie attempt still
-writing files cannot touch the worktree of the attempt that superseded it. The platform captures the diff itself.
+The agent runs in a fresh workspace per activity attempt (named by its fencing token), so a zombie attempt still
+writing files cannot touch the workspace of the attempt that superseded it. The platform captures the diff itself,
+treating everything in the workspace as untrusted input (`crewwork.workspace`: no host git in the workspace, no
+link followed, every read bounded).
 
-Validation never runs in the agent's worktree: it starts from a clean checkout of the base commit, applies the
-captured diff, resets the spec's test files to the base commit (a change must not weaken the tests that judge it),
-runs the command in a fresh sandbox, and grades the saved evidence with a pure function.
+Validation never runs in the agent's workspace: the captured diff is applied to the base tree in the host's
+private git directory, protected test infrastructure is put back to the base commit (a change must not weaken
+the tests that judge it; `crewwork.validation.protect`), the result is written into a fresh workspace, the
+command runs in a fresh sandbox, the report is read back without trusting it (`crewwork.safefs`), and the saved
+evidence is graded with a pure function.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -18,7 +23,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork import gitops
+from crewwork import gitops, safefs
 from crewwork.activities.common import AGENT_ERROR, FirstWrite, bad_input, execution_lease, record_step
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
 from crewwork.agents.registry import get_agent_class
@@ -33,15 +38,21 @@ from crewwork.models import (
     WorkItemState,
 )
 from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
+from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.disk import DiskError
 from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
 from crewwork.store.store import Store
 from crewwork.store.tables import Artifact
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
+from crewwork.validation.protect import Protection, apply_protection
+from crewwork.workspace import CaptureLimits, CaptureRefused, Workspace, WorkspaceError
 
 log = logging.getLogger("crewwork.activities.execute")
 
 REPORT_DIR = gitops.PLATFORM_DIR
+# The largest test report the host reads back (never more than the artifact limit either).
+MAX_REPORT_BYTES = 16 * 1024 * 1024
 
 
 def _ref(a: Artifact) -> ArtifactRef:
@@ -147,19 +158,23 @@ class ExecuteActivities:
                 if not w.closed:
                     raise superseded("run_agent", lease.token, w.current_token)
                 return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, stale=True, error="superseded")
+            ws: Workspace | None = None
             workspace: Path | None = None
-            repo = Path(inp.repo_path) if inp.repo_path else None
-            if spec.kind != WorkItemKind.task:
-                assert repo is not None and inp.base_commit
-                workspace = (
-                    self.settings.resolved_worktree_dir() / inp.work_item_id / f"attempt-{inp.attempt}-t{lease.token}"
-                )
-                await gitops.add_worktree(repo, workspace, inp.base_commit)
             sandbox = None
             limits = None
             if agent_cls.needs_sandbox:
                 sandbox = pick_sandbox(spec.sandbox, self.settings)
                 limits = sandbox_limits(spec.sandbox, None)
+            if spec.kind != WorkItemKind.task:
+                assert inp.repo_path and inp.base_commit
+                ws = await self._workspace(
+                    inp.repo_path,
+                    inp.work_item_id,
+                    f"attempt-{inp.attempt}-t{lease.token}",
+                    inp.base_commit,
+                    limits or sandbox_limits(spec.sandbox, None),
+                )
+                workspace = ws.path
             started = time.monotonic()
 
             async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:
@@ -178,6 +193,7 @@ class ExecuteActivities:
                 review_comment=inp.review_comment,
                 sandbox=sandbox,
                 limits=limits,
+                host_workspace=ws,
                 heartbeat=lease.heartbeat,
                 resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
                 save_artifact=save,
@@ -228,10 +244,21 @@ class ExecuteActivities:
                     outcome.transcript_ref = await save(
                         f"attempt-{inp.attempt}-transcript.txt", result.transcript.encode(), "text/plain"
                     )
-                if workspace is not None and inp.base_commit:
-                    diff, stats = await gitops.capture_diff(workspace, inp.base_commit)
-                    outcome.diff_stats = stats
-                    outcome.diff_ref = await save(f"attempt-{inp.attempt}.diff", diff.encode(), "text/x-diff")
+                if ws is not None:
+                    try:
+                        captured = await ws.capture(
+                            CaptureLimits(
+                                max_diff_bytes=self.settings.max_artifact_bytes,
+                                max_file_bytes=self.settings.max_artifact_bytes,
+                            )
+                        )
+                    except CaptureRefused as exc:
+                        # What the agent left cannot be a change (too large, too deep, ...): the attempt fails
+                        # with that reason; the loop goes on.
+                        outcome.error = f"the change could not be captured: {exc}"
+                        return outcome
+                    outcome.diff_stats = captured.stats
+                    outcome.diff_ref = await save(f"attempt-{inp.attempt}.diff", captured.diff, "text/x-diff")
                 log.info(
                     "agent %s finished attempt %s of %s in %.2fs",
                     agent_cls.name,
@@ -258,8 +285,8 @@ class ExecuteActivities:
                     outcome.stale = True
                 return outcome
             finally:
-                if workspace is not None and repo is not None:
-                    await gitops.remove_worktree(repo, workspace)
+                if ws is not None:
+                    await ws.remove()
 
     # ------------------------------------------------------------------ validation
 
@@ -307,9 +334,35 @@ class ExecuteActivities:
                 outcome.stale = True
             return outcome
 
+    async def _workspace(
+        self,
+        repo_path: str,
+        work_item_id: str,
+        name: str,
+        commit: str,
+        limits: SandboxLimits,
+        *,
+        materialise: bool = True,
+    ) -> Workspace:
+        """A fresh workspace for one agent run or validation, with the operator's disk cap and sandbox owner."""
+        sandbox_settings = SandboxSettings()
+        try:
+            return await Workspace.create(
+                git_dir=gitops.git_dir_of(Path(repo_path)),
+                home=self.settings.resolved_worktree_dir() / work_item_id / name,
+                commit=commit,
+                disk_mb=sandbox_settings.workspace_disk_mb(limits),
+                owner=sandbox_settings.owner(),
+                materialise=materialise,
+            )
+        except WorkspaceError as exc:
+            raise bad_input(str(exc)) from exc
+        except DiskError as exc:
+            raise ApplicationError(f"workspace disk: {exc}", type="SandboxError") from exc
+
     async def _validate(self, inp: ValidateInput, token: int, heartbeat: Any) -> ValidationOutcome:
         spec = inp.validation
-        diff = (await self._artifact_bytes(inp.diff_ref.id)).decode() if inp.diff_ref else ""
+        diff = await self._artifact_bytes(inp.diff_ref.id) if inp.diff_ref else b""
         ev: dict[str, Any] = {
             "diff_nonempty": bool(diff.strip()),
             "patch_applied": True,
@@ -320,24 +373,53 @@ class ExecuteActivities:
         if not diff.strip():
             evidence = ValidationEvidence(**ev)
             return self._judge(inp, evidence, outcome_extra)
-        repo = Path(inp.repo_path)
-        ws = self.settings.resolved_worktree_dir() / inp.work_item_id / f"validate-{inp.attempt}-t{token}"
-        await gitops.add_worktree(repo, ws, inp.base_commit)
+        sandbox = pick_sandbox(inp.sandbox, self.settings)
+        limits = sandbox_limits(inp.sandbox, spec.timeout_s)
+        ws = await self._workspace(
+            inp.repo_path,
+            inp.work_item_id,
+            f"validate-{inp.attempt}-t{token}",
+            inp.base_commit,
+            limits,
+            materialise=False,
+        )
         try:
-            sandbox = pick_sandbox(inp.sandbox, self.settings)
-            limits = sandbox_limits(inp.sandbox, spec.timeout_s)
+            # Everything below works on trees in the host's private git directory: the diff is applied there
+            # (never by git in a work tree), protected paths are put back there, and only the result is written
+            # into the fresh workspace.
+            changed, err = await ws.apply(diff)
+            if changed is None:
+                evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
+                return self._judge(inp, evidence, outcome_extra)
+            platform = gitops.PLATFORM_DIR.encode() + b"/"
+            base = {p: e for p, e in ws.base.items() if not p.startswith(platform)}
+            final, resets = await apply_protection(
+                ws.git, ws.base, changed, Protection.from_spec(spec), report_path=spec.junit_path
+            )
+            final = {p: e for p, e in final.items() if not p.startswith(platform)}
+            outcome_extra["protected_reset"] = resets
+            ev["protected_reset"] = [f"{r.path} ({r.why})" for r in resets]
+            if final == base:
+                evidence = ValidationEvidence(**ev, effective_change=False)
+                return self._judge(inp, evidence, outcome_extra)
+            heartbeat()
             run_env: dict[str, str] = {}
             mounts: list[Path] = []
+            try:
+                await ws.write_entries(base if spec.setup else final)
+            except WorkspaceError as exc:
+                evidence = ValidationEvidence(**ev, disk_limited=True, stderr_tail=str(exc)[-4000:])
+                return self._judge(inp, evidence, outcome_extra)
             if spec.setup:
-                # Setup runs once per (repository, base commit, setup spec) on this host; every later attempt and
-                # validation mounts the result read-only instead of reinstalling.
+                # Setup runs once per (repository, base commit, setup spec) on this host, on the base content;
+                # every later attempt and validation mounts the result read-only instead of reinstalling.
                 try:
                     prepared = await PreparedEnvCache(self.settings.data_dir.resolve() / "prepared").get_or_prepare(
                         sandbox=sandbox,
                         repo=inp.repo_path,
                         base_commit=inp.base_commit,
                         setup=spec.setup,
-                        source=ws,
+                        source=ws.path,
                         limits=limits,
                     )
                 except SetupFailed as exc:
@@ -355,6 +437,7 @@ class ExecuteActivities:
                         timed_out=setup.timed_out,
                         oom_killed=setup.oom_killed,
                         pids_limited=setup.pids_limited,
+                        disk_limited=setup.disk_limited,
                         killed_by_signal=setup.killed_by_signal,
                         stdout_tail=setup.report(4000).stdout_tail,
                         stderr_tail=setup.report(4000).stderr_tail,
@@ -374,21 +457,18 @@ class ExecuteActivities:
                     },
                     token=token,
                 )
+                try:
+                    await ws.update(base, final)
+                except WorkspaceError as exc:
+                    evidence = ValidationEvidence(**ev, disk_limited=True, stderr_tail=str(exc)[-4000:])
+                    return self._judge(inp, evidence, outcome_extra)
+            # The platform's directory, owned by the sandbox user; the report path's parent exists too. Whatever
+            # the run leaves there is read back without following anything.
+            ws.make_dir(gitops.PLATFORM_DIR)
+            if spec.junit_path is not None and len(spec.junit_path.parts) > 1:
+                ws.make_dir("/".join(spec.junit_path.parts[:-1]))
             heartbeat()
-            ok, err = await gitops.apply_diff(ws, diff)
-            if not ok:
-                evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
-                return self._judge(inp, evidence, outcome_extra)
-            restored = await gitops.reset_paths(ws, inp.base_commit, spec.test_files)
-            if restored:
-                outcome_extra["reset_test_files"] = restored
-            report_path = ws / spec.junit_path if spec.junit_path else None
-            if report_path is not None:
-                # The diff cannot ship a ready-made report: whatever is there now is not evidence.
-                report_path.unlink(missing_ok=True)
-                report_path.parent.mkdir(parents=True, exist_ok=True)
-            heartbeat()
-            run = await sandbox.run(spec.command, workspace=ws, limits=limits, env=run_env, ro_mounts=mounts)
+            run = await sandbox.run(spec.command, workspace=ws.path, limits=limits, env=run_env, ro_mounts=mounts)
             heartbeat()
             rep = run.report(8000)
             outcome_extra["log_ref"] = await self._save(
@@ -399,8 +479,20 @@ class ExecuteActivities:
                 "text/plain",
             )
             report_bytes = None
-            if report_path is not None and report_path.is_file():
-                report_bytes = report_path.read_bytes()[: 16 * 1024 * 1024]
+            refused = None
+            if spec.junit_path is not None:
+                try:
+                    report_bytes = await asyncio.to_thread(
+                        safefs.read_bytes,
+                        ws.path,
+                        spec.junit_path,
+                        max_bytes=min(MAX_REPORT_BYTES, self.settings.max_artifact_bytes),
+                    )
+                except FileNotFoundError:
+                    report_bytes = None
+                except safefs.Refused as exc:
+                    refused = f"{spec.junit_path}: {exc.reason}"
+            if report_bytes is not None:
                 outcome_extra["report_ref"] = await self._save(
                     inp.work_item_id,
                     inp.tenant_id,
@@ -414,8 +506,11 @@ class ExecuteActivities:
                 timed_out=run.timed_out,
                 oom_killed=run.oom_killed,
                 pids_limited=run.pids_limited,
+                disk_limited=run.disk_limited,
+                command_not_found=run.command_not_found,
                 killed_by_signal=run.killed_by_signal,
                 report=report_bytes,
+                report_refused=refused,
                 # With a configured report path a missing report is not evidence of anything: it fails.
                 report_format="junit" if spec.junit_path else None,
                 stdout_tail=rep.stdout_tail,
@@ -423,7 +518,7 @@ class ExecuteActivities:
             )
             return self._judge(inp, evidence, outcome_extra, sandbox_report=rep)
         finally:
-            await gitops.remove_worktree(repo, ws)
+            await ws.remove()
 
     def _judge(
         self,
@@ -450,6 +545,7 @@ class ExecuteActivities:
             report_ref=extra.get("report_ref"),
             diagnostics=diagnostics,
             fingerprint=verdict.fingerprint or None,
+            protected_reset=extra.get("protected_reset", []),
         )
 
 
