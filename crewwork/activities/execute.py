@@ -45,7 +45,7 @@ from crewwork.store.store import Store
 from crewwork.store.tables import Artifact
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
-from crewwork.validation.protect import Protection, apply_protection
+from crewwork.validation.protect import Protection, apply_protection, strip_platform
 from crewwork.workspace import CaptureLimits, CaptureRefused, Workspace, WorkspaceError
 
 log = logging.getLogger("crewwork.activities.execute")
@@ -53,6 +53,18 @@ log = logging.getLogger("crewwork.activities.execute")
 REPORT_DIR = gitops.PLATFORM_DIR
 # The largest test report the host reads back (never more than the artifact limit either).
 MAX_REPORT_BYTES = 16 * 1024 * 1024
+
+
+def read_report(workspace: Path, rel: str, max_bytes: int) -> tuple[bytes | None, str | None]:
+    """The report a test run left at `rel`, read the only way the host reads a workspace file: beneath the
+    workspace, no link followed, a single-link regular file, at most `max_bytes`. (content, None), (None, None)
+    when there is none, or (None, why it was refused)."""
+    try:
+        return safefs.read_bytes(workspace, rel, max_bytes=max_bytes), None
+    except FileNotFoundError:
+        return None, None
+    except safefs.Refused as exc:
+        return None, f"{rel}: {exc.reason}"
 
 
 def _ref(a: Artifact) -> ArtifactRef:
@@ -391,12 +403,10 @@ class ExecuteActivities:
             if changed is None:
                 evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
                 return self._judge(inp, evidence, outcome_extra)
-            platform = gitops.PLATFORM_DIR.encode() + b"/"
-            base = {p: e for p, e in ws.base.items() if not p.startswith(platform)}
+            base, _ = strip_platform(ws.base, spec.junit_path)
             final, resets = await apply_protection(
                 ws.git, ws.base, changed, Protection.from_spec(spec), report_path=spec.junit_path
             )
-            final = {p: e for p, e in final.items() if not p.startswith(platform)}
             outcome_extra["protected_reset"] = resets
             ev["protected_reset"] = [f"{r.path} ({r.why})" for r in resets]
             if final == base:
@@ -481,17 +491,9 @@ class ExecuteActivities:
             report_bytes = None
             refused = None
             if spec.junit_path is not None:
-                try:
-                    report_bytes = await asyncio.to_thread(
-                        safefs.read_bytes,
-                        ws.path,
-                        spec.junit_path,
-                        max_bytes=min(MAX_REPORT_BYTES, self.settings.max_artifact_bytes),
-                    )
-                except FileNotFoundError:
-                    report_bytes = None
-                except safefs.Refused as exc:
-                    refused = f"{spec.junit_path}: {exc.reason}"
+                report_bytes, refused = await asyncio.to_thread(
+                    read_report, ws.path, spec.junit_path, min(MAX_REPORT_BYTES, self.settings.max_artifact_bytes)
+                )
             if report_bytes is not None:
                 outcome_extra["report_ref"] = await self._save(
                     inp.work_item_id,

@@ -34,7 +34,7 @@ import ast
 import configparser
 import shlex
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,32 @@ async def discover_plugins(git: PrivateGit, base: Tree, prot: Protection) -> Non
     prot.plugin_modules |= addopts_plugins(addopts)
 
 
+def _platform_owned(report_path: str | None) -> Callable[[bytes], bool]:
+    reserved = {PLATFORM_DIR.encode()}
+    if report_path is not None:
+        parts = report_path.split("/")
+        reserved |= {"/".join(parts[:i]).encode() for i in range(1, len(parts) + 1)}
+    prefix = PLATFORM_DIR.encode() + b"/"
+    return lambda raw: raw in reserved or raw.startswith(prefix)
+
+
+def strip_platform(tree: Tree, report_path: str | None) -> tuple[Tree, list[ResetPath]]:
+    """`tree` without what belongs to the platform: `.crewwork/`, the report path and its parent directories
+    (whatever a repository or a change holds there, a symlink to a host directory say, never reaches the
+    workspace)."""
+    owned = _platform_owned(report_path)
+    out: Tree = {}
+    removed: list[ResetPath] = []
+    for raw, entry in sorted(tree.items()):
+        if not owned(raw):
+            out[raw] = entry
+            continue
+        where = f"{PLATFORM_DIR}/" if raw.startswith(PLATFORM_DIR.encode() + b"/") else "the report location"
+        why = f"in {where}, which belongs to the platform (a change or a commit cannot ship evidence there)"
+        removed.append(ResetPath(path=raw.decode("utf-8", "replace"), action="removed", why=why))
+    return out, removed
+
+
 async def apply_protection(
     git: PrivateGit,
     base: Tree,
@@ -233,28 +259,25 @@ async def apply_protection(
     Also drops anything the change put in the platform directory or at the report path: the diff cannot ship
     evidence."""
     await discover_plugins(git, base, prot)
-    out: Tree = dict(changed)
-    resets: list[ResetPath] = []
+    out, resets = strip_platform(changed, report_path)
+    platform_owned = _platform_owned(report_path)
     touched = sorted(p for p in set(base) | set(changed) if base.get(p) != changed.get(p))
     for raw in touched:
+        if platform_owned(raw):
+            continue
         path = raw.decode("utf-8", "surrogateescape")
         why = prot.explicit_reason(path)
-        if why is None and path.split("/")[0] == PLATFORM_DIR:
-            why = f"inside {PLATFORM_DIR}/, the platform's directory (a change cannot ship evidence)"
-        if why is None and report_path is not None and path == report_path:
-            why = "the report path (a change cannot ship the report that judges it)"
         if why is None:
             why = prot.default_reason(path)
         if why is None and path.split("/")[-1] == "pyproject.toml" and prot.defaults:
             if not any(p.matches(path) for p in prot.exclude):
-                before = pytest_tables(await _blob(git, base, raw)) if raw in base else None
-                after = pytest_tables(await _blob(git, changed, raw)) if raw in changed else None
-                if raw not in base:
-                    if isinstance(after, dict) and not any(after.values()):
-                        continue  # a new pyproject.toml without pytest configuration is an ordinary file
-                    why = "a new pyproject.toml that configures pytest"
-                elif before != after:
-                    why = "its pytest configuration ([tool.pytest...] or pytest11) changed; the whole file is restored"
+                none = pytest_tables(b"")
+                before = pytest_tables(await _blob(git, base, raw)) if raw in base else none
+                after = pytest_tables(await _blob(git, changed, raw)) if raw in changed else none
+                if before != after:
+                    why = "its pytest configuration ([tool.pytest...] or a pytest11 entry point) changed; " + (
+                        "the whole file is restored" if raw in base else "a new one cannot add any"
+                    )
         if why is None:
             continue
         if raw in base:
