@@ -522,7 +522,7 @@ class PrivateGit:
             i += 1
             if not head:
                 continue
-            parts = head.split(b"\t")
+            parts = head.split(b"\t", 2)  # the name itself may hold tabs
             if len(parts) != 3:
                 continue
             ins, dels, name = parts

@@ -381,3 +381,55 @@ async def test_pytest_still_works_after_all_that(
         wid = await crew.submit(code_change(calc, scripted({"files": {"calc.py": RIGHT}}), validation))
         result = await crew.result(wid, timeout_s=300)
     assert result.state == "succeeded", result.reason
+
+
+# ------------------------------------------------------------------------------------------------ git content
+
+
+async def test_host_repository_filters_named_by_agent_attributes_never_run(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, calc: Path, host_dir: Path
+) -> None:
+    import subprocess
+
+    from tests.conftest import GIT_ENV
+
+    mark = host_dir / "markers"
+    for key, value in (
+        ("filter.evil.clean", f"touch {mark}/clean"),
+        ("filter.evil.smudge", f"touch {mark}/smudge"),
+        ("diff.evil.textconv", f"touch {mark}/textconv"),
+    ):
+        subprocess.run(["git", "config", key, value], cwd=calc, check=True, env=GIT_ENV)
+    agent = scripted({"files": {".gitattributes": "* filter=evil diff=evil\n", "calc.py": RIGHT}})
+    async with crew_on(tmp_path, temporal_server, pg_url, "bwrap") as crew:
+        wid = await crew.submit(code_change(calc, agent))
+        result = await crew.result(wid, timeout_s=300)
+    assert markers(host_dir) == [], markers(host_dir)
+    assert result.state == "succeeded", result.reason
+
+
+NEWLINE_NAMES = r"""
+import pathlib
+pathlib.Path("calc.py").write_text("def add(a, b):\n    return a + b\n")
+pathlib.Path("notes\nwith newline.txt").write_text("one\n")
+pathlib.Path("0\t0\tcalc.py").write_text("two\n")
+"""
+
+
+async def test_file_names_with_newlines_and_tabs_survive_capture_validation_and_landing(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, calc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    agent = command_agent(monkeypatch, "names", NEWLINE_NAMES)
+    async with crew_on(tmp_path, temporal_server, pg_url, "bwrap") as crew:
+        wid = await crew.submit(code_change(calc, agent))
+        result = await crew.result(wid, timeout_s=300)
+    assert result.state == "succeeded", result.reason
+    stats = result.attempts[0].agent.diff_stats
+    assert stats is not None and sorted(stats.files) == sorted(["calc.py", "notes\nwith newline.txt", "0\t0\tcalc.py"])
+    assert stats.files_changed == 3
+    names = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "--name-only", f"crewwork/{wid}"], cwd=calc, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    assert b"notes\nwith newline.txt" in names and b"0\t0\tcalc.py" in names
