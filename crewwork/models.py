@@ -255,6 +255,9 @@ class SandboxReport(BaseModel):
     killed_by_signal: int | None = None
     peak_memory_bytes: int | None = None
     enforcement: str = ""
+    workspace_disk: str = Field(
+        default="", description="The workspace's disk cap: `loop-<N>m` (its own file system of N MiB) or `none`."
+    )
     stdout_tail: str = ""
     stderr_tail: str = ""
 

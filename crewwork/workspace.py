@@ -143,7 +143,7 @@ class Workspace:
 
     @property
     def disk_enforcement(self) -> str:
-        return f"disk:loop-{self.disk.size_mb}m" if self.disk is not None else "disk:none"
+        return f"loop-{self.disk.size_mb}m" if self.disk is not None else "none"
 
     @classmethod
     async def create(

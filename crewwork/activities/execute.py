@@ -480,7 +480,7 @@ class ExecuteActivities:
             heartbeat()
             run = await sandbox.run(spec.command, workspace=ws.path, limits=limits, env=run_env, ro_mounts=mounts)
             heartbeat()
-            rep = run.report(8000)
+            rep = run.report(8000).model_copy(update={"workspace_disk": ws.disk_enforcement})
             outcome_extra["log_ref"] = await self._save(
                 inp.work_item_id,
                 inp.tenant_id,

@@ -62,7 +62,7 @@ class SandboxSettings(BaseSettings):
     workspace_disk: Literal["auto", "loop", "none"] = Field(
         default="auto",
         description="Disk cap of workspaces: `loop` (each workspace is its own ext4 image; needs root), `none` "
-        "(no cap; results say disk:none), `auto` (loop where possible, else none).",
+        "(no cap; results say workspace_disk none), `auto` (loop where possible, else none).",
     )
     disk_mb: int = Field(default=4096, gt=0, description="Default size of a workspace's disk, in MiB.")
     max_disk_mb: int = Field(default=65536, gt=0, description="Largest workspace disk a work item may request.")

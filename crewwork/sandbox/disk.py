@@ -11,7 +11,7 @@ Why loopback images rather than project quotas: quotas need the host file system
 (an operator's fstab change on every worker) and still share the host's inode table; a loop image works on
 any host where the worker is root, and removing a workspace is one unmount, whatever it holds. Where the worker
 is not root (or loop devices are not available), `CREWWORK_SANDBOX_WORKSPACE_DISK=none` runs without a disk
-cap and every result says so in `enforcement` (`disk:none`).
+cap and every validation result says so (`sandbox.workspace_disk: none`).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class WorkspaceDisk:
         if not ok:
             raise DiskError(
                 f"cannot give the workspace a disk cap: {why}; set CREWWORK_SANDBOX_WORKSPACE_DISK=none to run "
-                "without one (results then say enforcement disk:none)"
+                "without one (results then say workspace_disk: none)"
             )
         image.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(image, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
