@@ -276,12 +276,19 @@ async def resolve_commit(repo: Path, ref: str) -> str:
     return sha
 
 
+_FORMATS: dict[Path, str] = {}
+
+
 async def object_format(git_dir: Path) -> str:
-    """`sha1` or `sha256`: how the repository names its objects."""
+    """`sha1` or `sha256`: how the repository names its objects (fixed for a repository's life, so cached)."""
+    git_dir = Path(git_dir)
+    if git_dir in _FORMATS:
+        return _FORMATS[git_dir]
     res = await run_git(["rev-parse", "--show-object-format"], git_dir=git_dir, check=False)
     fmt = res.out.strip() or "sha1"
     if fmt not in ("sha1", "sha256"):
         raise GitError(f"{git_dir}: unsupported object format {fmt!r}")
+    _FORMATS[git_dir] = fmt
     return fmt
 
 
@@ -389,7 +396,10 @@ class PrivateGit:
             lines = b"".join(
                 b"%s %s\t%s\x00" % (e.mode.encode(), e.sha.encode(), path) for path, e in sorted(entries.items())
             )
-            await self.run("update-index", "-z", "--index-info", index=index, input_bytes=lines)
+            res = await self.run("update-index", "-z", "--index-info", index=index, input_bytes=lines)
+            if "Ignoring path" in res.err or "invalid path" in res.err:
+                # update-index drops a path git's own rules refuse instead of failing: never a silent loss.
+                raise GitError(f"git refused a path of the tree: {res.err.strip()[:500]}")
             return (await self.run("write-tree", index=index)).out.strip()
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -122,7 +122,6 @@ class Workspace:
         home: Path,
         git: PrivateGit,
         base_commit: str,
-        base_tree: str,
         base: Tree,
         disk: WorkspaceDisk | None,
         owner: tuple[int, int] | None,
@@ -131,7 +130,6 @@ class Workspace:
         self.path = home / "ws"
         self.git = git
         self.base_commit = base_commit
-        self.base_tree = base_tree
         self.base = base
         self.disk = disk
         self.owner = owner
@@ -163,8 +161,7 @@ class Workspace:
         home.mkdir(parents=True, mode=0o700)
         try:
             git = await PrivateGit.create(git_dir, home / "git")
-            base_tree = await git.tree_of(commit)
-            base = await git.ls_tree(base_tree)
+            base = await git.ls_tree(commit)
             disk = None
             path = home / "ws"
             if disk_mb:
@@ -175,7 +172,7 @@ class Workspace:
                 path.mkdir(mode=0o755)
                 if owner is not None:
                     os.chown(path, *owner)
-            ws = cls(home=home, git=git, base_commit=commit, base_tree=base_tree, base=base, disk=disk, owner=owner)
+            ws = cls(home=home, git=git, base_commit=commit, base=base, disk=disk, owner=owner)
             if materialise:
                 await ws.write_entries(base)
             return ws
@@ -284,7 +281,7 @@ class Workspace:
 
     async def apply(self, diff: bytes) -> tuple[Tree | None, str]:
         """The base tree with `diff` applied (in the private index only), or (None, why not)."""
-        tree, err = await self.git.apply(self.base_tree, diff)
+        tree, err = await self.git.apply(self.base_commit, diff)
         if tree is None:
             return None, err
         return await self.git.ls_tree(tree), ""
@@ -310,23 +307,24 @@ class Workspace:
         entries: Tree = {p: e for p, e in self.base.items() if e.mode == "160000"}
         entries.update({f.rel: f.entry for f in found})
         changed = [f for f in found if self.base.get(f.rel) != f.entry]
-        await self.git.write_blobs(self._blob_stream(changed, limits))
-        tree = await self.git.write_tree(entries)
-        if tree == self.base_tree:
-            return Capture(b"", DiffStats(ignored=ignored), tree, entries, ignored)
-        stored = await self.git.ls_tree(tree)
-        dropped = sorted(set(entries) - set(stored))
-        if dropped:
-            names = ", ".join(repr(p.decode("utf-8", "replace")) for p in dropped[:5])
-            raise CaptureRefused(f"git refused paths of the change: {names}")
+        if entries == self.base:
+            return Capture(b"", DiffStats(ignored=ignored), self.base_commit, entries, ignored)
+        if changed:
+            await self.git.write_blobs(self._blob_stream(changed, limits))
         try:
-            diff = await self.git.diff(self.base_tree, tree, max_bytes=limits.max_diff_bytes)
+            tree = await self.git.write_tree(entries)
+        except gitops.GitError as exc:
+            raise CaptureRefused(str(exc)) from exc
+        try:
+            diff, stats = await asyncio.gather(
+                self.git.diff(self.base_commit, tree, max_bytes=limits.max_diff_bytes),
+                self.git.numstat(self.base_commit, tree),
+            )
         except gitops.GitOutputTooLarge as exc:
             raise DiffTooLarge(
                 f"the change is larger than the artifact limit of {limits.max_diff_bytes} bytes as a diff; "
                 "make a smaller change (or ask the operator to raise CREWWORK_MAX_ARTIFACT_BYTES)"
             ) from exc
-        stats = await self.git.numstat(self.base_tree, tree)
         stats.ignored = ignored
         return Capture(diff, stats, tree, entries, ignored)
 
