@@ -82,6 +82,13 @@ def build_diagnostics(
         sections.append(failing)
 
     sections.append(_section("What the attempt changed", _changes(diff_stats)))
+    if evidence is not None and evidence.protected_reset:
+        shown = evidence.protected_reset[:20]
+        more = len(evidence.protected_reset) - len(shown)
+        body = "\n".join(f"- {r}" for r in shown) + (f"\n- … and {more} more" if more > 0 else "")
+        sections.append(
+            _section("Put back before the run (protected test infrastructure)", _head(body, max_chars // 5))
+        )
 
     if evidence is not None:
         used = sum(len(s) + 2 for s in sections)

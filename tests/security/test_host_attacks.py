@@ -131,6 +131,9 @@ async def test_report_symlinked_to_a_host_file_is_refused_not_stored(
         result = await crew.result(wid, timeout_s=300)
         stored = b"".join(await artifacts_of(crew, wid))
     assert b"HOST-SECRET-7f3a9c" not in stored
+    # /proc/self/environ shows the environment the worker process started with (not later changes).
+    started_with = [e for e in Path("/proc/self/environ").read_bytes().split(b"\0") if len(e) > 12]
+    assert not any(e in stored for e in started_with), "the worker's environment was stored as a report"
     assert worker_secret.encode() not in stored
     v = result.attempts[0].validation
     assert result.state == "failed" and v is not None and v.cause == "report_unparseable", v
