@@ -168,8 +168,6 @@ class BwrapSandbox(Sandbox):
         owner = self.settings.owner()
         args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--new-session"]
         args += ["--die-with-parent", "--hostname", "sandbox", "--uid", str(NOBODY), "--gid", str(NOBODY)]
-        if owner is None and os.geteuid() == 0:
-            args += ["--cap-drop", "ALL"]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         for d in SYSTEM_DIRS:
