@@ -11,6 +11,10 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v git >/dev/null || need+=(git)
 command -v psql >/dev/null || need+=(postgresql-client)
 command -v chromium >/dev/null || need+=(chromium)
+# Workspace disk caps (loopback ext4 images) and running bwrap as the unprivileged sandbox user.
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v setpriv >/dev/null || need+=(util-linux)
+command -v findmnt >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     echo "test-env: installing ${need[*]}"
     apt-get update -qq
