@@ -241,3 +241,26 @@ def test_new_causes_are_graded_purely_from_evidence(evidence: dict[str, object],
         )
         == verdict
     )  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "message,code",
+    [
+        (
+            'OCI runtime create failed: unable to start container process: exec: "pytestx": executable file not found in $PATH: unknown',
+            127,
+        ),
+        ('unable to start container process: exec: "./run.sh": permission denied: unknown', 126),
+        (
+            'starting sandbox: error finding executable "nope" in PATH [/usr/bin]: no such file or directory: unknown',
+            127,
+        ),
+        ("starting sandbox: creating process: failed to load /w/run.sh: permission denied: unknown", 126),
+        ("error mounting /srv/x: no such file or directory", None),
+        ("image not found", None),
+    ],
+)
+def test_runtime_start_errors_are_classified(message: str, code: int | None) -> None:
+    from crewwork.sandbox.docker import command_not_found_code
+
+    assert command_not_found_code(message) == code

@@ -234,3 +234,16 @@ def test_chown_tree_changes_links_not_their_targets(tmp_path: Path) -> None:
     safefs.chown_tree(ws, (65532, 65532))
     assert os.stat(target).st_uid == 0
     assert os.lstat(ws / "link").st_uid == 65532
+
+
+def test_device_nodes_are_refused_without_being_opened(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    import stat as st
+
+    root = tmp_path / "root"
+    root.mkdir()
+    # /dev/zero's numbers: opening and reading it would never end; the host must not even open it.
+    os.mknod(root / "report.xml", st.S_IFCHR | 0o666, os.makedev(1, 5))
+    with pytest.raises(safefs.Refused, match="character device"):
+        safefs.read_bytes(root, "report.xml", max_bytes=1 << 20)
