@@ -32,12 +32,12 @@ PG = "postgresql+asyncpg://postgres@127.0.0.1:5432"
 
 FILL_SQL = """
 INSERT INTO work_items (id, tenant_id, kind, state, spec, idempotency_key, labels, repo_url, base_commit, workflow_id,
-    reason, result, result_token, state_token, attempt_count, delivery_branch, landed_commit, mock, created_at,
+    reason, result, fence_rank, result_rank, state_rank, attempt_count, delivery_branch, landed_commit, mock, created_at,
     updated_at)
 SELECT 'wi_' || lpad(to_hex(g), 24, '0'), :tenant, (ARRAY['task', 'code_change', 'hotfix'])[1 + g % 3],
     (ARRAY['succeeded', 'failed', 'running', 'awaiting_review', 'cancelled'])[1 + g % 5],
     '{"kind": "task", "input": {}}'::json, NULL, json_build_object('team', 'team' || (g % 10), 'batch', 'b' || (g % 100)),
-    NULL, NULL, 'work-item-wi_' || g, '', NULL, NULL, NULL, 1 + g % 3, NULL, NULL, true,
+    NULL, NULL, 'work-item-wi_' || g, '', NULL, 0, NULL, NULL, 1 + g % 3, NULL, NULL, true,
     1700000000 + g * 0.5, 1700000000 + g * 0.5
 FROM generate_series(1, :n) AS g
 """

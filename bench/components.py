@@ -1,7 +1,8 @@
 """Component costs: what each piece of a work item's lifecycle costs on its own.
 
-- fenced write (Store.set_state: lock the fence row, compare, update, event, outbox) p50/p99, PostgreSQL and SQLite;
-- token issue; lease acquire (superseding) and renew;
+- fenced write (Store.set_state: lock the item row, compare ranks, update, event, outbox) p50/p99, PostgreSQL and
+  SQLite, and the watch round's probe of the current rank;
+- workspace lease acquire and renew;
 - workspace preparation (private git dir, materialised files, disk cap; made + removed on a small repository);
 - sandbox start-to-exit of `true` per available backend (bench/sandbox.py has the full comparison);
 - RSS of each pool process (real `crewwork worker` subprocesses) idle and under load.
@@ -36,7 +37,7 @@ from bench.harness import (
 from crewwork import gitops
 from crewwork.models import WorkItemKind, WorkItemSpec, WorkItemState
 from crewwork.store.db import upgrade
-from crewwork.store.store import Store, work_item_fence_key
+from crewwork.store.store import Rank, Store
 
 
 async def timed(n: int, fn: Any) -> list[float]:
@@ -55,38 +56,30 @@ async def store_costs(url: str, n: int) -> dict[str, Any]:
         row, _ = await store.create_work_item(
             tenant_id=tenant, spec=WorkItemSpec(kind=WorkItemKind.task, input={}), base_commit=None, repo_path=None
         )
-        key = work_item_fence_key(row.id)
-        await store.issue_token(key)
+        step = [0]
 
         async def fenced(i: int) -> None:
-            # What the control activities do: the token issued inside the write's own transaction.
+            # What every activity does: a write at its step's rank, accepted because it is the newest.
+            step[0] += 1
             await store.set_state(
-                work_item_id=row.id, tenant_id=tenant, token=None, state=WorkItemState.running, writer="bench"
+                work_item_id=row.id, tenant_id=tenant, rank=Rank(step[0], 1), state=WorkItemState.running, writer="b"
             )
 
-        async def fenced_only(i: int) -> None:
-            await store.set_state(
-                work_item_id=row.id, tenant_id=tenant, token=tok[0], state=WorkItemState.running, writer="bench"
-            )
-
-        tok = [await store.issue_token(key)]
-        issue = await timed(n, lambda i: store.issue_token(f"bench:{i % 10}"))
-        tok = [await store.issue_token(key)]
-        write = await timed(n, fenced_only)
-        both = await timed(n, fenced)
-        lkey = f"lease:{uuid.uuid4().hex[:6]}"
+        write = await timed(n, fenced)
+        probe = await timed(n, lambda i: store.current_rank(row.id))
+        lkey = f"ws:{uuid.uuid4().hex[:6]}#main"
         holder_tok: list[int] = []
 
         async def acquire(i: int) -> None:
-            t, _ = await store.acquire_lease(lkey, f"h{i}", 60, supersede=True)
+            await store.release_lease(lkey)
+            t, _ = await store.acquire_lease(lkey, f"h{i}", 60)
             holder_tok[:] = [int(t or 0)]
 
         acq = await timed(n, acquire)
         renew = await timed(n, lambda i: store.renew_lease(lkey, holder_tok[0], 60))
         return {
-            "token_issue": summary(issue),
             "fenced_write": summary(write),
-            "fenced_write_own_token": summary(both),
+            "rank_probe": summary(probe),
             "lease_acquire": summary(acq),
             "lease_renew": summary(renew),
         }
@@ -219,7 +212,7 @@ def main() -> None:
             out["sandbox"] = asyncio.run(sandbox_costs(root, max(5, n // 20)))
             out["rss"] = pool_rss(url, root, 20 if args.quick else 60)
     rows = []
-    for what in ("token_issue", "fenced_write", "fenced_write_own_token", "lease_acquire", "lease_renew"):
+    for what in ("fenced_write", "rank_probe", "lease_acquire", "lease_renew"):
         for db in ("postgres", "sqlite"):
             s = out[db][what]
             rows.append([what, db, s["p50"] * 1000, s["p99"] * 1000])

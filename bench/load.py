@@ -270,6 +270,13 @@ def main() -> None:
         "at equal concurrency), comma-separated",
     )
     args = ap.parse_args()
+    from bench.deps import require
+
+    require(
+        "bench/load.py",
+        [] if args.no_procrastinate else ["psycopg", "psycopg_pool", "procrastinate"],
+        hint="(or run without the same-run Procrastinate reference: --no-procrastinate)",
+    )
     if args.quick:
         args.items = 40
     runs = []

@@ -146,7 +146,7 @@ def peers(d: dict[str, Any]) -> str:
         if key == "crewwork":
             what = (
                 f"{z.get('stale_writes_rejected')} stale write(s) rejected (stale_write_rejected events); stored "
-                f"result from the newest token: {z.get('result_token_is_newest')}; final state {z.get('final_state')}"
+                f"result from the newest rank: {z.get('result_rank_is_newest')}; final state {z.get('final_state')}"
             )
         else:
             what = (
@@ -161,12 +161,12 @@ def peers(d: dict[str, Any]) -> str:
 
 def components(d: dict[str, Any]) -> str:
     rows = []
-    for what in ("token_issue", "fenced_write", "fenced_write_own_token", "lease_acquire", "lease_renew"):
+    for what in ("fenced_write", "rank_probe", "lease_acquire", "lease_renew"):
         if what not in d["postgres"]:
             continue
         rows.append(
             [
-                what.replace("_", " ").replace("own token", "(token issued in its transaction)"),
+                what.replace("_", " "),
                 d["postgres"][what]["p50"] * 1000,
                 d["postgres"][what]["p99"] * 1000,
                 d["sqlite"][what]["p50"] * 1000,

@@ -49,7 +49,7 @@ QUERIES = {
     ),
     "events of an item": "SELECT * FROM events WHERE work_item_id = '{wid}' AND id > 0 ORDER BY id LIMIT 1000",
     "attempts of an item": "SELECT * FROM attempts WHERE work_item_id = '{wid}' ORDER BY number",
-    "fence row (fenced write)": "SELECT token FROM fences WHERE key = 'wi:{wid}' FOR UPDATE",
+    "item row (fenced write)": "SELECT state, fence_rank FROM work_items WHERE id = '{wid}' FOR UPDATE",
     "event tail of a tenant (SSE)": "SELECT * FROM events WHERE tenant_id = '{tenant}' AND id > 0 ORDER BY id LIMIT 100",
 }
 BIG = ("work_items", "events", "attempts")

@@ -13,11 +13,13 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from crewwork.limits import OperatorCeilings
+
 DEFAULT_DATA_DIR = Path(".crewwork")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Field(
         default=DEFAULT_DATA_DIR,
@@ -64,6 +66,15 @@ class Settings(BaseSettings):
     max_wall_clock_s_ceiling: float = Field(default=6 * 3600, gt=0, description="Ceiling on budget wall clock.")
     max_tokens_ceiling: int = Field(default=5_000_000, gt=0, description="Ceiling on budget.max_tokens.")
     max_cost_usd_ceiling: float = Field(default=100.0, gt=0, description="Ceiling on budget.max_cost_usd.")
+    max_review_timeout_s_ceiling: float = Field(
+        default=30 * 86400, gt=0, description="Ceiling on review.timeout_s; also the deadline where none is set."
+    )
+    tenant_max_in_flight: int = Field(
+        default=20,
+        ge=1,
+        description="Work items one tenant may have admitted at once (running, validating, landing); more wait "
+        "in `queued`, first come first served.",
+    )
     max_artifact_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="Largest artifact stored.")
     lease_ttl_s: float = Field(default=60.0, gt=0, description="Lease lifetime; heartbeats renew it.")
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
@@ -79,7 +90,43 @@ class Settings(BaseSettings):
         ge=2,
         description="Concurrent workflow-task polls of a control-pool process (half for new work items, half sticky).",
     )
+    agent_plugins: str = Field(
+        default="*",
+        description="Agent plugins (entry points `crewwork.agents`) that may be used: `*` every installed one, "
+        "empty none, else comma-separated names. Install plugins on the API and the agent pool.",
+    )
     log_level: str = Field(default="INFO", description="Python log level.")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="Log lines on stderr: `text` (one plain line per record) or `json` (one JSON object per line, "
+        "with work item, workflow and trace ids). Secrets are masked in both.",
+    )
+    # OpenTelemetry: the standard variables (no CREWWORK_ prefix), read here only to decide whether tracing is on;
+    # the SDK reads them (and every other OTEL_* variable) itself. See crewwork/tracing.py.
+    otel_sdk_disabled: bool = Field(
+        default=False, validation_alias="OTEL_SDK_DISABLED", description="OpenTelemetry: `true` turns tracing off."
+    )
+    otel_traces_exporter: str | None = Field(
+        default=None,
+        validation_alias="OTEL_TRACES_EXPORTER",
+        description="OpenTelemetry trace exporters (`otlp`, `console`, `none`); set (or an OTLP endpoint) turns "
+        "tracing on.",
+    )
+    otel_exporter_otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT",
+        description="OpenTelemetry OTLP endpoint; set alone, it turns tracing on with the `otlp` exporter.",
+    )
+    otel_exporter_otlp_traces_endpoint: str | None = Field(
+        default=None,
+        validation_alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        description="OpenTelemetry OTLP endpoint for traces only; like OTEL_EXPORTER_OTLP_ENDPOINT.",
+    )
+    otel_service_name: str | None = Field(
+        default=None,
+        validation_alias="OTEL_SERVICE_NAME",
+        description="OpenTelemetry service name (default: crewwork-api, crewwork-worker-POOL).",
+    )
 
     def resolved_database_url(self) -> str:
         if self.database_url:
@@ -91,6 +138,14 @@ class Settings(BaseSettings):
 
     def task_queue(self, pool: str) -> str:
         return f"{self.task_queue_prefix}-{pool}"
+
+    def operator_ceilings(self) -> OperatorCeilings:
+        return OperatorCeilings(
+            max_attempts=self.max_attempts_ceiling,
+            max_wall_clock_s=self.max_wall_clock_s_ceiling,
+            max_tokens=self.max_tokens_ceiling,
+            max_cost_usd=self.max_cost_usd_ceiling,
+        )
 
     def repo_root_list(self) -> list[Path]:
         return [Path(p).resolve() for p in self.repo_roots.split(":") if p.strip()]

@@ -2,6 +2,9 @@
 
 Kept small: large things (diffs, logs, transcripts) travel as `ArtifactRef`s, never inline, so Temporal payloads
 and histories stay far below their limits however long a repair loop runs.
+
+Every input carries the workflow's `step` number: with Temporal's attempt number it is the rank every write of the
+activity attempt is fenced by (crewwork/store/fencing.py).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from pydantic import BaseModel, Field
 from crewwork.models import (
     AgentOutcome,
     ArtifactRef,
+    BudgetSpec,
     DiffStats,
     SandboxSpec,
     ValidationOutcome,
@@ -24,6 +28,8 @@ from crewwork.models import (
 class ItemRef(BaseModel):
     work_item_id: str
     tenant_id: str
+    step: int
+    """The workflow's number for this activity call: writes rank by (step, Temporal attempt)."""
 
 
 class AdmitInput(ItemRef):
@@ -33,6 +39,13 @@ class AdmitInput(ItemRef):
 class AdmitResult(BaseModel):
     admitted: bool
     reason: str = ""
+    queued_position: int | None = None
+    """Set when the tenant's in-flight limit is reached: the item's place in the tenant's queue (1 is next)."""
+    budget: BudgetSpec | None = None
+    """The budget the item runs under: its own, capped by the operator's ceilings (which also fill what it left
+    unset). Decided once, at admission, so the workflow's limits are in its history."""
+    review_timeout_s: float | None = None
+    """The review deadline the item runs under (its own, capped by the operator's ceiling)."""
     # Persisted history, so that a restarted or continued-as-new workflow resumes counting from the store.
     past_fingerprints: list[str | None] = Field(default_factory=list)
     attempts_recorded: int = 0
@@ -47,7 +60,6 @@ class SetStateInput(ItemRef):
 class WriteOutcome(BaseModel):
     ok: bool
     stale: bool = False
-    token: int | None = None
 
 
 class WorkspaceLeaseInput(ItemRef):
@@ -56,13 +68,15 @@ class WorkspaceLeaseInput(ItemRef):
 
 
 class WorkspaceLeaseResult(BaseModel):
-    token: int | None = None
+    grant: int | None = None
     holder: str | None = None
 
 
 class ReleaseInput(ItemRef):
     key: str
-    token: int | None = None
+    grant: int | None = None
+    ttl_s: float | None = None
+    """For a renewal: the new lifetime (the operator's default when None)."""
 
 
 class AgentStepInput(ItemRef):
@@ -107,7 +121,7 @@ class LandInput(ItemRef):
     diff_ref: ArtifactRef
     message: str
     workspace_key: str | None = None
-    workspace_token: int | None = None
+    workspace_grant: int | None = None
 
 
 class LandResult(BaseModel):
@@ -120,7 +134,7 @@ class LandResult(BaseModel):
 class FinishInput(ItemRef):
     result: WorkItemResult
     record: RecordInput | None = None
-    """The last attempt's record, written in the same transaction as the result (`task` items, patch lean-history)."""
+    """The last attempt's record, written in the same transaction as the result (a `task` item's passing attempt)."""
 
 
 class CleanupInput(ItemRef):

@@ -4,10 +4,15 @@ Creates a small git repository whose test fails, starts the embedded stack (Temp
 API, one process per pool), submits a work item through the HTTP API whose scripted (mock) agent makes a wrong
 change on attempt 1 and the right one on attempt 2, approves it as the reviewer, and prints what happened.
 Exit status 0 only if the work item succeeded.
+
+`--serve` keeps the stack (API, console, Temporal UI) up after the summary until Ctrl-C, so its links work; without
+it the stack stops and the last line says how to keep it. `--json` prints the narrative on stderr and one JSON
+summary on stdout.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -36,9 +41,11 @@ def test_adds_negative_numbers():
 
 TERMINAL = ("succeeded", "failed", "rejected", "cancelled", "dead")
 
+_narrative = sys.stdout
 
-def _say(msg: str) -> None:
-    print(msg, flush=True)
+
+def _say(msg: str = "") -> None:
+    print(msg, file=_narrative, flush=True)
 
 
 def make_sample_repo(path: Path) -> None:
@@ -114,9 +121,13 @@ def choose_sandbox() -> tuple[str, bool]:
     return name, False
 
 
-def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
+def run_demo(
+    *, keep: bool = False, data_dir: Path | None = None, serve: bool = False, json_output: bool = False
+) -> int:
     from crewwork.stack import Stack
 
+    global _narrative
+    _narrative = sys.stderr if json_output else sys.stdout
     started = time.monotonic()
     tmp = None
     if data_dir is None:
@@ -143,12 +154,17 @@ def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
         on_event=lambda m: _say(f"    {m}"),
     )
     _say("2/5 starting the embedded stack (Temporal dev server, SQLite store, API, control/agent/validate pools)")
+    summary: dict[str, Any] = {"ok": False, "data_dir": str(data_dir)}
     try:
         stack.start()
-        return _drive(stack, repo, sandbox, started)
+        rc, summary = _drive(stack, repo, sandbox, started, summary)
+        if serve:
+            _serve(stack, summary)
+        return rc
     except Exception as exc:
         _say(f"demo failed: {exc}")
         _say(f"logs are in {stack.data_dir / 'logs'}")
+        summary["error"] = str(exc)
         keep = True
         return 1
     finally:
@@ -159,16 +175,42 @@ def run_demo(*, keep: bool = False, data_dir: Path | None = None) -> int:
                 _say(f"kept {data_dir}")
             else:
                 shutil.rmtree(tmp, ignore_errors=True)
+        if json_output:
+            print(json.dumps(summary, indent=2), flush=True)
+        if not serve:
+            # The links above died with the stack: the last line says how to keep them, never a dead link.
+            _say("the stack is stopped; `crewwork demo --serve` keeps it (API, console, Temporal UI) up until Ctrl-C")
 
 
-def _drive(stack: Any, repo: Path, sandbox: str, started: float) -> int:
+def _serve(stack: Any, summary: dict[str, Any]) -> None:
+    """Keep the stack up until Ctrl-C (SIGINT) or SIGTERM."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    # Explicit handlers: started in the background by a non-interactive shell, SIGINT is inherited as ignored.
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    wid = summary.get("work_item_id", "")
+    _say()
+    _say("The stack stays up until Ctrl-C:")
+    _say(f"  API          {stack.api_url}   (OpenAPI: {stack.api_url}/docs; API key in {stack.data_dir / 'api_key'})")
+    _say(f"  console      {stack.api_url}/console#/items/{wid}")
+    _say(f"  Temporal UI  {summary.get('temporal_ui', stack.ui_url)}")
+    _say("Press Ctrl-C to stop it.")
+    while not stop.wait(0.5):
+        pass
+
+
+def _drive(stack: Any, repo: Path, sandbox: str, started: float, summary: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=30)
     _say("3/5 submitting the work item through the API (scripted mock agent: wrong fix first, then the right one)")
     r = api.post("/v1/work-items", json=demo_work_item(repo, sandbox))
     if r.status_code >= 400:
         _say(f"submission rejected: {r.text}")
-        return 1
+        return 1, summary
     wid = r.json()["id"]
+    summary["work_item_id"] = wid
     _say(f"    work item {wid}")
     _say("4/5 following it (Temporal runs: admit -> attempt [agent -> validate -> record] -> review -> land)")
     last = ""
@@ -186,40 +228,53 @@ def _drive(stack: Any, repo: Path, sandbox: str, started: float) -> int:
             rr = api.post(f"/v1/work-items/{wid}/review", json={"action": "approve", "reviewer": "demo"})
             if rr.status_code >= 400:
                 _say(f"    review failed: {rr.text}")
-                return 1
+                return 1, summary
             approved = True
         if item["state"] in TERMINAL:
             break
         time.sleep(0.3)
     else:
         _say("the work item did not finish within 300 s")
-        return 1
+        return 1, summary
     item = api.get(f"/v1/work-items/{wid}", params={"live": False}).json()
     _say("5/5 summary")
     _print_summary(api, item, repo, sandbox)
-    _say(f"demo wall time: {time.monotonic() - started:.1f}s")
-    return 0 if item["state"] == "succeeded" else 1
+    wall = time.monotonic() - started
+    _say(f"demo wall time: {wall:.1f}s")
+    summary.update(
+        ok=item["state"] == "succeeded",
+        state=item["state"],
+        reason=item["reason"],
+        attempts=[{"number": a["number"], "verdict": a["verdict"]} for a in item.get("attempts") or []],
+        delivery_branch=item.get("delivery_branch"),
+        landed_commit=item.get("landed_commit"),
+        sandbox=sandbox,
+        temporal_ui=item["links"]["temporal_ui"],
+        api_url=stack.api_url,
+        wall_time_s=round(wall, 1),
+    )
+    return (0 if item["state"] == "succeeded" else 1), summary
 
 
 def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox: str) -> None:
     from crewwork.cli import render_item
 
-    print()
-    print(render_item(item))
-    print(f"sandbox     {sandbox}" + ("  (UNSAFE: no isolation)" if sandbox == "local" else ""))
-    print("\nevidence per attempt (measured by the platform, not claimed by the agent):")
+    _say()
+    _say(render_item(item))
+    _say(f"sandbox     {sandbox}" + ("  (UNSAFE: no isolation)" if sandbox == "local" else ""))
+    _say("\nevidence per attempt (measured by the platform, not claimed by the agent):")
     for a in item.get("attempts") or []:
         val = a.get("validation") or {}
-        print(f"  attempt {a['number']}: verdict={a['verdict']} cause={a.get('cause')} exit={val.get('exit_code')}")
+        _say(f"  attempt {a['number']}: verdict={a['verdict']} cause={a.get('cause')} exit={val.get('exit_code')}")
         for t in val.get("tests") or []:
             msg = f"  ({(t.get('message') or '').splitlines()[0][:90]})" if t.get("message") else ""
-            print(f"      {t['outcome']:7} {t['id']}{msg}")
+            _say(f"      {t['outcome']:7} {t['id']}{msg}")
     attempts = item.get("attempts") or []
     if attempts:
         diff_ref = (attempts[-1].get("agent") or {}).get("diff_ref") or {}
         if diff_ref.get("id"):
             diff = api.get(f"/v1/work-items/{item['id']}/artifacts/{diff_ref['id']}").text
-            print("\nthe landed change:\n" + "\n".join("    " + ln for ln in diff.splitlines()))
+            _say("\nthe landed change:\n" + "\n".join("    " + ln for ln in diff.splitlines()))
     if item.get("delivery_branch"):
         log = subprocess.run(
             ["git", "log", "--oneline", "-n", "2", item["delivery_branch"]],
@@ -227,8 +282,8 @@ def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox:
             capture_output=True,
             text=True,
         ).stdout
-        print(f"\ngit log {item['delivery_branch']}:\n" + "\n".join("    " + ln for ln in log.splitlines()))
-    print(f"\nTemporal UI: {item['links']['temporal_ui']}  (available while a stack runs; try `crewwork dev`)")
+        _say(f"\ngit log {item['delivery_branch']}:\n" + "\n".join("    " + ln for ln in log.splitlines()))
+    _say(f"\nTemporal UI: {item['links']['temporal_ui']}")
 
 
 if __name__ == "__main__":

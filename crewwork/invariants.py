@@ -1,56 +1,77 @@
 """Invariants of the store after any run, however faulty: the checker the reliability and soak tests end with.
 
-Everything here is read from the canonical store (and, optionally, the repositories' refs), after the fact, so it
-holds no matter which processes crashed, which activities ran twice, or which connections dropped. What is
-checkable, and how (docs/reliability.md explains why these are the right ones):
+Everything is read after the fact from the canonical store (and optionally the repositories' refs and Temporal's
+workflow histories), so it holds whichever processes crashed, which activities ran twice, which connections dropped.
+Ranks are fixed when Temporal *schedules* a step (crewwork/store/fencing.py), not by the store, so a store that
+accepted a late write would show it here. What is checked (docs/reliability.md says why these are the right ones):
 
-- `terminal`: every work item is in a terminal state (the non-terminal ones are listed; pass
-  `require_terminal=False` for a check taken while work is still in flight).
-- `monotonic_writes`: accepted fenced writes of a work item (events written inside a fenced transaction, each
-  carrying the token it was accepted with) appear in commit order with non-decreasing tokens. Fenced writes of one
-  key serialize on the counter row's lock, so event ids follow commit order; a lower token after a higher one
-  would mean an older writer overwrote a newer one.
-- `result_token`: the stored result's token (`work_items.result_token`) and state token are the highest token of any
-  accepted write, and no accepted write is newer than the key's fence counter. So once the result is stored, nothing
-  older, nor anything at all, was accepted after it.
-- `unique_tokens`: no two accepted writes of the same kind share a token, and no two attempt rows share one. (One
-  activity attempt may write several kinds of event with its single lease token, so equal tokens across kinds are
-  allowed.) Every `stale_write_rejected` event presented a token lower than the one current at the time.
-- `lease_exclusive`: for every lease key in `lease_history`, grants never overlap on the database clock (each grant
-  ends at or before the next one begins; at most one is open, and it is the latest).
-- `no_lease_held`: a terminal work item holds no lease: neither its execution lease nor a workspace lease.
-- `one_landing`: a succeeded code change has exactly one `landed` event whose commit is the stored landed commit
-  (and, with `check_git`, what its delivery branch points to); every other work item has none.
+- `terminal`: every work item is in a terminal state (pass `require_terminal=False` while work is in flight).
+- `monotonic_writes`: the accepted fenced writes of an item (events carrying a rank), in commit order, never go
+  down in rank: no write of an older (step, attempt) was accepted after a newer one.
+- `fence_mark`: the item's mark (`fence_rank`) is the highest accepted rank, and the stored state and result carry
+  it: once the result is stored, nothing was accepted after it.
+- `rejections_justified`: every `stale_write_rejected` presented a rank below the one current at the time.
+- `state_forward`: the stored state only moves forward: (attempt, phase) of successive accepted state changes never
+  decreases (a reviewer's request for changes starts the next attempt, so it moves forward too), and nothing
+  follows a terminal state.
+- `outcome_agreement`: each attempt record names the same diff as the last accepted `agent_finished` of that attempt
+  and its own `attempt_recorded` event: the event log and the records tell one story.
+- `unique_attempts`: no attempt number is stored twice.
+- `lease_exclusive`: workspace lease grants of a key never overlap on the database clock.
+- `no_lease_held`: a terminal work item holds no workspace lease.
+- `one_landing`: a succeeded code change has exactly one `landed` event, whose commit is the stored landed commit
+  (and, with `check_git`, what its delivery branch points to); every other item has none.
+- `temporal_agreement` (only with `histories`): the last accepted outcome of each agent, validation and landing step
+  comes from the attempt Temporal recorded as completing that step.
 
-Not checkable here, by design: side effects outside the store that a zombie attempt made before it was fenced
-(an external call, files in its own worktree), and artifact rows a zombie inserted (they exist, unreferenced).
+Not checkable here, by design: side effects outside the store that a zombie attempt made before it was fenced (an
+external call, files in its own worktree), and artifact rows a zombie inserted (they exist, unreferenced).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 
 from crewwork.models import WorkItemKind, WorkItemState
-from crewwork.store.store import Store, work_item_fence_key
-from crewwork.store.tables import Attempt, Event, Fence, Lease, LeaseHistory, WorkItem
+from crewwork.store.fencing import Rank
+from crewwork.store.leases import WORKSPACE_PREFIX
+from crewwork.store.store import Store
+from crewwork.store.tables import Attempt, Event, Lease, LeaseHistory, WorkItem
 
-# Events appended inside `Store.fenced_write`, i.e. accepted only when their token was the newest.
-FENCED_EVENT_TYPES = frozenset({"state_changed", "attempt_recorded", "agent_finished", "validation_finished"})
+REJECTIONS = frozenset({"stale_write_rejected", "write_after_terminal_rejected"})
+# Phases of a work item in lifecycle order; every terminal state is the last phase.
+PHASES = {
+    WorkItemState.submitted.value: 0,
+    WorkItemState.queued.value: 1,
+    WorkItemState.admitted.value: 2,
+    WorkItemState.running.value: 3,
+    WorkItemState.validating.value: 4,
+    WorkItemState.awaiting_review.value: 5,
+    WorkItemState.landing.value: 6,
+}
+TERMINAL_PHASE = 7
+# Steps whose outcome is an event the checker can compare with Temporal's record of who completed the step.
+OUTCOME_EVENTS = {"run_agent": "agent_finished", "validate_change": "validation_finished", "land_change": "landed"}
 INVARIANTS = (
     "terminal",
     "monotonic_writes",
-    "result_token",
-    "unique_tokens",
+    "fence_mark",
+    "rejections_justified",
+    "state_forward",
+    "outcome_agreement",
+    "unique_attempts",
     "lease_exclusive",
     "no_lease_held",
     "one_landing",
+    "temporal_agreement",
 )
 
 
@@ -70,6 +91,8 @@ class InvariantReport:
     results: dict[str, InvariantResult]
     work_item_ids: list[str]
     non_terminal: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    """Totals over the checked items: accepted writes, rejected stale writes, state regressions, landings..."""
 
     @property
     def ok(self) -> bool:
@@ -90,14 +113,25 @@ class InvariantReport:
             raise AssertionError(str(self))
 
 
+@dataclass(frozen=True)
+class CompletedStep:
+    """From a workflow history: a step Temporal recorded as completed, by which attempt, of which activity."""
+
+    activity: str
+    step: int
+    attempt: int
+
+
 async def check_invariants(
     store: Store,
     work_item_ids: Iterable[str] | None = None,
     *,
     require_terminal: bool = True,
     check_git: bool = False,
+    histories: Mapping[str, list[CompletedStep]] | None = None,
 ) -> InvariantReport:
-    """Check every invariant over `work_item_ids` (default: every work item in the store)."""
+    """Check every invariant over `work_item_ids` (default: every work item in the store). `histories` maps work
+    item ids to their completed steps (`completed_steps` of their Temporal histories)."""
     results = {n: InvariantResult(n) for n in INVARIANTS}
     async with store.session() as s:
         q = select(WorkItem)
@@ -111,16 +145,15 @@ async def check_invariants(
         wids = list(items)
         events = list((await s.scalars(select(Event).where(Event.work_item_id.in_(wids)).order_by(Event.id))).all())
         attempts = list((await s.scalars(select(Attempt).where(Attempt.work_item_id.in_(wids)))).all())
-        fence_keys = {work_item_fence_key(w): w for w in wids}
-        fences = {f.key: f.token for f in (await s.scalars(select(Fence).where(Fence.key.in_(list(fence_keys))))).all()}
-        ws_keys = {str(e.data.get("key")) for e in events if e.type == "workspace_acquired" and e.data.get("key")}
-        hist_keys = list(fence_keys) + sorted(ws_keys)
-        history = list(
-            (
-                await s.scalars(select(LeaseHistory).where(LeaseHistory.key.in_(hist_keys)).order_by(LeaseHistory.id))
-            ).all()
+        ws_keys = sorted(
+            {str(e.data.get("key")) for e in events if e.type == "workspace_acquired" and e.data.get("key")}
         )
-        leases = list((await s.scalars(select(Lease).where(Lease.key.in_(hist_keys)))).all())
+        history = list(
+            (await s.scalars(select(LeaseHistory).where(LeaseHistory.key.in_(ws_keys)).order_by(LeaseHistory.id))).all()
+        )
+        leases = list(
+            (await s.scalars(select(Lease).where(Lease.key.startswith(WORKSPACE_PREFIX, autoescape=True)))).all()
+        )
 
     by_item: dict[str, list[Event]] = defaultdict(list)
     for e in events:
@@ -130,6 +163,7 @@ async def check_invariants(
         attempts_by_item[a.work_item_id].append(a)
 
     report = InvariantReport(results=results, work_item_ids=sorted(wids))
+    counts: dict[str, int] = defaultdict(int)
     for wid, item in sorted(items.items()):
         state = WorkItemState(item.state)
         if not state.terminal:
@@ -137,77 +171,135 @@ async def check_invariants(
             if require_terminal:
                 results["terminal"].fail(f"{wid} is {item.state}, not terminal")
         evs = by_item.get(wid, [])
-        accepted = [e for e in evs if e.type in FENCED_EVENT_TYPES and e.token is not None]
-        _check_monotonic(results["monotonic_writes"], wid, accepted)
-        _check_result_token(results["result_token"], item, accepted, attempts_by_item.get(wid, []), fences)
-        _check_unique(results["unique_tokens"], wid, accepted, attempts_by_item.get(wid, []), evs)
+        accepted = [e for e in evs if e.rank is not None and e.type not in REJECTIONS]
+        counts["accepted_writes"] += len(accepted)
+        counts["stale_rejected"] += sum(e.type == "stale_write_rejected" for e in evs)
+        counts["after_terminal_rejected"] += sum(e.type == "write_after_terminal_rejected" for e in evs)
+        counts["landed"] += sum(e.type == "landed" for e in evs)
+        _check_monotonic(results["monotonic_writes"], wid, accepted, counts)
+        _check_mark(results["fence_mark"], item, accepted)
+        _check_rejections(results["rejections_justified"], wid, evs)
+        _check_forward(results["state_forward"], wid, accepted, counts)
+        _check_outcomes(results["outcome_agreement"], wid, accepted, attempts_by_item.get(wid, []))
+        _check_unique_attempts(results["unique_attempts"], wid, attempts_by_item.get(wid, []))
         _check_landing(results["one_landing"], item, evs, check_git)
+        if histories is not None and wid in histories:
+            _check_temporal(results["temporal_agreement"], wid, accepted, histories[wid])
 
     _check_leases(results["lease_exclusive"], history)
     for lease in leases:
-        owner = fence_keys.get(lease.key) or (lease.holder if lease.holder in items else None)
-        if owner is not None and WorkItemState(items[owner].state).terminal:
+        owner = items.get(lease.holder)
+        if owner is not None and WorkItemState(owner.state).terminal:
             results["no_lease_held"].fail(
-                f"{lease.key} is still held by {lease.holder} (token {lease.token}) though {owner} is "
-                f"{items[owner].state}"
+                f"{lease.key} is still held by {lease.holder} (grant {lease.token}) though it is {owner.state}"
             )
+    report.counts = dict(counts)
     return report
 
 
-def _check_monotonic(r: InvariantResult, wid: str, accepted: list[Event]) -> None:
+def _rank(e: Event) -> Rank:
+    assert e.rank is not None
+    return Rank.decode(int(e.rank))
+
+
+def _check_monotonic(r: InvariantResult, wid: str, accepted: list[Event], counts: dict[str, int]) -> None:
     high: Event | None = None
     for e in accepted:
-        assert e.token is not None
-        if high is not None and e.token < (high.token or 0):
+        if high is not None and _rank(e) < _rank(high):
+            counts["stale_accepted"] += 1
             r.fail(
-                f"{wid}: accepted {e.type} (event {e.id}) has token {e.token} after {high.type} "
-                f"(event {high.id}) was accepted with token {high.token}"
+                f"{wid}: {e.type} (event {e.id}) was accepted at {_rank(e)} after {high.type} (event {high.id}) "
+                f"at {_rank(high)}"
             )
-        if high is None or e.token >= (high.token or 0):
+        if high is None or _rank(e) >= _rank(high):
             high = e
 
 
-def _check_result_token(
-    r: InvariantResult, item: WorkItem, accepted: list[Event], attempts: list[Attempt], fences: dict[str, int]
-) -> None:
-    tokens = [int(e.token) for e in accepted if e.token is not None] + [a.token for a in attempts]
-    if not tokens:
+def _check_mark(r: InvariantResult, item: WorkItem, accepted: list[Event]) -> None:
+    if not accepted:
         return
-    top = max(tokens)
-    counter = fences.get(work_item_fence_key(item.id))
-    if counter is None or top > counter:
-        r.fail(f"{item.id}: accepted token {top} is newer than the fence counter {counter}")
-    if item.result is not None and item.result_token != top:
-        r.fail(f"{item.id}: stored result has token {item.result_token}, but an accepted write has token {top}")
-    if WorkItemState(item.state).terminal and item.state_token != top:
-        r.fail(f"{item.id}: final state has token {item.state_token}, but an accepted write has token {top}")
+    top = max(int(e.rank or 0) for e in accepted)
+    if item.fence_rank != top:
+        r.fail(
+            f"{item.id}: fence mark is {Rank.decode(item.fence_rank)} but the highest accepted write is "
+            f"{Rank.decode(top)}"
+        )
+    if item.result is not None and item.result_rank != top:
+        r.fail(
+            f"{item.id}: the result was stored at {_fmt(item.result_rank)}, yet a write at {Rank.decode(top)} "
+            "was accepted"
+        )
+    if WorkItemState(item.state).terminal and item.state_rank != top:
+        r.fail(
+            f"{item.id}: the final state was stored at {_fmt(item.state_rank)}, yet a write at "
+            f"{Rank.decode(top)} was accepted"
+        )
 
 
-def _check_unique(
-    r: InvariantResult, wid: str, accepted: list[Event], attempts: list[Attempt], events: list[Event]
-) -> None:
-    seen: dict[tuple[str, int], int] = {}
-    for e in accepted:
-        assert e.token is not None
-        k = (e.type, int(e.token))
-        if k in seen:
-            r.fail(f"{wid}: two accepted {e.type} writes share token {e.token} (events {seen[k]} and {e.id})")
-        seen[k] = e.id
-    by_token: dict[int, int] = {}
-    numbers: set[int] = set()
-    for a in attempts:
-        if a.token in by_token:
-            r.fail(f"{wid}: attempts {by_token[a.token]} and {a.number} share token {a.token}")
-        by_token[a.token] = a.number
-        if a.number in numbers:
-            r.fail(f"{wid}: attempt {a.number} was stored twice")
-        numbers.add(a.number)
+def _fmt(rank: int | None) -> str:
+    return "no rank" if rank is None else str(Rank.decode(rank))
+
+
+def _check_rejections(r: InvariantResult, wid: str, events: list[Event]) -> None:
     for e in events:
         if e.type != "stale_write_rejected":
             continue
-        presented, current = e.data.get("presented_token"), e.data.get("current_token")
-        if current is not None and presented is not None and presented >= current:
-            r.fail(f"{wid}: write with token {presented} was rejected though the current token was {current}")
+        p, c = e.data.get("presented") or {}, e.data.get("current") or {}
+        try:
+            presented, current = Rank(int(p["step"]), int(p["attempt"])), Rank(int(c["step"]), int(c["attempt"]))
+        except (KeyError, TypeError, ValueError):
+            r.fail(f"{wid}: rejection event {e.id} does not name both ranks: {e.data}")
+            continue
+        if presented >= current:
+            r.fail(f"{wid}: a write at {presented} was rejected though the current rank was {current}")
+
+
+def _check_forward(r: InvariantResult, wid: str, accepted: list[Event], counts: dict[str, int]) -> None:
+    attempt = 0
+    last: tuple[int, int] | None = None
+    last_state = ""
+    for e in accepted:
+        if e.type != "state_changed":
+            continue
+        state = str(e.data.get("state"))
+        if isinstance(e.data.get("attempt"), int):
+            attempt = int(e.data["attempt"])
+        phase = TERMINAL_PHASE if WorkItemState(state).terminal else PHASES[state]
+        key = (attempt if phase != TERMINAL_PHASE else 1 << 30, phase)
+        if last is not None and (key < last or last[1] == TERMINAL_PHASE):
+            counts["state_regressions"] += 1
+            r.fail(f"{wid}: state went from {last_state} to {state} (event {e.id}, attempt {attempt})")
+        last, last_state = key, state
+
+
+def _check_outcomes(r: InvariantResult, wid: str, accepted: list[Event], attempts: list[Attempt]) -> None:
+    finished: dict[int, Any] = {}
+    recorded: dict[int, Any] = {}
+    for e in accepted:
+        if e.type == "agent_finished" and isinstance(e.data.get("attempt"), int):
+            finished[int(e.data["attempt"])] = e.data.get("diff_ref")
+        elif e.type == "attempt_recorded" and isinstance(e.data.get("number"), int):
+            recorded[int(e.data["number"])] = e.data.get("diff_ref")
+    for a in attempts:
+        diff = ((a.agent or {}).get("diff_ref") or {}).get("id")
+        if a.number in finished and finished[a.number] != diff:
+            r.fail(
+                f"{wid}: attempt {a.number} is recorded with diff {diff}, but its last accepted agent_finished "
+                f"names {finished[a.number]}"
+            )
+        if a.number in recorded and recorded[a.number] != diff:
+            r.fail(
+                f"{wid}: attempt {a.number} is recorded with diff {diff}, but its attempt_recorded event names "
+                f"{recorded[a.number]}"
+            )
+
+
+def _check_unique_attempts(r: InvariantResult, wid: str, attempts: list[Attempt]) -> None:
+    seen: set[int] = set()
+    for a in attempts:
+        if a.number in seen:
+            r.fail(f"{wid}: attempt {a.number} was stored twice")
+        seen.add(a.number)
 
 
 def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event], check_git: bool) -> None:
@@ -233,6 +325,24 @@ def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event], chec
             r.fail(f"{item.id}: {item.delivery_branch} is at {res.stdout.strip() or 'nothing'}, not the landed commit")
 
 
+def _check_temporal(r: InvariantResult, wid: str, accepted: list[Event], completed: list[CompletedStep]) -> None:
+    last_outcome: dict[tuple[str, int], Rank] = {}
+    for e in accepted:
+        if e.type in OUTCOME_EVENTS.values():
+            rank = _rank(e)
+            last_outcome[(e.type, rank.step)] = rank
+    for c in completed:
+        kind = OUTCOME_EVENTS.get(c.activity)
+        if kind is None:
+            continue
+        got = last_outcome.get((kind, c.step))
+        if got is not None and got.attempt != c.attempt:
+            r.fail(
+                f"{wid}: the accepted {kind} of step {c.step} came from attempt {got.attempt}, but Temporal "
+                f"recorded attempt {c.attempt} as completing it"
+            )
+
+
 def _check_leases(r: InvariantResult, history: list[LeaseHistory]) -> None:
     by_key: dict[str, list[LeaseHistory]] = defaultdict(list)
     for h in history:
@@ -241,17 +351,49 @@ def _check_leases(r: InvariantResult, history: list[LeaseHistory]) -> None:
         grants.sort(key=lambda h: (h.acquired_at, h.token))
         open_ = [g for g in grants if g.ended_at is None]
         if len(open_) > 1:
-            r.fail(f"{key}: {len(open_)} grants are open at once (tokens {[g.token for g in open_]})")
+            r.fail(f"{key}: {len(open_)} grants are open at once ({[g.token for g in open_]})")
         for prev, nxt in itertools.pairwise(grants):
             end = prev.ended_at
             if end is None or end > nxt.acquired_at:
                 r.fail(
-                    f"{key}: {prev.holder} (token {prev.token}) held it until "
+                    f"{key}: {prev.holder} (grant {prev.token}) held it until "
                     f"{'still open' if end is None else f'{end:.6f}'}, overlapping {nxt.holder} "
-                    f"(token {nxt.token}) from {nxt.acquired_at:.6f}"
+                    f"(grant {nxt.token}) from {nxt.acquired_at:.6f}"
                 )
             if nxt.token <= prev.token:
-                r.fail(f"{key}: a later grant has token {nxt.token} <= earlier token {prev.token}")
+                r.fail(f"{key}: a later grant is numbered {nxt.token} <= earlier {prev.token}")
+
+
+def completed_steps(history: Any) -> list[CompletedStep]:
+    """The completed activity steps of a Temporal `WorkflowHistory` (temporalio.client): for each activity that
+    completed, its type, the step number from its input, and the attempt that completed it."""
+    scheduled: dict[int, tuple[str, int]] = {}
+    started: dict[int, int] = {}
+    out: list[CompletedStep] = []
+    for ev in history.events:
+        kind = ev.WhichOneof("attributes")
+        if kind == "activity_task_scheduled_event_attributes":
+            attrs = ev.activity_task_scheduled_event_attributes
+            step = _step_of(attrs.input.payloads[0].data if attrs.input.payloads else b"")
+            if step is not None:
+                scheduled[ev.event_id] = (attrs.activity_type.name, step)
+        elif kind == "activity_task_started_event_attributes":
+            attrs = ev.activity_task_started_event_attributes
+            started[attrs.scheduled_event_id] = attrs.attempt
+        elif kind == "activity_task_completed_event_attributes":
+            attrs = ev.activity_task_completed_event_attributes
+            if attrs.scheduled_event_id in scheduled:
+                name, step = scheduled[attrs.scheduled_event_id]
+                out.append(CompletedStep(name, step, started.get(attrs.scheduled_event_id, 1)))
+    return out
+
+
+def _step_of(data: bytes) -> int | None:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return int(value["step"]) if isinstance(value, dict) and isinstance(value.get("step"), int) else None
 
 
 def summarize(report: InvariantReport) -> dict[str, Any]:
@@ -261,4 +403,5 @@ def summarize(report: InvariantReport) -> dict[str, Any]:
         "work_items": len(report.work_item_ids),
         "failed": report.failed(),
         "non_terminal": report.non_terminal,
+        "counts": report.counts,
     }

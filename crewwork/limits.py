@@ -192,6 +192,19 @@ def check_within_ceilings(spec: BudgetSpec, ceilings: OperatorCeilings) -> None:
         raise ValueError("; ".join(problems))
 
 
+def effective_budget(spec: BudgetSpec, ceilings: OperatorCeilings) -> BudgetSpec:
+    """The budget a work item runs under: what it asked for, capped by the ceilings, which also apply where it asked
+    for nothing (an item that set no token budget gets the operator's)."""
+    attempts = _tighter(spec.max_attempts, ceilings.max_attempts)
+    tokens = _tighter(spec.max_tokens, ceilings.max_tokens)
+    return BudgetSpec(
+        max_attempts=int(attempts if attempts is not None else spec.max_attempts),
+        max_wall_clock_s=_tighter(spec.max_wall_clock_s, ceilings.max_wall_clock_s),
+        max_tokens=int(tokens) if tokens is not None else None,
+        max_cost_usd=_tighter(spec.max_cost_usd, ceilings.max_cost_usd),
+    )
+
+
 def _tighter(asked: float | None, ceiling: float | None) -> float | None:
     if asked is None:
         return ceiling

@@ -34,6 +34,8 @@ class WorkItemKind(enum.StrEnum):
 
 class WorkItemState(enum.StrEnum):
     submitted = "submitted"
+    queued = "queued"
+    """Waiting for a place under the tenant's in-flight limit (first come, first served)."""
     admitted = "admitted"
     running = "running"
     validating = "validating"
@@ -224,6 +226,10 @@ class WorkItemInput(BaseModel):
 
 
 class LoopCarry(BaseModel):
+    """What a workflow run hands to the next one when it continues as new."""
+
+    next_step: int = 1
+    """The next step number: ranks keep rising across runs, so no write of an earlier run can outrank a later one."""
     next_attempt: int = 1
     diagnostics_ref: str | None = None
     review_comment: str | None = None
@@ -277,7 +283,6 @@ class AgentOutcome(BaseModel):
     tokens_used: int = 0
     cost_usd: float = 0.0
     error: str | None = None
-    stale: bool = False
 
 
 class DiffStats(BaseModel):
@@ -319,7 +324,6 @@ class ValidationOutcome(BaseModel):
     report_ref: ArtifactRef | None = None
     diagnostics: str | None = None
     fingerprint: str | None = None
-    stale: bool = False
     protected_reset: list[ResetPath] = Field(
         default_factory=list, description="Protected paths restored to the base commit or removed before the run."
     )

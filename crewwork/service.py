@@ -23,7 +23,8 @@ from crewwork.config import Settings
 from crewwork.models import ReviewDecision, WorkItemInput, WorkItemKind, WorkItemSpec, WorkItemStatus
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
-from crewwork.workflows.work_item import SA_KIND, SA_REPO, SA_STATE, SA_TENANT, WorkItemWorkflow
+from crewwork.workflows.policies import SA_KIND, SA_REPO, SA_STATE, SA_TENANT
+from crewwork.workflows.work_item import WorkItemWorkflow
 
 log = logging.getLogger("crewwork.service")
 
@@ -112,6 +113,7 @@ class WorkItemService:
         ]
         if row.repo_url:
             pairs.append(SearchAttributePair(SA_REPO, row.repo_url[-250:]))
+        summary, details = workflow_summary(row, spec)
         try:
             await client.start_workflow(
                 WorkItemWorkflow.run,
@@ -120,6 +122,8 @@ class WorkItemService:
                 task_queue=self.settings.task_queue("control"),
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 search_attributes=TypedSearchAttributes(pairs) if self.settings_search_attributes else None,
+                static_summary=summary,
+                static_details=details,
             )
         except WorkflowAlreadyStartedError:
             pass
@@ -156,6 +160,32 @@ class WorkItemService:
             await self.handle(row).cancel()
         except RPCError as exc:
             raise WorkflowUnavailable(f"could not cancel: {exc.message}") from exc
+
+
+SUMMARY_MAX_CHARS = 200
+"""Temporal's UI shows the summary as one line; it accepts up to 400 bytes."""
+
+
+def workflow_summary(row: WorkItem, spec: WorkItemSpec) -> tuple[str, str]:
+    """The workflow's summary and details in Temporal's Web UI, so a run reads without opening its payloads: the
+    kind and the instruction's first line (or the agent, for a task), then kind, repository, agent and tenant."""
+    first = (spec.instruction or "").strip().splitlines()[0].strip() if (spec.instruction or "").strip() else ""
+    what = first or f"{spec.agent.name} agent"
+    summary = f"{spec.kind.value}: {what}"
+    if len(summary) > SUMMARY_MAX_CHARS:
+        summary = summary[: SUMMARY_MAX_CHARS - 1] + "…"
+    lines = [
+        f"**work item** `{row.id}`",
+        f"**kind** {spec.kind.value}",
+        f"**tenant** `{row.tenant_id}`",
+        f"**agent** {spec.agent.name}",
+    ]
+    if row.repo_url:
+        ref = spec.repo.ref if spec.repo is not None else ""
+        lines.append(f"**repository** `{row.repo_url}` @ `{ref}` ({(row.base_commit or '')[:12]})")
+    if first:
+        lines.append(f"**instruction** {first[:500]}")
+    return summary, "\n\n".join(lines)
 
 
 def _env_flag(name: str, default: bool) -> bool:

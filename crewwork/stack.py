@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,16 @@ from crewwork.temporal.devserver import DevServer, port_open
 from crewwork.workers.pools import POOLS
 
 RESTART_BACKOFF_S = (0.5, 1, 2, 5, 10)
+
+
+def crewwork_argv(*args: str) -> list[str]:
+    """argv that runs this installation's crewwork in a child process, whatever the current directory holds.
+
+    `python -m` puts the current directory first on sys.path, so started next to (or inside) a crewwork checkout,
+    the child would import the checkout's `crewwork` instead of the installed one (a half-importable namespace
+    package from the parent of a checkout: the API never became ready). `-P` (Python 3.11+) leaves the current
+    directory off sys.path; unlike `-I` it keeps PYTHONPATH and the PYTHON* variables an operator may rely on."""
+    return [sys.executable, "-P", "-m", "crewwork", *args]
 
 
 @dataclass
@@ -73,6 +84,8 @@ class Stack:
     pool_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(POOLS, 1))
     ui: bool = True
     on_event: object = None
+    worker_argv: Callable[[str], list[str]] | None = None
+    """The command that runs one pool process (default: this Python's `-m crewwork worker --pool POOL`)."""
     temporal: DevServer | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
     api_key: str = ""
@@ -125,17 +138,16 @@ class Stack:
         upgrade_sync(self.database())
         self.api_key = ensure_dev_key(self.database(), self.data_dir)
         env = self.env()
-        py = sys.executable
         logs = self.data_dir / "logs"
         self.processes.append(
-            ManagedProcess("api", [py, "-m", "crewwork", "api", "--port", str(self.api_port)], env, logs / "api.log")
+            ManagedProcess("api", crewwork_argv("api", "--port", str(self.api_port)), env, logs / "api.log")
         )
         for pool in POOLS:
             for i in range(self.pool_counts.get(pool, 1)):
                 self.processes.append(
                     ManagedProcess(
                         f"{pool}-{i}",
-                        [py, "-m", "crewwork", "worker", "--pool", pool],
+                        self.worker_argv(pool) if self.worker_argv else crewwork_argv("worker", "--pool", pool),
                         env,
                         logs / f"worker-{pool}-{i}.log",
                     )

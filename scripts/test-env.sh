@@ -11,6 +11,7 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v git >/dev/null || need+=(git)
 command -v psql >/dev/null || need+=(postgresql-client)
 command -v chromium >/dev/null || need+=(chromium)
+command -v jq >/dev/null || need+=(jq)  # tests/integration/test_cli_scripting.py drives the CLI with `--json | jq`
 # Workspace disk caps (loopback ext4 images) and running bwrap as the unprivileged sandbox user.
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v setpriv >/dev/null || need+=(util-linux)
@@ -28,6 +29,9 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
     for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 pg_isready -h 127.0.0.1 -p 5432 || { echo "test-env: PostgreSQL is not reachable at 127.0.0.1:5432" >&2; exit 1; }
+
+# The example agent plugin, installed like any plugin (tests/integration/test_agent_plugins.py runs it for real).
+"$PYTHON" -m pip install --quiet --no-deps ./examples/crewwork-example-agent
 
 # A Docker engine with gVisor and the locally built sandbox image (no registry is reachable).
 bash .ci/docker-up.sh "$PYTHON"

@@ -25,6 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.deps import require
+
+# Before anything else (the peers are imported only after crewwork's own run, minutes in).
+if __name__ == "__main__":
+    require("bench/peers/run.py", ["psycopg", "psycopg_pool", "procrastinate", "dbos"])
+
 from bench.harness import (
     bench_settings,
     dev_server,
@@ -97,8 +103,8 @@ async def crewwork_side(root: Path, n: int, zombie: bool) -> dict[str, Any]:
                     "final_state": row.state,
                     "stale_writes_rejected": len(stale),
                     "rejected": [e.data for e in stale],
-                    "result_token_is_newest": report.results["result_token"].ok,
-                    "overwrote": not report.results["result_token"].ok,
+                    "result_rank_is_newest": report.results["fence_mark"].ok and report.results["monotonic_writes"].ok,
+                    "overwrote": not (report.results["fence_mark"].ok and report.results["monotonic_writes"].ok),
                     "invariants_ok": report.ok,
                 }
     return out

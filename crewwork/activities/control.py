@@ -1,19 +1,23 @@
 """Control-pool activities: admission, fenced state and attempt records, workspace leases, landing, cleanup.
 
-These are short store/git operations. Each write takes a fresh fencing token first, so a retried or late copy of
-an activity can never overwrite what a newer one wrote.
+Short store and git operations. Most run as local activities of the workflow that calls them. Each writes at the
+rank of its step (`AttemptWriter`), so a late copy of any of them is refused once a later step has written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops
-from crewwork.activities.common import LANDING_CONFLICT, bad_input
+from crewwork.activities.common import AttemptWriter
+from crewwork.activities.errors import LANDING_CONFLICT, bad_input
 from crewwork.config import Settings
 from crewwork.contracts import (
     AdmitInput,
@@ -30,22 +34,19 @@ from crewwork.contracts import (
     WorkspaceLeaseResult,
     WriteOutcome,
 )
+from crewwork.limits import check_within_ceilings, effective_budget
 from crewwork.models import ArtifactRef, WorkItemState
+from crewwork.store.fencing import IN_FLIGHT_STATES, Accepted
 from crewwork.store.store import AttemptRecord, Store
 from crewwork.workspace import remove_tree
 
 log = logging.getLogger("crewwork.activities.control")
 
-
-def _writer() -> str:
-    try:
-        info = activity.info()
-        return f"{info.activity_type}#{info.attempt}"
-    except RuntimeError:
-        return "direct"
+WAKE_QUEUED = 3
+"""Queued items of the tenant woken when one of its items ends (the first of them in line takes the place)."""
 
 
-def _attempt_record(inp: RecordInput) -> AttemptRecord:
+def attempt_record(inp: RecordInput) -> AttemptRecord:
     return AttemptRecord(
         number=inp.attempt,
         verdict=inp.verdict,
@@ -58,120 +59,120 @@ def _attempt_record(inp: RecordInput) -> AttemptRecord:
 
 
 class ControlActivities:
-    def __init__(self, store: Store, settings: Settings) -> None:
+    def __init__(self, store: Store, settings: Settings, client: Any = None) -> None:
+        """`client` (a Temporal client) lets `finish` wake the tenant's queued items at once instead of at their
+        next poll."""
         self.store = store
         self.settings = settings
+        self.client = client
 
     @activity.defn(name="admit")
     async def admit(self, inp: AdmitInput) -> AdmitResult:
-        b = inp.spec.budget
-        s = self.settings
-        problems = []
-        if b.max_attempts > s.max_attempts_ceiling:
-            problems.append(f"budget.max_attempts {b.max_attempts} > ceiling {s.max_attempts_ceiling}")
-        if b.max_wall_clock_s and b.max_wall_clock_s > s.max_wall_clock_s_ceiling:
-            problems.append(f"budget.max_wall_clock_s {b.max_wall_clock_s} > ceiling {s.max_wall_clock_s_ceiling}")
-        if b.max_tokens and b.max_tokens > s.max_tokens_ceiling:
-            problems.append(f"budget.max_tokens {b.max_tokens} > ceiling {s.max_tokens_ceiling}")
-        if b.max_cost_usd and b.max_cost_usd > s.max_cost_usd_ceiling:
-            problems.append(f"budget.max_cost_usd {b.max_cost_usd} > ceiling {s.max_cost_usd_ceiling}")
-        if problems:
+        w = AttemptWriter.of(self.store, inp)
+        ceilings = self.settings.operator_ceilings()
+        try:
+            # The API refuses these at submission; this catches items submitted before a ceiling was lowered.
+            check_within_ceilings(inp.spec.budget, ceilings)
+        except ValueError as exc:
             if await self.store.get_work_item(inp.work_item_id, inp.tenant_id) is None:
-                raise bad_input(f"work item {inp.work_item_id} is not in the store")
-            return AdmitResult(admitted=False, reason="; ".join(problems))
-        # One transaction: a fresh token, submitted -> admitted, and the attempts so far (Store.admit).
-        res = await self.store.admit(work_item_id=inp.work_item_id, tenant_id=inp.tenant_id, writer=_writer())
+                raise bad_input(f"work item {inp.work_item_id} is not in the store") from None
+            return AdmitResult(admitted=False, reason=str(exc))
+        res = await self.store.admit(
+            work_item_id=inp.work_item_id,
+            tenant_id=inp.tenant_id,
+            rank=w.rank,
+            writer=w.writer,
+            max_in_flight=self.settings.tenant_max_in_flight,
+            fingerprints=self.store.fingerprints_in,
+        )
         if res.missing:
             raise bad_input(f"work item {inp.work_item_id} is not in the store")
         if res.closed:
             return AdmitResult(admitted=False, reason=f"already {res.state}")
-        fps = res.value or []
-        return AdmitResult(admitted=True, past_fingerprints=fps, attempts_recorded=len(fps))
+        if res.value is None:
+            raise w.stale(res, "admit")
+        adm = res.value
+        if not adm.admitted:
+            return AdmitResult(
+                admitted=False,
+                reason=f"queued behind the tenant's in-flight limit ({self.settings.tenant_max_in_flight})",
+                queued_position=adm.queued_position,
+            )
+        review = inp.spec.review.timeout_s
+        ceiling = self.settings.max_review_timeout_s_ceiling
+        return AdmitResult(
+            admitted=True,
+            past_fingerprints=adm.fingerprints,
+            attempts_recorded=len(adm.fingerprints),
+            budget=effective_budget(inp.spec.budget, ceilings),
+            review_timeout_s=min(review, ceiling) if review is not None else ceiling,
+        )
 
     @activity.defn(name="set_state")
     async def set_state(self, inp: SetStateInput) -> WriteOutcome:
-        res = await self.store.set_state(
-            work_item_id=inp.work_item_id,
-            tenant_id=inp.tenant_id,
-            token=None,
-            state=inp.state,
-            reason=inp.reason,
-            writer=_writer(),
-            event_data={"attempt": inp.attempt} if inp.attempt is not None else None,
+        w = AttemptWriter.of(self.store, inp)
+        res = await w.set_state(
+            inp.state, inp.reason, event_data={"attempt": inp.attempt} if inp.attempt is not None else None
         )
-        return WriteOutcome(ok=res.ok, stale=res.stale, token=res.token or 0)
+        return WriteOutcome(ok=res.ok, stale=res.stale)
 
     @activity.defn(name="acquire_workspace")
     async def acquire_workspace(self, inp: WorkspaceLeaseInput) -> WorkspaceLeaseResult:
-        token, holder = await self.store.acquire_lease(inp.key, inp.work_item_id, inp.ttl_s)
-        if token is not None:
-            await self.store.append_event(
-                inp.work_item_id, inp.tenant_id, "workspace_acquired", {"key": inp.key}, token=token
-            )
-        return WorkspaceLeaseResult(token=token, holder=holder)
+        grant, holder = await self.store.acquire_lease(inp.key, inp.work_item_id, inp.ttl_s)
+        if grant is not None:
+            await AttemptWriter.of(self.store, inp).event("workspace_acquired", {"key": inp.key, "grant": grant})
+        return WorkspaceLeaseResult(grant=grant, holder=holder)
 
     @activity.defn(name="renew_workspace")
     async def renew_workspace(self, inp: ReleaseInput) -> bool:
-        if inp.token is None:
+        if inp.grant is None:
             return False
-        return await self.store.renew_lease(inp.key, inp.token, self.settings.lease_ttl_s * 10)
+        return await self.store.renew_lease(inp.key, inp.grant, inp.ttl_s or self.settings.lease_ttl_s * 10)
 
     @activity.defn(name="release_workspace")
     async def release_workspace(self, inp: ReleaseInput) -> bool:
-        released = await self.store.release_lease(inp.key, token=inp.token, holder=inp.work_item_id)
+        released = await self.store.release_lease(inp.key, grant=inp.grant, holder=inp.work_item_id)
         if not released:
-            # Landing may have taken the lease back under a new token after it expired: free whatever this item holds.
+            # Landing may have taken the lease again under a new grant after it expired: free what this item holds.
             released = await self.store.release_lease(inp.key, holder=inp.work_item_id)
         if released:
-            await self.store.append_event(
-                inp.work_item_id, inp.tenant_id, "workspace_released", {"key": inp.key}, token=inp.token
-            )
+            await self.store.append_event(inp.work_item_id, inp.tenant_id, "workspace_released", {"key": inp.key})
         return released
 
     @activity.defn(name="record_attempt")
     async def record_attempt(self, inp: RecordInput) -> RecordResult:
+        w = AttemptWriter.of(self.store, inp)
         res = await self.store.record_attempt(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
-            token=None,
-            record=_attempt_record(inp),
-            writer=_writer(),
+            rank=w.rank,
+            record=attempt_record(inp),
+            writer=w.writer,
         )
-        # Rejected (the item is closed): report the recorded history as it stands.
+        # Rejected: report the recorded history as it stands.
         fingerprints = res.value if res.value is not None else await self.store.fingerprints(inp.work_item_id)
         return RecordResult(ok=res.ok, stale=res.stale, fingerprints=fingerprints)
 
     @activity.defn(name="land_change")
     async def land_change(self, inp: LandInput) -> LandResult:
-        res = await self.store.set_state(
-            work_item_id=inp.work_item_id,
-            tenant_id=inp.tenant_id,
-            token=None,
-            state=WorkItemState.landing,
-            reason="landing",
-            writer=_writer(),
-        )
-        if res.stale:
-            raise ApplicationError("a newer writer superseded this landing", type="StaleWrite")
-        assert res.token is not None
-        token = res.token
+        w = AttemptWriter.of(self.store, inp)
+        started = await w.set_state(WorkItemState.landing, "landing")
+        if started.stale:
+            raise w.stale(started, "land_change")
         diff = (await self._artifact_bytes(inp.diff_ref.id)).decode()
         repo = Path(inp.repo_path)
-        if inp.workspace_token is not None and inp.workspace_key:
+        if inp.workspace_grant is not None and inp.workspace_key:
             key = inp.workspace_key
-            if not await self.store.renew_lease(key, inp.workspace_token, self.settings.lease_ttl_s * 10):
+            if not await self.store.renew_lease(key, inp.workspace_grant, self.settings.lease_ttl_s * 10):
                 # The lease expired while the item waited (typically for a slow review). Landing stays safe without
-                # it: it writes only this item's own delivery branch, by compare-and-swap, and this activity is the
-                # item's newest fenced writer (checked above). Take the lease back if it is free, and say so.
+                # it: it writes only this item's own delivery branch, by compare-and-swap, and this attempt's first
+                # write was accepted (nothing scheduled later has written). Take the lease back if it is free.
                 again, holder = await self.store.acquire_lease(key, inp.work_item_id, self.settings.lease_ttl_s * 10)
-                await self.store.append_event(
-                    inp.work_item_id,
-                    inp.tenant_id,
+                await w.event(
                     "workspace_lease_expired",
-                    {"key": key, "expired_token": inp.workspace_token, "reacquired_token": again, "holder": holder},
-                    token=again,
+                    {"key": key, "expired_grant": inp.workspace_grant, "regranted": again, "holder": holder},
                 )
-        scratch = self.settings.resolved_worktree_dir() / inp.work_item_id / f"land-t{token}"
+        scratch = self.settings.resolved_worktree_dir() / inp.work_item_id / f"land-{inp.step}-{w.rank.attempt}"
         try:
             branch, commit, created = await gitops.land(
                 gitops.git_dir_of(repo),
@@ -192,28 +193,16 @@ class ControlActivities:
         )
         # A retried landing (the ref moved but the activity did not complete) finds the same commit: record the
         # landing once, so the event log holds exactly one `landed` per delivered change.
-        already = any(
-            e.type == "landed" and e.data.get("commit") == commit
-            for e in await self.store.list_events(inp.work_item_id)
-        )
-        if not already:
-            await self.store.append_event(
-                inp.work_item_id,
-                inp.tenant_id,
-                "landed",
-                {"branch": branch, "commit": commit, "created": created},
-                token=token,
-            )
+        if not await self.store.has_event(inp.work_item_id, "landed", commit=commit):
+            done = await w.event("landed", {"branch": branch, "commit": commit, "created": created})
+            if done.stale:
+                raise w.stale(done, "land_change")
         return LandResult(
             branch=branch,
             commit=commit,
             created=created,
             patch_ref=ArtifactRef(
-                id=patch.id,
-                name=patch.name,
-                size=patch.size,
-                sha256=patch.sha256,
-                content_type=patch.content_type,
+                id=patch.id, name=patch.name, size=patch.size, sha256=patch.sha256, content_type=patch.content_type
             ),
         )
 
@@ -225,27 +214,41 @@ class ControlActivities:
 
     @activity.defn(name="finish")
     async def finish(self, inp: FinishInput) -> WriteOutcome:
-        """Write the workflow's terminal decision. The workflow is the authority on the outcome, so the write takes
-        its token inside its own transaction: no zombie attempt can slip a newer token in between, and once the item
-        is terminal every later fenced write is rejected, zombies included."""
+        """Write the workflow's terminal decision (with a `task` item's passing attempt record, in one transaction).
+        Once the item is terminal every later write is rejected, zombies included."""
+        w = AttemptWriter.of(self.store, inp)
         r = inp.result
-        res = await self.store.set_state(
-            work_item_id=inp.work_item_id,
-            tenant_id=inp.tenant_id,
-            token=None,
-            state=r.state,
-            reason=r.reason,
-            writer=_writer(),
+        record = attempt_record(inp.record) if inp.record is not None else None
+
+        async def _record(s: AsyncSession, acc: Accepted) -> None:
+            if record is not None:
+                await self.store.write_attempt(s, acc, inp.work_item_id, inp.tenant_id, record)
+
+        res = await w.set_state(
+            r.state,
+            r.reason,
             fields={
                 "result": r.model_dump(mode="json"),
                 "delivery_branch": r.delivery_branch,
                 "landed_commit": r.landed_commit,
                 "mock": r.mock,
             },
-            record=_attempt_record(inp.record) if inp.record is not None else None,
+            before=_record if record is not None else None,
         )
+        if res.ok and res.state in IN_FLIGHT_STATES:
+            await self._wake_queued(inp.tenant_id)
         # Already terminal (a retried finish whose first write landed): nothing left to do.
-        return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed), token=res.token or 0)
+        return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed))
+
+    async def _wake_queued(self, tenant_id: str) -> None:
+        """Tell the tenant's first queued items that a place is free (they re-run admission at once). Best effort:
+        a queued item also retries on its own timer."""
+        if self.client is None:
+            return
+        with contextlib.suppress(Exception):
+            for row in await self.store.queued_work_items(tenant_id, WAKE_QUEUED):
+                with contextlib.suppress(Exception):
+                    await self.client.get_workflow_handle(row.workflow_id).signal("slot_freed")
 
     @activity.defn(name="cleanup")
     async def cleanup(self, inp: CleanupInput) -> None:

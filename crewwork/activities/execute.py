@@ -1,6 +1,6 @@
 """Agent-pool and validate-pool activities: run the agent in its own workspace, then judge the change.
 
-The agent runs in a fresh workspace per activity attempt (named by its fencing token), so a zombie attempt still
+The agent runs in a fresh workspace per activity attempt (named by its rank), so a zombie attempt still
 writing files cannot touch the workspace of the attempt that superseded it. The platform captures the diff itself,
 treating everything in the workspace as untrusted input (`crewwork.workspace`: no host git in the workspace, no
 link followed, every read bounded).
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops, safefs
-from crewwork.activities.common import AGENT_ERROR, FirstWrite, bad_input, execution_lease, record_step
+from crewwork.activities.common import AttemptWriter, watch
+from crewwork.activities.errors import AGENT_ERROR, bad_input
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
@@ -69,16 +71,6 @@ def read_report(workspace: Path, rel: str, max_bytes: int) -> tuple[bytes | None
 
 def _ref(a: Artifact) -> ArtifactRef:
     return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
-
-
-def superseded(step: str, token: int, current: int | None) -> ApplicationError:
-    """This attempt's token was superseded mid-step by another attempt that started later (e.g. a zombie of an
-    earlier attempt that woke up and took the lease). If this attempt is still Temporal's current one, retrying
-    with a fresh token is right; if it is not, Temporal ignores its outcome anyway. Never a reason to end the item."""
-    return ApplicationError(
-        f"{step}: token {token} was superseded by token {current} during this attempt; retrying with a fresh token",
-        type="Superseded",
-    )
 
 
 def pick_sandbox(spec: SandboxSpec | None, settings: Settings) -> Sandbox:
@@ -151,72 +143,64 @@ class ExecuteActivities:
         except AgentConfigError as exc:
             raise bad_input(str(exc)) from exc
 
-        async with execution_lease(
-            self.store,
-            inp.work_item_id,
-            self.settings.lease_ttl_s,
-            workspace_ttl_s=self.settings.lease_ttl_s * 10,
-            first=FirstWrite(
-                tenant_id=inp.tenant_id,
-                state=WorkItemState.running,
-                reason=f"attempt {inp.attempt}: agent {spec.agent.name} running",
-                writer=f"run_agent#{info.attempt}",
-                event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
-            ),
-        ) as lease:
-            w = lease.started
-            assert w is not None
-            if w.stale:
-                if not w.closed:
-                    raise superseded("run_agent", lease.token, w.current_token)
-                return AgentOutcome(agent=agent_cls.name, mock=agent_cls.mock, stale=True, error="superseded")
-            ws: Workspace | None = None
-            workspace: Path | None = None
-            sandbox = None
-            limits = None
-            if agent_cls.needs_sandbox:
-                sandbox = pick_sandbox(spec.sandbox, self.settings)
-                limits = sandbox_limits(spec.sandbox, None)
-            if spec.kind != WorkItemKind.task:
-                assert inp.repo_path and inp.base_commit
-                ws = await self._workspace(
-                    inp.repo_path,
-                    inp.work_item_id,
-                    f"attempt-{inp.attempt}-t{lease.token}",
-                    inp.base_commit,
-                    limits or sandbox_limits(spec.sandbox, None),
-                )
-                workspace = ws.path
-            started = time.monotonic()
-
-            async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:
-                return await self._save(inp.work_item_id, inp.tenant_id, name, data, ctype)
-
-            ctx = AgentContext(
-                work_item_id=inp.work_item_id,
-                attempt=inp.attempt,
-                activity_attempt=info.attempt,
-                kind=spec.kind,
-                config=config,
-                instruction=spec.instruction,
-                input=spec.input,
-                workspace=workspace,
-                diagnostics=inp.diagnostics,
-                review_comment=inp.review_comment,
-                sandbox=sandbox,
-                limits=limits,
-                host_workspace=ws,
-                heartbeat=lease.heartbeat,
-                resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
-                save_artifact=save,
-                extra={
-                    "repo": spec.repo.url if spec.repo else None,
-                    "labels": dict(spec.labels),
-                    # Test-only fault injection (the scripted agent's `stall_s`): turn this attempt into a zombie.
-                    "fault_partition": lease.simulate_partition,
-                },
+        w = AttemptWriter.of(self.store, inp)
+        # The attempt's first write, before anything else: refused if a later-scheduled attempt has written.
+        started = await w.set_state(
+            WorkItemState.running,
+            f"attempt {inp.attempt}: agent {spec.agent.name} running",
+            event_data={"attempt": inp.attempt, "activity_attempt": info.attempt},
+        )
+        if started.stale:
+            raise w.stale(started, "run_agent")
+        ws: Workspace | None = None
+        workspace: Path | None = None
+        sandbox = None
+        limits = None
+        if agent_cls.needs_sandbox:
+            sandbox = pick_sandbox(spec.sandbox, self.settings)
+            limits = sandbox_limits(spec.sandbox, None)
+        if spec.kind != WorkItemKind.task:
+            assert inp.repo_path and inp.base_commit
+            ws = await self._workspace(
+                inp.repo_path,
+                inp.work_item_id,
+                f"attempt-{inp.attempt}-s{inp.step}a{info.attempt}",
+                inp.base_commit,
+                limits or sandbox_limits(spec.sandbox, None),
             )
-            try:
+            workspace = ws.path
+        started_at = time.monotonic()
+
+        async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:
+            return await self._save(inp.work_item_id, inp.tenant_id, name, data, ctype)
+
+        try:
+            async with watch(w, workspace_ttl_s=self.settings.lease_ttl_s * 10 if workspace else None) as live:
+                ctx = AgentContext(
+                    work_item_id=inp.work_item_id,
+                    attempt=inp.attempt,
+                    activity_attempt=info.attempt,
+                    kind=spec.kind,
+                    config=config,
+                    instruction=spec.instruction,
+                    input=spec.input,
+                    workspace=workspace,
+                    diagnostics=inp.diagnostics,
+                    review_comment=inp.review_comment,
+                    sandbox=sandbox,
+                    limits=limits,
+                    host_workspace=ws,
+                    heartbeat=live.heartbeat,
+                    ensure_current=live.ensure_current,
+                    resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
+                    save_artifact=save,
+                    extra={
+                        "repo": spec.repo.url if spec.repo else None,
+                        "labels": dict(spec.labels),
+                        # Test-only fault injection (the scripted agent's `stall_s`): turn this attempt into a zombie.
+                        "fault_partition": live.simulate_partition,
+                    },
+                )
                 try:
                     result = await agent_cls().run(ctx)
                 except AgentError as exc:
@@ -233,13 +217,9 @@ class ExecuteActivities:
                         failed.transcript_ref = await save(
                             f"attempt-{inp.attempt}-transcript.txt", str(transcript).encode(), "text/plain"
                         )
-                    return failed
+                    return await self._agent_finished(w, inp, failed)
                 except AgentInfraError as exc:
-                    delay = None
-                    if exc.retry_after_s:
-                        from datetime import timedelta
-
-                        delay = timedelta(seconds=min(exc.retry_after_s, 600))
+                    delay = timedelta(seconds=min(exc.retry_after_s, 600)) if exc.retry_after_s else None
                     raise ApplicationError(str(exc), type="AgentInfraError", next_retry_delay=delay) from exc
                 except SandboxError as exc:
                     raise ApplicationError(f"sandbox failure: {exc}", type="SandboxError") from exc
@@ -266,9 +246,9 @@ class ExecuteActivities:
                         )
                     except CaptureRefused as exc:
                         # What the agent left cannot be a change (too large, too deep, ...): the attempt fails
-                        # with that reason; the loop goes on.
+                        # with that reason, recorded like any agent error; the loop goes on.
                         outcome.error = f"the change could not be captured: {exc}"
-                        return outcome
+                        return await self._agent_finished(w, inp, outcome)
                     outcome.diff_stats = captured.stats
                     outcome.diff_ref = await save(f"attempt-{inp.attempt}.diff", captured.diff, "text/x-diff")
                 log.info(
@@ -276,75 +256,57 @@ class ExecuteActivities:
                     agent_cls.name,
                     inp.attempt,
                     inp.work_item_id,
-                    time.monotonic() - started,
+                    time.monotonic() - started_at,
                 )
-                done = await record_step(
-                    lease,
-                    inp.tenant_id,
-                    "agent_finished",
-                    {
-                        "attempt": inp.attempt,
-                        "activity_attempt": info.attempt,
-                        "diff_ref": outcome.diff_ref.id if outcome.diff_ref else None,
-                        "transcript_ref": outcome.transcript_ref.id if outcome.transcript_ref else None,
-                    },
-                    writer=f"run_agent#{info.attempt}",
-                    release=workspace is None,
-                )
-                if done.stale:
-                    if not done.closed:
-                        raise superseded("run_agent", lease.token, done.current_token)
-                    outcome.stale = True
-                return outcome
-            finally:
-                if ws is not None:
-                    await ws.remove()
+                return await self._agent_finished(w, inp, outcome)
+        finally:
+            if ws is not None:
+                await ws.remove()
+
+    async def _agent_finished(self, w: AttemptWriter, inp: AgentStepInput, outcome: AgentOutcome) -> AgentOutcome:
+        """The attempt's last write: the refs of what it produced. Refused (and the attempt ends) if a later attempt
+        has written meanwhile, so the event log only ever names the accepted attempt's artifacts."""
+        done = await w.event(
+            "agent_finished",
+            {
+                "attempt": inp.attempt,
+                "activity_attempt": w.rank.attempt,
+                "diff_ref": outcome.diff_ref.id if outcome.diff_ref else None,
+                "transcript_ref": outcome.transcript_ref.id if outcome.transcript_ref else None,
+                "error": outcome.error,
+            },
+        )
+        if done.stale:
+            raise w.stale(done, "run_agent")
+        return outcome
 
     # ------------------------------------------------------------------ validation
 
     @activity.defn(name="validate_change")
     async def validate_change(self, inp: ValidateInput) -> ValidationOutcome:
-        info = activity.info()
-
-        async with execution_lease(
-            self.store,
-            inp.work_item_id,
-            self.settings.lease_ttl_s,
-            workspace_ttl_s=self.settings.lease_ttl_s * 10,
-            first=FirstWrite(
-                tenant_id=inp.tenant_id,
-                state=WorkItemState.validating,
-                reason=f"attempt {inp.attempt}: validating",
-                writer=f"validate_change#{info.attempt}",
-                event_data={"attempt": inp.attempt},
-            ),
-        ) as lease:
-            w = lease.started
-            assert w is not None
-            if w.stale:
-                if not w.closed:
-                    raise superseded("validate_change", lease.token, w.current_token)
-                return ValidationOutcome(passed=False, reason="superseded", cause="infrastructure", stale=True)
-            outcome = await self._validate(inp, lease.token, lease.heartbeat)
-            done = await record_step(
-                lease,
-                inp.tenant_id,
-                "validation_finished",
-                {
-                    "attempt": inp.attempt,
-                    "activity_attempt": info.attempt,
-                    "passed": outcome.passed,
-                    "cause": outcome.cause,
-                    "log_ref": outcome.log_ref.id if outcome.log_ref else None,
-                },
-                writer=f"validate_change#{info.attempt}",
-                release=True,
-            )
-            if done.stale:
-                if not done.closed:
-                    raise superseded("validate_change", lease.token, done.current_token)
-                outcome.stale = True
-            return outcome
+        w = AttemptWriter.of(self.store, inp)
+        started = await w.set_state(
+            WorkItemState.validating,
+            f"attempt {inp.attempt}: validating",
+            event_data={"attempt": inp.attempt, "activity_attempt": w.rank.attempt},
+        )
+        if started.stale:
+            raise w.stale(started, "validate_change")
+        async with watch(w, workspace_ttl_s=self.settings.lease_ttl_s * 10) as live:
+            outcome = await self._validate(inp, w, live.heartbeat)
+        done = await w.event(
+            "validation_finished",
+            {
+                "attempt": inp.attempt,
+                "activity_attempt": w.rank.attempt,
+                "passed": outcome.passed,
+                "cause": outcome.cause,
+                "log_ref": outcome.log_ref.id if outcome.log_ref else None,
+            },
+        )
+        if done.stale:
+            raise w.stale(done, "validate_change")
+        return outcome
 
     async def _workspace(
         self,
@@ -372,7 +334,7 @@ class ExecuteActivities:
         except DiskError as exc:
             raise ApplicationError(f"workspace disk: {exc}", type="SandboxError") from exc
 
-    async def _validate(self, inp: ValidateInput, token: int, heartbeat: Any) -> ValidationOutcome:
+    async def _validate(self, inp: ValidateInput, w: AttemptWriter, heartbeat: Any) -> ValidationOutcome:
         spec = inp.validation
         diff = await self._artifact_bytes(inp.diff_ref.id) if inp.diff_ref else b""
         ev: dict[str, Any] = {
@@ -390,7 +352,7 @@ class ExecuteActivities:
         ws = await self._workspace(
             inp.repo_path,
             inp.work_item_id,
-            f"validate-{inp.attempt}-t{token}",
+            f"validate-{inp.attempt}-s{inp.step}a{w.rank.attempt}",
             inp.base_commit,
             limits,
             materialise=False,
@@ -455,9 +417,7 @@ class ExecuteActivities:
                     return self._judge(inp, evidence, outcome_extra, sandbox_report=setup.report(4000))
                 run_env.update(prepared.env())
                 mounts.extend(prepared.mounts())
-                await self.store.append_event(
-                    inp.work_item_id,
-                    inp.tenant_id,
+                await w.event(
                     "environment_prepared",
                     {
                         "attempt": inp.attempt,
@@ -465,7 +425,6 @@ class ExecuteActivities:
                         "cold": prepared.cold,
                         "seconds": round(prepared.prepare_s, 3),
                     },
-                    token=token,
                 )
                 try:
                     await ws.update(base, final)

@@ -4,7 +4,8 @@ An agent receives an `AgentContext` (the instruction or input, the attempt's pri
 the previous attempt, a sandbox to run commands in) and returns an `AgentRunResult`. The platform, not the agent,
 captures the diff and judges the change: whatever an agent says about its own success is stored as `claims` only.
 
-Adding an agent is one new module with a subclass of `Agent` and one line in `crewwork.agents.registry`.
+Adding an agent is one new module with a subclass of `Agent` and one line in `crewwork.agents.registry` (built-in),
+or a package of its own that declares it in the `crewwork.agents` entry-point group (a plugin; docs/agents.md).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class AgentContext:
     limits: SandboxLimits | None = None
     heartbeat: Callable[..., None] = lambda *details: None
     """Report liveness (and resumable progress) to Temporal. Call it at least every few seconds."""
+    ensure_current: Callable[[], Awaitable[None]] = field(default=lambda: _current())
+    """Raise if a later-scheduled attempt of this step has written (this attempt is a zombie). Call it before any
+    external call that costs money or cannot be undone (a model call): a zombie must not make it."""
     resume_details: Any | None = None
     """Details of the last heartbeat of a previous Temporal attempt of this activity, to resume from."""
     save_artifact: Callable[[str, bytes, str], Awaitable[Any]] | None = None
@@ -64,6 +68,10 @@ class AgentContext:
     host_workspace: Any | None = None
     """The platform's `crewwork.workspace.Workspace` for `workspace` (owner, private git directory), for agents
     that change files on the host rather than in a sandbox (they must go through it or `crewwork.safefs`)."""
+
+
+async def _current() -> None:
+    return None
 
 
 @dataclass

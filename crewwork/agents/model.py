@@ -315,6 +315,8 @@ class _Session:
         if replayed:
             result = ChatResult.from_record(self.replay[index])
         else:
+            # A zombie of this step (a later attempt has written) must not pay for another call.
+            await self.ctx.ensure_current()
             result = await self._heartbeating(
                 self.client.complete(self.workload, list(self.messages), max_output_tokens=self.cfg.max_output_tokens)
             )

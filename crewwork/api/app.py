@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Red
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from crewwork import __version__
+from crewwork import __version__, tracing
 from crewwork.api import problems
 from crewwork.api.admin import router as admin_router
 from crewwork.api.hotfix import router as hotfix_router
@@ -55,7 +54,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if os.environ.get("CREWWORK_LOG_FORMAT", "").lower() == "json":
+        if settings.log_format == "json":
             configure_logging(settings.log_level, json_logs=True)
         own_store = store is None
         app.state.store = store or Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
@@ -180,6 +179,7 @@ def create_app(
         )
 
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
+    tracing.instrument_app(app)
     return app
 
 

@@ -23,7 +23,6 @@ class AttemptView(BaseModel):
     reason: str
     cause: str | None
     fingerprint: str | None
-    token: int
     agent: dict[str, Any] | None
     validation: dict[str, Any] | None
 
@@ -60,7 +59,6 @@ class EventView(BaseModel):
     id: int
     type: str
     data: dict[str, Any]
-    token: int | None
     created_at: float
 
 
@@ -87,7 +85,6 @@ class EvidenceView(BaseModel):
     reason: str
     cause: str | None
     fingerprint: str | None
-    token: int
     created_at: float
     agent: dict[str, Any] | None
     validation: dict[str, Any] | None

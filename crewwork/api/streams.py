@@ -151,7 +151,6 @@ def _sse(ev: Event) -> bytes:
         "work_item_id": ev.work_item_id,
         "type": ev.type,
         "data": ev.data,
-        "token": ev.token,
         "created_at": ev.created_at,
     }
     return f"id: {ev.id}\nevent: {ev.type}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n".encode()

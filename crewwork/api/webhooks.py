@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
-from crewwork.store.outbox import OutboxStore
+from crewwork.store.outbox import DEFAULT_OVERLAP_S, MAX_OVERLAP_S, OutboxStore
 from crewwork.store.tables import OutboxMessage, Webhook
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=PROBLEM_RESPONSES)
@@ -52,7 +52,28 @@ class WebhookView(BaseModel):
 
 
 class WebhookCreated(WebhookView):
-    secret: str = Field(description="Signs every delivery (HMAC-SHA256). Shown only in this response.")
+    secret: str = Field(
+        description="Signs every delivery (Standard Webhooks: `whsec_` + base64 key). Shown only in this response."
+    )
+
+
+class RotateSecret(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    overlap_s: float = Field(
+        default=DEFAULT_OVERLAP_S,
+        ge=0,
+        le=MAX_OVERLAP_S,
+        description="Seconds the current secret keeps signing (as a second `webhook-signature`) after the rotation; "
+        "0 drops it at once.",
+    )
+
+
+class SecretRotated(BaseModel):
+    id: str
+    secret: str = Field(description="The new secret. Shown only in this response.")
+    previous_secret_valid_until: float | None = Field(
+        description="Unix seconds until which deliveries are also signed with the previous secret (null: not at all)."
+    )
 
 
 class DeliveryView(BaseModel):
@@ -101,6 +122,24 @@ async def create(body: WebhookCreate, principal: PrincipalDep, store: StoreDep) 
         raise ProblemError(409, "too_many_webhooks", "a tenant may register at most 20 webhooks")
     hook = await outbox.create_webhook(principal.tenant_id, body.url, body.event_types)
     return WebhookCreated(**_view(hook).model_dump(), secret=hook.secret)
+
+
+@router.post(
+    "/{webhook_id}/rotate-secret",
+    response_model=SecretRotated,
+    summary="Rotate the signing secret (the old one keeps signing for an overlap window)",
+    description="Returns the new secret once. Until `previous_secret_valid_until`, each delivery carries two "
+    "space-separated signatures in `webhook-signature`, one per secret, so receivers can switch without losing a "
+    "delivery; then the previous secret is dropped. Rotating again drops any previous secret at once.",
+)
+async def rotate_secret(
+    webhook_id: str, principal: PrincipalDep, store: StoreDep, body: RotateSecret | None = None
+) -> SecretRotated:
+    overlap = (body or RotateSecret()).overlap_s
+    rotated = await OutboxStore(store).rotate_secret(principal.tenant_id, webhook_id, overlap)
+    if rotated is None:
+        raise ProblemError(404, "not_found", f"no webhook {webhook_id}")
+    return SecretRotated(id=webhook_id, secret=rotated.secret, previous_secret_valid_until=rotated.previous_valid_until)
 
 
 @router.get("", response_model=list[WebhookView], summary="List the tenant's webhooks")

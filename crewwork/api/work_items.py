@@ -242,7 +242,6 @@ def _attempt_view(a: Attempt) -> AttemptView:
         reason=a.reason,
         cause=a.cause,
         fingerprint=a.fingerprint,
-        token=a.token,
         agent=a.agent,
         validation=a.validation,
     )
@@ -305,7 +304,6 @@ async def evidence(work_item_id: str, principal: PrincipalDep, store: StoreDep) 
             reason=a.reason,
             cause=a.cause,
             fingerprint=a.fingerprint,
-            token=a.token,
             created_at=a.created_at,
             agent=a.agent,
             validation=a.validation,
@@ -444,7 +442,7 @@ async def events(
     if accept and "text/event-stream" in accept:
         return _stream(request, store, row, resume_point(last_event_id, after))
     return [
-        EventView(id=e.id, type=e.type, data=e.data, token=e.token, created_at=e.created_at)
+        EventView(id=e.id, type=e.type, data=e.data, created_at=e.created_at)
         for e in await store.list_events(row.id, after_id=after, limit=limit)
     ]
 

@@ -2,19 +2,29 @@
 
 A state change writes one outbox row per matching webhook in the SAME transaction as the change (`enqueue`, called
 from `Store.set_state`), so a change is never committed without its notifications, nor a notification without its
-change. A deliverer claims due rows, POSTs them signed with HMAC-SHA256, and marks them delivered, or schedules a
+change. A deliverer claims due rows, POSTs them signed, and marks them delivered, or schedules a
 retry with exponential backoff, or after `max_attempts` failures moves them to the dead-letter state `dead` (from
 which an operator can redeliver). Claims are leases on the row (`next_attempt_at` pushed into the future, taken
 with `FOR UPDATE SKIP LOCKED` on PostgreSQL), so several deliverers can run, and a deliverer that dies mid-delivery
-only delays the row until its claim expires: delivery is at least once, and the `X-Crewwork-Delivery` header lets
-receivers drop duplicates.
+only delays the row until its claim expires: delivery is at least once, and the `webhook-id` header (the same on
+every retry of one message) lets receivers drop duplicates.
 
-Signature: `X-Crewwork-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>`.
+Signatures follow Standard Webhooks (https://www.standardwebhooks.com/), so any of its libraries verifies them:
+
+    webhook-id: <message id>         webhook-timestamp: <unix seconds>
+    webhook-signature: v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<raw body>")> [v1,<...> during rotation]
+
+with `key` the base64-decoded part of the secret after `whsec_`. After a rotation the previous secret also signs
+(a second, space-separated signature) until its overlap window ends; then it is dropped.
+
+Deprecated, kept for one release: `X-Crewwork-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw
+body>")>` (HMAC keyed with the whole secret string, current secret only) and `X-Crewwork-Delivery`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -28,6 +38,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from crewwork import tracing
+from crewwork.client import webhooks as standard
+from crewwork.client.webhooks import ID_HEADER, TIMESTAMP_HEADER
+from crewwork.ids import new_id
 from crewwork.store.tables import OutboxMessage, Webhook
 
 if TYPE_CHECKING:
@@ -35,12 +49,43 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("crewwork.outbox")
 
+STANDARD_SIGNATURE_HEADER = standard.SIGNATURE_HEADER
+EVENT_HEADER = "X-Crewwork-Event"
+# Deprecated (one release): the former private signature format and delivery id.
 SIGNATURE_HEADER = "X-Crewwork-Signature"
 DELIVERY_HEADER = "X-Crewwork-Delivery"
-EVENT_HEADER = "X-Crewwork-Event"
+
+SECRET_PREFIX = standard.SECRET_PREFIX
+SECRET_BYTES = 32
+DEFAULT_OVERLAP_S = 24 * 3600.0
+"""How long the previous secret keeps signing after a rotation, unless the request says otherwise."""
+MAX_OVERLAP_S = 7 * 24 * 3600.0
+"""The longest overlap a rotation may ask for."""
+
+
+def new_secret() -> str:
+    """A Standard Webhooks secret: `whsec_` + standard base64 of 32 random bytes."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
+
+
+def sign_standard(secrets_: list[str], msg_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` value: one `v1,<base64>` per secret, space-separated (Standard Webhooks)."""
+    return standard.sign(secrets_, msg_id, timestamp, body)
+
+
+def verify_standard(
+    secret: str, headers: dict[str, str], body: bytes, *, tolerance_s: float | None = 300.0, now: float | None = None
+) -> bool:
+    """Whether a delivery's Standard Webhooks headers verify with `secret` (see crewwork.client.webhooks.verify)."""
+    try:
+        standard.check_signature(secret, headers, body, tolerance_s=tolerance_s, now=now)
+    except standard.WebhookVerificationError:
+        return False
+    return True
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """Deprecated: the former `X-Crewwork-Signature` value (kept one release)."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
     return f"t={timestamp},v1={mac}"
 
@@ -48,7 +93,8 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
 def verify(
     secret: str, header: str, body: bytes, *, tolerance_s: float | None = 300.0, now: float | None = None
 ) -> bool:
-    """Check a delivery's signature header (what a receiver does). Constant-time comparison."""
+    """Deprecated: check the former `X-Crewwork-Signature` header. Use `verify_standard` (or any Standard Webhooks
+    library). Constant-time comparison."""
     try:
         parts = dict(p.split("=", 1) for p in header.split(","))
         ts = int(parts["t"])
@@ -80,6 +126,7 @@ async def enqueue(
         )
     ).all()
     n = 0
+    traceparent = tracing.current_traceparent()
     for hook_id, types in hooks:
         wanted = {t for t in types.split(",") if t}
         if wanted and event_type not in wanted:
@@ -95,6 +142,7 @@ async def enqueue(
                 attempts=0,
                 next_attempt_at=now,
                 created_at=now,
+                trace_context=traceparent,
             )
         )
         n += 1
@@ -106,10 +154,19 @@ class Claimed:
     id: int
     webhook_id: str
     url: str
-    secret: str
+    secrets: list[str]
+    """The secrets that sign this delivery: the current one, then the previous one while its overlap lasts."""
     event_type: str
     payload: dict[str, Any]
     attempts: int
+    trace_context: str | None = None
+
+
+@dataclass
+class Rotated:
+    webhook: Webhook
+    secret: str
+    previous_valid_until: float | None
 
 
 class OutboxStore:
@@ -119,20 +176,39 @@ class OutboxStore:
         self.store = store
 
     async def create_webhook(self, tenant_id: str, url: str, event_types: list[str]) -> Webhook:
-        from crewwork.store.store import new_id
-
         async with self.store.session() as s:
             hook = Webhook(
                 id=new_id("wh"),
                 tenant_id=tenant_id,
                 url=url,
-                secret="whsec_" + secrets.token_urlsafe(32),
+                secret=new_secret(),
                 event_types=",".join(sorted(set(event_types))),
                 active=True,
-                created_at=await self.store._now(s),
+                created_at=await self.store.now(s),
             )
             s.add(hook)
         return hook
+
+    async def rotate_secret(self, tenant_id: str, webhook_id: str, overlap_s: float) -> Rotated | None:
+        """Give the webhook a new secret; the current one keeps signing (as a second signature) for `overlap_s`
+        seconds, then is dropped. A previous secret from an earlier rotation is dropped at once. None if there is no
+        such active webhook of the tenant."""
+        async with self.store.session() as s:
+            hook = await s.scalar(
+                select(Webhook)
+                .where(Webhook.id == webhook_id, Webhook.tenant_id == tenant_id, Webhook.active.is_(True))
+                .with_for_update()
+            )
+            if hook is None:
+                return None
+            now = await self.store.now(s)
+            secret = new_secret()
+            if overlap_s > 0:
+                hook.previous_secret, hook.previous_secret_expires_at = hook.secret, now + overlap_s
+            else:
+                hook.previous_secret = hook.previous_secret_expires_at = None
+            hook.secret = secret
+            return Rotated(hook, secret, hook.previous_secret_expires_at)
 
     async def list_webhooks(self, tenant_id: str) -> list[Webhook]:
         async with self.store.session() as s:
@@ -180,16 +256,22 @@ class OutboxStore:
                     OutboxMessage.webhook_id == webhook_id,
                     OutboxMessage.status == "dead",
                 )
-                .values(status="pending", attempts=0, next_attempt_at=await self.store._now(s))
+                .values(status="pending", attempts=0, next_attempt_at=await self.store.now(s))
             )
             return int(res.rowcount)  # type: ignore[attr-defined]
 
     async def claim_due(self, limit: int, claim_s: float) -> list[Claimed]:
         """Take up to `limit` due rows, pushing their next attempt `claim_s` ahead so no one else takes them."""
         async with self.store.session() as s:
-            now = await self.store._now(s)
+            now = await self.store.now(s)
             q = (
-                select(OutboxMessage, Webhook.url, Webhook.secret)
+                select(
+                    OutboxMessage,
+                    Webhook.url,
+                    Webhook.secret,
+                    Webhook.previous_secret,
+                    Webhook.previous_secret_expires_at,
+                )
                 .join(Webhook, Webhook.id == OutboxMessage.webhook_id)
                 .where(OutboxMessage.status == "pending", OutboxMessage.next_attempt_at <= now)
                 .order_by(OutboxMessage.next_attempt_at, OutboxMessage.id)
@@ -199,14 +281,28 @@ class OutboxStore:
                 q = q.with_for_update(skip_locked=True, of=OutboxMessage)
             rows = (await s.execute(q)).all()
             out = []
-            for msg, url, secret in rows:
+            for msg, url, secret, previous, previous_until in rows:
                 msg.next_attempt_at = now + claim_s
-                out.append(Claimed(msg.id, msg.webhook_id, url, secret, msg.event_type, msg.payload, msg.attempts))
+                signing = [secret]
+                if previous and previous_until is not None and previous_until > now:
+                    signing.append(previous)
+                out.append(
+                    Claimed(
+                        msg.id,
+                        msg.webhook_id,
+                        url,
+                        signing,
+                        msg.event_type,
+                        msg.payload,
+                        msg.attempts,
+                        msg.trace_context,
+                    )
+                )
             return out
 
     async def mark_delivered(self, msg_id: int) -> None:
         async with self.store.session() as s:
-            now = await self.store._now(s)
+            now = await self.store.now(s)
             await s.execute(
                 update(OutboxMessage)
                 .where(OutboxMessage.id == msg_id)
@@ -218,7 +314,7 @@ class OutboxStore:
     ) -> str:
         """Record a failed attempt; returns the new status (`pending` for a retry, `dead` after the last)."""
         async with self.store.session() as s:
-            now = await self.store._now(s)
+            now = await self.store.now(s)
             attempts = int(await s.scalar(select(OutboxMessage.attempts).where(OutboxMessage.id == msg_id)) or 0) + 1
             status = "dead" if attempts >= max_attempts else "pending"
             delay = min(max_backoff_s, backoff_s * (2 ** (attempts - 1)))
@@ -269,22 +365,32 @@ class OutboxDeliverer:
         body = json.dumps(
             {"delivery_id": m.id, "type": m.event_type, **m.payload}, separators=(",", ":"), sort_keys=True
         ).encode()
+        now = int(time.time())
         headers = {
             "Content-Type": "application/json",
             "User-Agent": "crewwork-webhooks/1",
-            SIGNATURE_HEADER: sign(m.secret, int(time.time()), body),
-            DELIVERY_HEADER: str(m.id),
+            ID_HEADER: str(m.id),
+            TIMESTAMP_HEADER: str(now),
+            STANDARD_SIGNATURE_HEADER: sign_standard(m.secrets, str(m.id), now, body),
             EVENT_HEADER: m.event_type,
+            SIGNATURE_HEADER: sign(m.secrets[0], now, body),
+            DELIVERY_HEADER: str(m.id),
         }
-        try:
-            resp = await client.post(m.url, content=body, headers=headers, timeout=p.timeout_s)
-            if 200 <= resp.status_code < 300:
-                await self.outbox.mark_delivered(m.id)
-                self.delivered += 1
-                return
-            error = f"HTTP {resp.status_code}"
-        except Exception as exc:  # any transport failure is a failed attempt, retried by policy
-            error = f"{type(exc).__name__}: {exc}"
+        # The delivery joins the trace of the change that enqueued it (the HTTP call below is its child span).
+        with tracing.span(
+            "webhook.deliver",
+            traceparent=m.trace_context,
+            attributes={"webhook.id": m.webhook_id, "webhook.message_id": m.id, "webhook.event_type": m.event_type},
+        ):
+            try:
+                resp = await client.post(m.url, content=body, headers=headers, timeout=p.timeout_s)
+                if 200 <= resp.status_code < 300:
+                    await self.outbox.mark_delivered(m.id)
+                    self.delivered += 1
+                    return
+                error = f"HTTP {resp.status_code}"
+            except Exception as exc:  # any transport failure is a failed attempt, retried by policy
+                error = f"{type(exc).__name__}: {exc}"
         status = await self.outbox.mark_failed(
             m.id, error, max_attempts=p.max_attempts, backoff_s=p.backoff_s, max_backoff_s=p.max_backoff_s
         )
@@ -297,7 +403,7 @@ class OutboxDeliverer:
         import httpx
 
         stop = stop or asyncio.Event()
-        async with httpx.AsyncClient(follow_redirects=False) as client:
+        async with httpx.AsyncClient(follow_redirects=False, transport=tracing.async_transport()) as client:
             while not stop.is_set():
                 try:
                     n = await self.deliver_once(client)

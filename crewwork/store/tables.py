@@ -63,8 +63,10 @@ class WorkItem(Base):
     workflow_id: Mapped[str] = mapped_column(String(128))
     reason: Mapped[str] = mapped_column(Text, default="")
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    result_token: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    state_token: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    fence_rank: Mapped[int] = mapped_column(BigInteger, default=0)
+    """The highest rank accepted for this item (crewwork/store/fencing.py): a write ranked lower is rejected."""
+    result_rank: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    state_rank: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
     delivery_branch: Mapped[str | None] = mapped_column(String(256), nullable=True)
     landed_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -85,7 +87,7 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
     work_item_id: Mapped[str] = mapped_column(ForeignKey("work_items.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(Integer)
-    token: Mapped[int] = mapped_column(BigInteger)
+    rank: Mapped[int] = mapped_column(BigInteger)
     verdict: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str] = mapped_column(Text, default="")
     cause: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -107,7 +109,8 @@ class Event(Base):
     tenant_id: Mapped[str] = mapped_column(String(64))
     type: Mapped[str] = mapped_column(String(64))
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    token: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    rank: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The rank of the fenced write that appended it (None for informational events)."""
     created_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (
@@ -117,7 +120,7 @@ class Event(Base):
 
 
 class Fence(Base):
-    """The fencing-token counter of a key. Tokens only ever grow; the database issues them."""
+    """The grant counter of a lease key (crewwork/store/leases.py). It only ever grows."""
 
     __tablename__ = "fences"
     key: Mapped[str] = mapped_column(String(300), primary_key=True)
@@ -170,6 +173,9 @@ class Webhook(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
     url: Mapped[str] = mapped_column(Text)
     secret: Mapped[str] = mapped_column(String(128))
+    previous_secret: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    """The secret before the last rotation, still used to sign until `previous_secret_expires_at` (migration 0005)."""
+    previous_secret_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     event_types: Mapped[str] = mapped_column(String(500), default="")
     """Comma-separated event types to deliver; empty means all."""
     active: Mapped[bool] = mapped_column(default=True)
@@ -193,6 +199,9 @@ class OutboxMessage(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    trace_context: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    """W3C `traceparent` of the change that wrote this row, when tracing is on (migration 0005): the delivery joins
+    the work item's trace."""
 
     __table_args__ = (
         Index("ix_outbox_due", "status", "next_attempt_at"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from crewwork import tracing
 from crewwork.config import Settings
 
 
@@ -24,4 +25,6 @@ async def connect(settings: Settings) -> Client:
         data_converter=pydantic_data_converter,
         tls=tls,
         api_key=settings.temporal_api_key,
+        # Tracing (when on): workers built from this client inherit the interceptor.
+        interceptors=tracing.client_interceptors(),
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from crewwork import tracing
 from crewwork.transport.config import EndpointConfig, TransportConfig
 from crewwork.transport.errors import (
     ProviderRejected,
@@ -167,6 +168,7 @@ class ModelClient:
         # retries=0: no hidden retry loop under Temporal's. follow_redirects off: a redirect would resend the
         # key to wherever the server points.
         transport = self._transport or httpx.AsyncHTTPTransport(retries=0)
+        transport = tracing.async_transport(transport) or transport  # a client span per call when tracing is on
         url = f"{endpoint.base_url}/chat/completions"
         try:
             client = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)

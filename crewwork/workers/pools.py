@@ -17,11 +17,13 @@ import contextlib
 import logging
 import signal
 import tempfile
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from temporalio.worker import (
+    Interceptor,
     PollerBehaviorAutoscaling,
     PollerBehaviorSimpleMaximum,
     UnsandboxedWorkflowRunner,
@@ -30,6 +32,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from crewwork import tracing
 from crewwork.activities.control import ControlActivities
 from crewwork.activities.execute import ExecuteActivities
 from crewwork.config import Settings
@@ -62,51 +65,43 @@ def worker_tuning(pool: str, settings: Settings) -> dict[str, Any]:
     return {"max_concurrent_activities": slots, "activity_task_poller_behavior": PollerBehaviorAutoscaling()}
 
 
-def build_worker(pool: str, client, store: Store, settings: Settings) -> Worker:  # type: ignore[no-untyped-def]
+def pool_activities(pool: str, client: Any, store: Store, settings: Settings) -> list[Any]:
+    """The activities each pool's task queue serves (the one table of which pool runs what)."""
+    if pool == "control":
+        control = ControlActivities(store, settings, client)
+        return [
+            control.admit,
+            control.set_state,
+            control.acquire_workspace,
+            control.renew_workspace,
+            control.release_workspace,
+            control.record_attempt,
+            control.land_change,
+            control.finish,
+            control.cleanup,
+        ]
+    execute = ExecuteActivities(store, settings)
+    return [execute.run_agent] if pool == "agent" else [execute.validate_change]
+
+
+def build_worker(
+    pool: str, client: Any, store: Store, settings: Settings, *, extra_interceptors: Sequence[Interceptor] = ()
+) -> Worker:
     if pool not in POOLS:
         raise ValueError(f"unknown pool {pool!r}; pools are: {', '.join(POOLS)}")
-    queue = settings.task_queue(pool)
+    workflows: dict[str, Any] = {}
     if pool == "control":
         if settings.workflow_sandbox != "off":  # only the sandbox re-imports the workflow module per run
             _cache_workflow_bytecode()
-        control = ControlActivities(store, settings)
-        return Worker(
-            client,
-            task_queue=queue,
-            workflows=[WorkItemWorkflow],
-            workflow_runner=workflow_runner(settings.workflow_sandbox),
-            activities=[
-                control.admit,
-                control.set_state,
-                control.acquire_workspace,
-                control.renew_workspace,
-                control.release_workspace,
-                control.record_attempt,
-                control.land_change,
-                control.finish,
-                control.cleanup,
-            ],
-            **worker_tuning(pool, settings),
-            graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-            interceptors=activity_interceptors(),
-        )
-    execute = ExecuteActivities(store, settings)
-    if pool == "agent":
-        return Worker(
-            client,
-            task_queue=queue,
-            activities=[execute.run_agent],
-            **worker_tuning(pool, settings),
-            graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-            interceptors=activity_interceptors(),
-        )
+        workflows = {"workflows": [WorkItemWorkflow], "workflow_runner": workflow_runner(settings.workflow_sandbox)}
     return Worker(
         client,
-        task_queue=queue,
-        activities=[execute.validate_change],
+        task_queue=settings.task_queue(pool),
+        activities=pool_activities(pool, client, store, settings),
+        **workflows,
         **worker_tuning(pool, settings),
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-        interceptors=activity_interceptors(),
+        interceptors=[*activity_interceptors(), *extra_interceptors],
     )
 
 
@@ -146,13 +141,14 @@ def _cache_workflow_bytecode() -> None:
             compileall.compile_dir(d, quiet=1, force=False)
 
 
-async def run_pool(pool: str, settings: Settings) -> None:
+async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequence[Interceptor] = ()) -> None:
     # Observability first: JSON logs and the Temporal SDK metrics runtime must be in place before connecting.
     # No pre-ping in the pools: fenced writes retry a dead pooled connection themselves (Store._transaction).
     store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size, pre_ping=False)
     metrics_server = await start_pool_observability(pool, settings.task_queue(pool), store)
+    tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor
     client = await connect(settings)
-    worker = build_worker(pool, client, store, settings)
+    worker = build_worker(pool, client, store, settings, extra_interceptors=extra_interceptors)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -168,6 +164,7 @@ async def run_pool(pool: str, settings: Settings) -> None:
     if metrics_server is not None:
         metrics_server.close()
     await store.close()
+    tracing.shutdown()
     print(f"crewwork worker: pool {pool} drained", flush=True)
 
 

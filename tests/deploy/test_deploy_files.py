@@ -215,7 +215,8 @@ def test_deployment_docs_list_every_setting() -> None:
     from crewwork.sandbox.config import SandboxSettings
 
     docs = (ROOT / "docs" / "deployment.md").read_text()
-    names = [f"CREWWORK_{n.upper()}" for n in Settings.model_fields]
+    # A field with an alias is read under that name (the standard OTEL_* variables).
+    names = [str(f.validation_alias or f"CREWWORK_{n.upper()}") for n, f in Settings.model_fields.items()]
     names += [f"CREWWORK_SANDBOX_{n.upper()}" for n in SandboxSettings.model_fields]
     missing = [n for n in names if f"`{n}`" not in docs]
     assert not missing, f"docs/deployment.md does not document: {missing}"

@@ -47,17 +47,68 @@ def test_demo_succeeds_after_a_repair_on_embedded_defaults(tmp_path: Path) -> No
     assert "+    return a + b" in out
     assert "/namespaces/default/workflows/work-item-" in out
     assert "demo wall time" in out
+    # The stack is gone when the demo ends: the last line says how to keep it, it is not a dead link.
+    last = out.strip().splitlines()[-1]
+    assert "--serve" in last and "http" not in last, last
+
+
+def test_demo_serve_keeps_the_stack_up_until_ctrl_c_and_its_links_work(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "crewwork", "demo", "--serve", "--data-dir", str(tmp_path / "demo")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Press Ctrl-C to stop it" in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        ready.wait(300)
+        text = "".join(lines)
+        assert "Press Ctrl-C to stop it" in text, text
+        urls = dict(re.findall(r"^  (API|console|Temporal UI)\s+(http://\S+)", text, re.M))
+        assert set(urls) == {"API", "console", "Temporal UI"}, text
+        assert httpx.get(urls["API"] + "/healthz", timeout=10).json()["ok"]
+        assert httpx.get(urls["console"], timeout=10).status_code == 200
+        ui = httpx.get(urls["Temporal UI"], timeout=10, follow_redirects=True)
+        assert ui.status_code == 200 and "/workflows/work-item-" in urls["Temporal UI"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    assert proc.returncode == 0, "".join(lines[-30:])
+    time.sleep(0.2)
+    assert "stopping the stack" in "".join(lines[-5:])
 
 
 def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Path) -> None:
     api_port, temporal_port, ui_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
     env["CREWWORK_DATA_DIR"] = str(tmp_path / "data")
+    # Started, as a user does, from a directory that holds something named `crewwork` (here a decoy package that
+    # fails on import, as a checkout of another version would be imported): the stack's processes must import the
+    # installed crewwork all the same.
+    cwd = tmp_path / "work"
+    (cwd / "crewwork").mkdir(parents=True)
+    (cwd / "crewwork" / "__init__.py").write_text("raise ImportError('the decoy crewwork in the current directory')\n")
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "crewwork",
+            str(Path(sys.executable).parent / "crewwork"),
             "dev",
             "--temporal-port",
             str(temporal_port),
@@ -67,6 +118,7 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
             str(api_port),
         ],
         env=env,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -83,3 +83,39 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace")
     except FileNotFoundError:
         return ""
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def holding_pool(
+    settings: Settings, pool: str, activity: str, marker_dir: Path, **extra_env: str
+) -> Iterator[ManagedProcess]:
+    """One real pool process that holds attempt 1 of `activity` before its first write (tests/reliability/
+    holding_worker.py), with a single slot so that, while it holds, it polls for nothing else."""
+    env = pool_env(
+        settings,
+        PYTHONPATH=str(REPO_ROOT),
+        CREWWORK_AGENT_CONCURRENCY="1",
+        CREWWORK_VALIDATE_CONCURRENCY="1",
+        CREWWORK_CONTROL_CONCURRENCY="1",
+        **extra_env,
+    )
+    proc = ManagedProcess(
+        f"holding-{pool}",
+        [sys.executable, "-m", "tests.reliability.holding_worker", pool, activity, str(marker_dir)],
+        env,
+        settings.data_dir / "logs" / f"holding-{pool}-{uuid.uuid4().hex[:4]}.log",
+        restart=False,
+    )
+    proc.start()
+    try:
+        wait_polling([proc])
+        yield proc
+    finally:
+        if proc.proc is not None and proc.proc.poll() is None:
+            import signal
+
+            proc.proc.send_signal(signal.SIGCONT)
+        proc.stop(grace_s=10)

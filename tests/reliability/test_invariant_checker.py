@@ -1,31 +1,26 @@
 """The invariant checker itself: it passes on a clean history written through the store, and fails, naming the
-culprit, on each kind of hand-made bad data."""
+culprit, on each kind of bad data a broken store or a zombie could leave (written here by hand, bypassing fencing)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from sqlalchemy import update
 
-from crewwork.invariants import check_invariants
+from crewwork.invariants import CompletedStep, check_invariants
 from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.store.store import AttemptRecord, Store, work_item_fence_key
+from crewwork.store.store import AttemptRecord, Rank, Store
 from crewwork.store.tables import Event, Lease, LeaseHistory, WorkItem
 
 pytestmark = [pytest.mark.postgres]
 
+CODE_CHANGE = {"kind": "code_change", "repo": {"url": "/nowhere"}, "instruction": "x", "validation": {"command": ["t"]}}
+
 
 async def _item(store: Store, kind: str = "task") -> tuple[str, str]:
     tid = await store.ensure_tenant("invariants")
-    spec = (
-        {"kind": "task", "input": {}}
-        if kind == "task"
-        else {
-            "kind": "code_change",
-            "repo": {"url": "/nowhere"},
-            "instruction": "x",
-            "validation": {"command": ["true"]},
-        }
-    )
+    spec = {"kind": "task", "input": {}} if kind == "task" else CODE_CHANGE
     row, _ = await store.create_work_item(
         tenant_id=tid, spec=WorkItemSpec.model_validate(spec), base_commit=None, repo_path=None
     )
@@ -33,140 +28,147 @@ async def _item(store: Store, kind: str = "task") -> tuple[str, str]:
 
 
 async def _clean_history(store: Store, kind: str = "task", state: WorkItemState = WorkItemState.succeeded) -> str:
-    """A work item run the way the activities run it: fresh token per write, lease acquired and released."""
+    """A work item run the way the workflow runs it: one step after another, an agent step retried once."""
     tid, wid = await _item(store, kind)
-    key = work_item_fence_key(wid)
-    t = await store.issue_token(key)
-    await store.set_state(work_item_id=wid, tenant_id=tid, token=t, state=WorkItemState.admitted, writer="admit")
-    lease_token, _ = await store.acquire_lease(key, "run_agent#1", 30, supersede=True)
-    assert lease_token is not None
+    w: dict[str, Any] = {"work_item_id": wid, "tenant_id": tid}
+    await store.set_state(**w, rank=Rank(1, 1), state=WorkItemState.admitted, writer="admit#1")
     await store.set_state(
-        work_item_id=wid, tenant_id=tid, token=lease_token, state=WorkItemState.running, writer="run_agent#1"
+        **w, rank=Rank(2, 1), state=WorkItemState.running, writer="run_agent#1", event_data={"attempt": 1}
     )
-    await store.release_lease(key, token=lease_token)
-    t = await store.issue_token(key)
+    await store.set_state(
+        **w, rank=Rank(2, 2), state=WorkItemState.running, writer="run_agent#2", event_data={"attempt": 1}
+    )
+    await store.fenced_event(
+        **w, rank=Rank(2, 2), writer="run_agent#2", type_="agent_finished", data={"attempt": 1, "diff_ref": "art_1"}
+    )
     await store.record_attempt(
-        work_item_id=wid,
-        tenant_id=tid,
-        token=t,
-        record=AttemptRecord(number=1, verdict="passed", reason="ok"),
-        writer="record",
+        **w,
+        rank=Rank(3, 1),
+        record=AttemptRecord(number=1, verdict="passed", reason="ok", agent={"diff_ref": {"id": "art_1"}}),
+        writer="record#1",
     )
     if kind == "code_change" and state == WorkItemState.succeeded:
-        await store.append_event(wid, tid, "landed", {"commit": "c0ffee"}, token=await store.issue_token(key))
-    t = await store.issue_token(key)
+        await store.fenced_event(**w, rank=Rank(4, 1), writer="land#1", type_="landed", data={"commit": "c0ffee"})
     await store.set_state(
-        work_item_id=wid,
-        tenant_id=tid,
-        token=t,
+        **w,
+        rank=Rank(5, 1),
         state=state,
-        writer="finish",
+        writer="finish#1",
         fields={"result": {"state": state.value}, "landed_commit": "c0ffee" if kind == "code_change" else None},
     )
-    # A zombie's late write: rejected, and that is fine.
-    await store.set_state(work_item_id=wid, tenant_id=tid, token=lease_token, state=WorkItemState.failed, writer="z")
+    # A zombie's late writes: rejected, and that is fine.
+    await store.set_state(**w, rank=Rank(2, 1), state=WorkItemState.failed, writer="run_agent#1")
+    await store.set_state(**w, rank=Rank(9, 1), state=WorkItemState.running, writer="late")
     return wid
 
 
+async def _event(store: Store, wid: str, type_: str, rank: Rank, **data: Any) -> None:
+    async with store.session() as s:
+        s.add(Event(work_item_id=wid, tenant_id="t", type=type_, data=data, rank=rank.encode(), created_at=1.0))
+
+
 async def test_clean_history_passes_every_invariant(pg_store: Store) -> None:
-    ids = [
-        await _clean_history(pg_store),
+    wids = [
+        await _clean_history(pg_store, "task"),
         await _clean_history(pg_store, "code_change"),
         await _clean_history(pg_store, "code_change", WorkItemState.failed),
     ]
-    report = await check_invariants(pg_store, ids)
-    assert report.ok, str(report)
+    histories = {wids[0]: [CompletedStep("run_agent", 2, 2)]}
+    report = await check_invariants(pg_store, wids, check_git=False, histories=histories)
+    report.assert_ok()
+    assert report.counts["stale_rejected"] == 3 and report.counts["after_terminal_rejected"] == 3
+    assert report.counts.get("stale_accepted", 0) == 0 and report.counts.get("state_regressions", 0) == 0
 
 
 async def test_non_terminal_item_fails_terminal_unless_in_flight_is_allowed(pg_store: Store) -> None:
-    _tid, wid = await _item(pg_store)
-    report = await check_invariants(pg_store, [wid])
-    assert report.failed() == ["terminal"] and report.non_terminal == [f"{wid}: submitted"]
+    _, wid = await _item(pg_store)
+    assert (await check_invariants(pg_store, [wid])).failed() == ["terminal"]
     assert (await check_invariants(pg_store, [wid], require_terminal=False)).ok
 
 
-async def test_older_write_accepted_after_newer_one_fails_monotonic_and_result_token(pg_store: Store) -> None:
+async def test_an_older_write_accepted_after_a_newer_one_fails_monotonic_writes(pg_store: Store) -> None:
+    """What the issue's zombie did: attempt 1 of step 2 wrote after step 5 had (a store that ranked by arrival)."""
     wid = await _clean_history(pg_store)
-    row = await pg_store.get_work_item(wid)
-    assert row is not None and row.result_token is not None
+    await _event(pg_store, wid, "agent_finished", Rank(2, 1), attempt=1, diff_ref="art_zombie")
+    report = await check_invariants(pg_store, [wid])
+    assert "monotonic_writes" in report.failed() and report.counts["stale_accepted"] == 1
+    assert "outcome_agreement" in report.failed(), "the events now name the zombie's diff, the record the retry's"
+
+
+async def test_a_state_that_goes_backwards_fails_state_forward(pg_store: Store) -> None:
+    tid, wid = await _item(pg_store, "code_change")
+    w: dict[str, Any] = {"work_item_id": wid, "tenant_id": tid, "writer": "x"}
+    await pg_store.set_state(**w, rank=Rank(1, 1), state=WorkItemState.running, event_data={"attempt": 1})
+    await pg_store.set_state(**w, rank=Rank(2, 1), state=WorkItemState.awaiting_review, event_data={"attempt": 1})
+    await pg_store.set_state(**w, rank=Rank(3, 1), state=WorkItemState.running, event_data={"attempt": 1})
+    report = await check_invariants(pg_store, [wid], require_terminal=False)
+    assert report.failed() == ["state_forward"] and report.counts["state_regressions"] == 1
+
+
+async def test_a_request_for_changes_moves_forward_to_the_next_attempt(pg_store: Store) -> None:
+    tid, wid = await _item(pg_store, "code_change")
+    w: dict[str, Any] = {"work_item_id": wid, "tenant_id": tid, "writer": "x"}
+    for step, (state, attempt) in enumerate(
+        [("running", 1), ("validating", 1), ("awaiting_review", 1), ("running", 2), ("validating", 2)], start=1
+    ):
+        await pg_store.set_state(**w, rank=Rank(step, 1), state=WorkItemState(state), event_data={"attempt": attempt})
+    assert (await check_invariants(pg_store, [wid], require_terminal=False)).ok
+
+
+async def test_a_result_stored_below_the_mark_fails_fence_mark(pg_store: Store) -> None:
+    wid = await _clean_history(pg_store)
     async with pg_store.session() as s:
-        # What a broken fence would let through: a zombie's write with an old token, after the result.
+        await s.execute(update(WorkItem).where(WorkItem.id == wid).values(result_rank=Rank(1, 1).encode()))
+    assert (await check_invariants(pg_store, [wid])).failed() == ["fence_mark"]
+
+
+async def test_an_unjustified_rejection_fails_rejections_justified(pg_store: Store) -> None:
+    wid = await _clean_history(pg_store)
+    async with pg_store.session() as s:
         s.add(
             Event(
                 work_item_id=wid,
-                tenant_id=row.tenant_id,
-                type="state_changed",
-                data={"state": "failed"},
-                token=row.result_token - 3,
-                created_at=0,
+                tenant_id="t",
+                type="stale_write_rejected",
+                data={"presented": {"step": 9, "attempt": 1}, "current": {"step": 5, "attempt": 1}},
+                rank=Rank(9, 1).encode(),
+                created_at=2.0,
             )
         )
-    report = await check_invariants(pg_store, [wid])
-    assert "monotonic_writes" in report.failed()
-    assert any(f"token {row.result_token - 3} after" in d for d in report.results["monotonic_writes"].details)
+    assert (await check_invariants(pg_store, [wid])).failed() == ["rejections_justified"]
 
 
-async def test_result_stored_with_an_old_token_fails_result_token(pg_store: Store) -> None:
+async def test_an_outcome_from_an_attempt_temporal_did_not_accept_fails_temporal_agreement(pg_store: Store) -> None:
     wid = await _clean_history(pg_store)
-    async with pg_store.session() as s:
-        await s.execute(update(WorkItem).where(WorkItem.id == wid).values(result_token=1))
-    report = await check_invariants(pg_store, [wid])
-    assert report.failed() == ["result_token"]
-    assert "stored result has token 1" in report.results["result_token"].details[0]
-
-
-async def test_two_accepted_writes_sharing_a_token_fail_unique_tokens(pg_store: Store) -> None:
-    wid = await _clean_history(pg_store)
-    events = [e for e in await pg_store.list_events(wid) if e.type == "attempt_recorded"]
-    async with pg_store.session() as s:
-        s.add(
-            Event(
-                work_item_id=wid,
-                tenant_id=events[0].tenant_id,
-                type="attempt_recorded",
-                data={"number": 1},
-                token=events[0].token,
-                created_at=0,
-            )
-        )
-    report = await check_invariants(pg_store, [wid])
-    assert "unique_tokens" in report.failed()
+    report = await check_invariants(pg_store, [wid], histories={wid: [CompletedStep("run_agent", 2, 3)]})
+    assert report.failed() == ["temporal_agreement"]
 
 
 async def test_overlapping_lease_grants_fail_lease_exclusive(pg_store: Store) -> None:
-    wid = await _clean_history(pg_store)
-    key = work_item_fence_key(wid)
+    tid, wid = await _item(pg_store)
+    key = f"ws:/overlap-{wid}#main"
+    await pg_store.fenced_event(
+        work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="w", type_="workspace_acquired", data={"key": key}
+    )
     async with pg_store.session() as s:
         s.add(LeaseHistory(key=key, holder="a", token=1000, acquired_at=10.0, ended_at=20.0, end_reason="released"))
         s.add(LeaseHistory(key=key, holder="b", token=1001, acquired_at=15.0, ended_at=25.0, end_reason="released"))
-    report = await check_invariants(pg_store, [wid])
-    assert report.failed() == ["lease_exclusive"]
-    assert "overlapping b (token 1001)" in report.results["lease_exclusive"].details[0]
+    assert "lease_exclusive" in (await check_invariants(pg_store, [wid], require_terminal=False)).failed()
 
 
 async def test_lease_still_held_by_a_finished_item_fails_no_lease_held(pg_store: Store) -> None:
     wid = await _clean_history(pg_store)
     async with pg_store.session() as s:
-        s.add(Lease(key=work_item_fence_key(wid), holder="run_agent#9", token=10**9, acquired_at=0, expires_at=1))
-    report = await check_invariants(pg_store, [wid])
-    assert report.failed() == ["no_lease_held"]
+        s.add(Lease(key=f"ws:/held-{wid}#main", holder=wid, token=10**9, acquired_at=0, expires_at=10**12))
+    assert (await check_invariants(pg_store, [wid])).failed() == ["no_lease_held"]
 
 
 async def test_landing_counts_fail_one_landing(pg_store: Store) -> None:
     twice = await _clean_history(pg_store, "code_change")
-    failed = await _clean_history(pg_store, "code_change", WorkItemState.failed)
-    never = await _clean_history(pg_store, "code_change")
-    for wid in (twice, failed):
-        row = await pg_store.get_work_item(wid)
-        assert row is not None
-        await pg_store.append_event(wid, row.tenant_id, "landed", {"commit": "c0ffee"})
-    async with pg_store.session() as s:
-        from sqlalchemy import delete
-
-        await s.execute(delete(Event).where(Event.work_item_id == never, Event.type == "landed"))
-    report = await check_invariants(pg_store, [twice, failed, never])
-    assert report.failed() == ["one_landing"]
-    details = " | ".join(report.results["one_landing"].details)
-    assert f"{twice} succeeded with 2 landed events" in details
-    assert f"{failed} is failed (code_change) but has 1 landed event(s)" in details
-    assert f"{never} succeeded with 0 landed events" in details
+    await _event(pg_store, twice, "landed", Rank(5, 1), commit="c0ffee")
+    never = await _clean_history(pg_store, "code_change", WorkItemState.failed)
+    await _event(pg_store, never, "landed", Rank(5, 1), commit="bad")
+    report = await check_invariants(pg_store, [twice, never])
+    assert "one_landing" in report.failed()
+    assert any(twice in d for d in report.results["one_landing"].details)
+    assert any(never in d for d in report.results["one_landing"].details)

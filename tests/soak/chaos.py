@@ -1,27 +1,33 @@
 """The chaos soak: M work items on real subprocess pools while a bounded chaos driver injects faults, then the
-invariant checker over the store. Shared by tests/soak/test_chaos_soak.py (small M, in CI) and bench/chaos.py
-(large M, figures).
+invariant checker over the store and Temporal's histories. Shared by tests/soak/test_chaos_soak.py (small M, in CI)
+and bench/chaos.py (large M, figures).
 
-Faults, drawn at random (seeded) from a fixed schedule bounded in count and time:
-- `sigkill`: SIGKILL a random pool process (the stack's supervisor restarts it; Temporal retries its activities);
-- `zombie`: SIGSTOP an agent-pool process past its activities' heartbeat timeout, then SIGCONT it: its attempts were
-  declared dead and retried elsewhere meanwhile, and it wakes up and tries to finish and write (the store must
-  reject those writes);
+Faults, drawn at random (seeded), each kind at least once:
+- `sigkill_control`, `sigkill_agent`, `sigkill_validate`: SIGKILL a random process of that pool (the stack's
+  supervisor restarts it; Temporal retries its activities and workflow tasks);
+- `stop_before_write`: an agent or validate process freezes itself with SIGSTOP when its next activity attempt is
+  delivered, before that attempt's first write (tests/soak/chaos_worker.py), stays frozen past the heartbeat timeout,
+  then is SIGCONTed: the zombie of the fencing issue, which must be refused at its first write;
+- `stop_after_write`: the same at the attempt's first heartbeat, after its first write;
 - `temporal_restart`: stop and restart the Temporal dev server on its persistent database file;
+- `pg_restart`: stop the soak's own PostgreSQL server (tests/soak/privatepg.py) and start it again;
 - `pg_terminate`: pg_terminate_backend every connection to the soak's database.
 
-Figures: items, faults by kind, items retried, duplicate executions observed (activity attempts beyond the first
-per work-item attempt), stale writes rejected, time to recover after each fault (fault start until the next work
-item reaches a terminal state, database clock), and the invariant results.
+Figures: items submitted and lost, final states (`dead` ones ended for infrastructure reasons), faults by kind,
+accepted stale writes, state regressions and double landings (all three from the invariant checker), stale writes
+rejected, zombie refusals, and recovery per fault kind (fault start until the next item reaches a terminal state on
+the database clock, p50/p95).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -33,17 +39,30 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from crewwork.invariants import check_invariants, summarize
+from crewwork.invariants import CompletedStep, check_invariants, completed_steps, summarize
 from crewwork.models import WorkItemState
 from crewwork.stack import Stack
 from crewwork.store.store import Store
 from crewwork.store.tables import Event, WorkItem
 from crewwork.temporal.devserver import free_port
+from tests.soak.privatepg import PrivatePostgres, private_postgres
 
 TERMINAL = {s.value for s in WorkItemState if s.terminal}
-FAULT_KINDS = ("sigkill", "zombie", "temporal_restart", "pg_terminate")
-# Past the agent activity's heartbeat timeout (10 s, crewwork/workflows/work_item.py AGENT_HEARTBEAT).
+FAULT_KINDS = (
+    "sigkill_control",
+    "sigkill_agent",
+    "sigkill_validate",
+    "stop_before_write",
+    "stop_after_write",
+    "temporal_restart",
+    "pg_restart",
+    "pg_terminate",
+)
+# Past the execution activities' heartbeat timeout (10 s, crewwork/workflows/work_item.py EXECUTION_HEARTBEAT).
 ZOMBIE_STOP_S = 14.0
+ARM_WAIT_S = 20.0
+"""How long an armed stop fault waits for its process to receive an activity attempt before it is called off."""
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "soak",
@@ -67,6 +86,8 @@ class Fault:
     at: float  # wall clock (same host as the database)
     done_at: float = 0.0
     note: str = ""
+    injected: bool = True
+    """False for a stop fault whose process received no activity attempt while armed (called off, not counted)."""
 
 
 @dataclass
@@ -83,23 +104,48 @@ class SoakResult:
     wall_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def injected(self) -> list[Fault]:
+        return [f for f in self.faults if f.injected]
+
     def figures(self) -> dict[str, Any]:
         rec = sorted(self.recover_s)
+        counts = self.invariants.counts
+        by_kind: dict[str, list[float]] = defaultdict(list)
+        for f, r in zip(self.injected, self.extra.get("recover_by_fault", []), strict=False):
+            if r is not None:
+                by_kind[f.kind].append(r)
         return {
             "items": self.items,
+            "items_lost": self.items - sum(n for st, n in self.states.items() if st in TERMINAL),
             "states": self.states,
-            "faults_by_kind": dict(Counter(f.kind for f in self.faults)),
+            "dead_infrastructure": self.states.get("dead", 0),
+            "faults_by_kind": dict(Counter(f.kind for f in self.injected)),
+            "faults_called_off": sum(not f.injected for f in self.faults),
             "faults": [f.__dict__ for f in self.faults],
+            "stale_writes_accepted": counts.get("stale_accepted", 0),
+            "state_regressions": counts.get("state_regressions", 0),
+            "double_landings": self.extra.get("double_landings", 0),
             "items_retried": self.items_retried,
             "duplicate_executions": self.duplicate_executions,
             "stale_writes_rejected": self.stale_writes_rejected,
-            "recover_s_p50": rec[len(rec) // 2] if rec else None,
-            "recover_s_max": rec[-1] if rec else None,
+            "recover_s_p50": _pct(rec, 0.5),
+            "recover_s_p95": _pct(rec, 0.95),
+            "recover_s_by_kind": {
+                k: {"p50": _pct(sorted(v), 0.5), "p95": _pct(sorted(v), 0.95), "n": len(v)}
+                for k, v in sorted(by_kind.items())
+            },
             "invariants": summarize(self.invariants),
             "invariant_results": {n: r.ok for n, r in self.invariants.results.items()},
             "wall_s": self.wall_s,
-            **self.extra,
+            **{k: v for k, v in self.extra.items() if k != "recover_by_fault"},
         }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3)
 
 
 def make_repo(path: Path) -> Path:
@@ -148,15 +194,6 @@ def specs(m: int, root: Path, task_delay_s: float, rng: random.Random) -> list[d
     return out
 
 
-def _psql(sql: str) -> str:
-    return subprocess.run(
-        ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qAtc", sql],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-
-
 def submit_all(stack: Stack, items: list[dict[str, Any]], spread_s: float = 0.0, timeout_s: float = 120) -> list[str]:
     """Submit through the API, spread evenly over `spread_s` so faults always meet work in flight; each submission
     carries an idempotency key and is retried through faults until accepted."""
@@ -184,12 +221,23 @@ def submit_all(stack: Stack, items: list[dict[str, Any]], spread_s: float = 0.0,
 
 
 class ChaosDriver:
-    def __init__(self, stack: Stack, db_name: str, rng: random.Random, max_faults: int, every_s: float) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        pg: PrivatePostgres,
+        control_dir: Path,
+        rng: random.Random,
+        max_faults: int,
+        every_s: float,
+        log: Any = print,
+    ) -> None:
         self.stack = stack
-        self.db_name = db_name
+        self.pg = pg
+        self.control_dir = control_dir
         self.rng = rng
         self.max_faults = max_faults
         self.every_s = every_s
+        self.log = log
         self.faults: list[Fault] = []
 
     def schedule(self) -> list[str]:
@@ -206,7 +254,10 @@ class ChaosDriver:
             if time.monotonic() > end or until():
                 return
             time.sleep(self.every_s * self.rng.uniform(0.5, 1.5))
-            getattr(self, kind)()
+            f = getattr(self, kind)()
+            if f is not None:
+                self.faults.append(f)
+                self.log(f"fault {f.kind} on {f.target}{'' if f.injected else ' (called off)'} {f.note}")
 
     def _pools(self, prefix: str = "") -> list[Any]:
         return [
@@ -215,51 +266,97 @@ class ChaosDriver:
             if p.name != "api" and p.name.startswith(prefix) and p.proc is not None and p.alive()
         ]
 
-    def sigkill(self) -> None:
-        pools = self._pools()
+    def _sigkill(self, pool: str) -> Fault | None:
+        pools = self._pools(pool)
         if not pools:
-            return
+            return None
         p = self.rng.choice(pools)
-        f = Fault("sigkill", p.name, time.time())
+        f = Fault(f"sigkill_{pool}", p.name, time.time())
         assert p.proc is not None
         p.proc.send_signal(signal.SIGKILL)
         f.done_at = time.time()
-        self.faults.append(f)
+        return f
 
-    def zombie(self) -> None:
-        pools = self._pools("agent")
+    def sigkill_control(self) -> Fault | None:
+        return self._sigkill("control")
+
+    def sigkill_agent(self) -> Fault | None:
+        return self._sigkill("agent")
+
+    def sigkill_validate(self) -> Fault | None:
+        return self._sigkill("validate")
+
+    def _stop(self, when: str) -> Fault | None:
+        """Arm every agent and validate process; the first that receives an activity attempt freezes itself, the
+        others are disarmed. Frozen past the heartbeat timeout, then SIGCONTed."""
+        pools = self._pools("agent") + self._pools("validate")
         if not pools:
-            return
-        p = self.rng.choice(pools)
-        assert p.proc is not None
-        f = Fault("zombie", p.name, time.time())
-        restart = p.restart
-        p.restart = False  # a stopped process is alive: keep the supervisor out of it anyway
-        os.kill(p.proc.pid, signal.SIGSTOP)
+            return None
+        f = Fault(f"stop_{when}_write", "", time.time())
+        armed = {p.proc.pid: p for p in pools if p.proc is not None}
+        restarts = {pid: p.restart for pid, p in armed.items()}
+        for p in armed.values():
+            p.restart = False  # a stopped process is alive: keep the supervisor out of it anyway
+        for pid in armed:
+            (self.control_dir / f"{pid}.{when}").touch()
+        deadline = time.monotonic() + ARM_WAIT_S
+        stopped: list[int] = []
+        while not stopped and time.monotonic() < deadline:
+            stopped = [pid for pid in armed if (self.control_dir / f"{pid}.stopped-{when}").exists()]
+            time.sleep(0.05)
+        for pid in armed:
+            (self.control_dir / f"{pid}.{when}").unlink(missing_ok=True)
+        time.sleep(0.2)  # another may have claimed its arm just before it was taken away
+        stopped = [pid for pid in armed if (self.control_dir / f"{pid}.stopped-{when}").exists()]
+        if not stopped:
+            for pid, p in armed.items():
+                p.restart = restarts[pid]
+            f.injected, f.note, f.done_at = False, "no activity attempt arrived while armed", time.time()
+            return f
+        f.at = time.time()
+        f.target = ",".join(armed[pid].name for pid in stopped)
+        f.note = "; ".join((self.control_dir / f"{pid}.stopped-{when}").read_text() for pid in stopped)
+        for pid in stopped:
+            (self.control_dir / f"{pid}.stopped-{when}").unlink()
         time.sleep(ZOMBIE_STOP_S)
-        os.kill(p.proc.pid, signal.SIGCONT)
-        p.restart = restart
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        for pid, p in armed.items():
+            p.restart = restarts[pid]
         f.done_at = time.time()
-        self.faults.append(f)
+        return f
 
-    def temporal_restart(self) -> None:
+    def stop_before_write(self) -> Fault | None:
+        return self._stop("before")
+
+    def stop_after_write(self) -> Fault | None:
+        return self._stop("after")
+
+    def temporal_restart(self) -> Fault:
         server = self.stack.temporal
         assert server is not None
         f = Fault("temporal_restart", "temporal", time.time())
         server.stop()
         server.start()
         f.done_at = time.time()
-        self.faults.append(f)
+        return f
 
-    def pg_terminate(self) -> None:
-        f = Fault("pg_terminate", self.db_name, time.time())
-        n = _psql(
+    def pg_restart(self) -> Fault:
+        f = Fault("pg_restart", f"postgres:{self.pg.port}", time.time())
+        self.pg.restart(down_s=self.rng.uniform(0.5, 2.0))
+        f.done_at = time.time()
+        return f
+
+    def pg_terminate(self) -> Fault:
+        f = Fault("pg_terminate", "soak", time.time())
+        n = self.pg.psql(
             "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
-            f"WHERE datname = '{self.db_name}' AND pid <> pg_backend_pid()"
+            "WHERE datname = 'soak' AND pid <> pg_backend_pid()"
         )
         f.done_at = time.time()
         f.note = f"{n} connections terminated"
-        self.faults.append(f)
+        return f
 
 
 async def _terminal_count(store: Store, ids: list[str]) -> int:
@@ -287,23 +384,40 @@ def wait_terminal(url: str, ids: list[str], timeout_s: float) -> bool:
     return asyncio.run(go())
 
 
-async def analyse(url: str, ids: list[str], faults: list[Fault]) -> dict[str, Any]:
+async def _histories(temporal_address: str, store: Store, ids: list[str]) -> dict[str, list[CompletedStep]]:
+    from temporalio.client import Client
+
+    client = await Client.connect(temporal_address)
+    async with store.session() as s:
+        rows = (await s.execute(select(WorkItem.id, WorkItem.workflow_id).where(WorkItem.id.in_(ids)))).all()
+    sem = asyncio.Semaphore(16)
+
+    async def one(workflow_id: str) -> list[CompletedStep]:
+        async with sem:
+            return completed_steps(await client.get_workflow_handle(workflow_id).fetch_history())
+
+    steps = await asyncio.gather(*(one(w) for _, w in rows))
+    return {wid: st for (wid, _), st in zip(rows, steps, strict=True)}
+
+
+async def analyse(url: str, temporal_address: str, ids: list[str], faults: list[Fault]) -> dict[str, Any]:
     store = Store(url)
     try:
-        report = await check_invariants(store, ids, check_git=True)
+        histories = await _histories(temporal_address, store, ids)
+        report = await check_invariants(store, ids, check_git=True, histories=histories)
         async with store.session() as s:
             events = list((await s.scalars(select(Event).where(Event.work_item_id.in_(ids)))).all())
-            rows = (await s.execute(select(WorkItem.id, WorkItem.state))).all()
+            rows = (await s.execute(select(WorkItem.id, WorkItem.state).where(WorkItem.id.in_(ids)))).all()
     finally:
         await store.close()
-    states = Counter(st for wid, st in rows if wid in set(ids))
+    states = Counter(st for _wid, st in rows)
     # Each activity attempt that writes starts with a fenced `state_changed` (running / validating) carrying its
-    # work-item attempt number; accepted or rejected, every execution leaves one write or one rejection.
+    # work-item attempt number; accepted or refused, every execution leaves one write or one rejection.
     executions: dict[tuple[str, str, Any], int] = defaultdict(int)
     retried: set[str] = set()
     finished_at: list[float] = []
-    stale = 0
-    after_terminal = 0
+    landed: Counter[str] = Counter()
+    stale = after_terminal = 0
     for e in events:
         if e.type == "write_after_terminal_rejected":
             after_terminal += 1
@@ -313,6 +427,8 @@ async def analyse(url: str, ids: list[str], faults: list[Fault]) -> dict[str, An
         if e.type == "stale_write_rejected":
             stale += 1
             retried.add(e.work_item_id)
+        if e.type == "landed":
+            landed[e.work_item_id] += 1
         if e.type == "state_changed" and e.data.get("state") in TERMINAL:
             finished_at.append(float(e.created_at))
     duplicates = 0
@@ -321,11 +437,12 @@ async def analyse(url: str, ids: list[str], faults: list[Fault]) -> dict[str, An
             duplicates += count - 1
             retried.add(wid)
     finished_at.sort()
-    recover = []
+    recover: list[float | None] = []
     for f in faults:
+        if not f.injected:
+            continue
         after = [t for t in finished_at if t > f.at]
-        if after:
-            recover.append(after[0] - f.at)
+        recover.append(after[0] - f.at if after else None)
     return {
         "report": report,
         "states": dict(states),
@@ -333,6 +450,7 @@ async def analyse(url: str, ids: list[str], faults: list[Fault]) -> dict[str, An
         "duplicates": duplicates,
         "stale": stale,
         "after_terminal": after_terminal,
+        "double_landings": sum(1 for n in landed.values() if n > 1),
         "recover": recover,
     }
 
@@ -352,7 +470,7 @@ async def describe_stuck(stack: Stack, url: str, ids: list[str]) -> list[str]:
                     continue
                 evs = (await s.scalars(select(Event).where(Event.work_item_id == row.id).order_by(Event.id))).all()
                 out.append(f"STUCK {row.id} state={row.state} workflow={row.workflow_id}")
-                out.extend(f"  event {e.id} {e.type} token={e.token} {e.data}" for e in evs)
+                out.extend(f"  event {e.id} {e.type} rank={e.rank} {e.data}" for e in evs)
                 try:
                     d = await client.get_workflow_handle(row.workflow_id).describe()
                     out.append(
@@ -373,8 +491,6 @@ async def describe_stuck(stack: Stack, url: str, ids: list[str]) -> list[str]:
 def run_soak(
     *,
     root: Path,
-    db_url: str,
-    db_name: str,
     items: int,
     max_faults: int,
     fault_every_s: float = 4.0,
@@ -382,62 +498,69 @@ def run_soak(
     finish_timeout_s: float = 240.0,
     task_delay_s: float = 1.0,
     submit_spread_s: float = 30.0,
-    agents: int = 2,
+    pools: dict[str, int] | None = None,
     seed: int = 9,
     sandbox: str = "bwrap",
     log: Any = print,
 ) -> SoakResult:
+    """The soak on its own PostgreSQL server and Temporal dev server (both restarted by the chaos)."""
     rng = random.Random(seed)
-    stack = Stack(
-        root / "stack",
-        temporal_port=free_port(),
-        ui_port=free_port(),
-        api_port=free_port(),
-        database_url=db_url,
-        pool_counts={"control": 1, "agent": agents, "validate": 1},
-        ui=False,
-        extra_env={
-            "CREWWORK_TASK_QUEUE_PREFIX": f"soak{uuid.uuid4().hex[:6]}",
-            "CREWWORK_SANDBOX_BACKEND": sandbox,
-            "CREWWORK_API_RATE_PER_S": "10000",
-            "CREWWORK_API_RATE_BURST": "10000",
-            "CREWWORK_LOG_LEVEL": "WARNING",
-        },
-        on_event=lambda msg: log(f"stack: {msg}"),
-    )
-    started = time.monotonic()
-    stack.start()
-    try:
-        log(f"submitting {items} work items over {submit_spread_s:.0f}s; chaos: up to {max_faults} faults")
-        driver = ChaosDriver(stack, db_name, rng, max_faults, fault_every_s)
-        submitted: list[str] = []
-        errors: list[BaseException] = []
-        all_specs = specs(items, root / "repos", task_delay_s, rng)
+    control_dir = root / "chaos-control"
+    control_dir.mkdir(parents=True)
+    with private_postgres() as pg:
+        stack = Stack(
+            root / "stack",
+            temporal_port=free_port(),
+            ui_port=free_port(),
+            api_port=free_port(),
+            database_url=pg.url,
+            pool_counts=pools or {"control": 2, "agent": 2, "validate": 2},
+            ui=False,
+            worker_argv=lambda pool: [sys.executable, "-m", "tests.soak.chaos_worker", str(control_dir), pool],
+            extra_env={
+                "CREWWORK_TASK_QUEUE_PREFIX": f"soak{uuid.uuid4().hex[:6]}",
+                "CREWWORK_SANDBOX_BACKEND": sandbox,
+                "CREWWORK_API_RATE_PER_S": "100000",
+                "CREWWORK_API_RATE_BURST": "100000",
+                "CREWWORK_TENANT_MAX_IN_FLIGHT": "100000",
+                "CREWWORK_LOG_LEVEL": "WARNING",
+                "CREWWORK_DB_POOL_SIZE": "4",
+                "PYTHONPATH": str(REPO_ROOT),
+            },
+            on_event=lambda msg: log(f"stack: {msg}"),
+        )
+        started = time.monotonic()
+        stack.start()
+        try:
+            log(f"submitting {items} work items over {submit_spread_s:.0f}s; chaos: up to {max_faults} faults")
+            driver = ChaosDriver(stack, pg, control_dir, rng, max_faults, fault_every_s, log)
+            submitted: list[str] = []
+            errors: list[BaseException] = []
+            all_specs = specs(items, root / "repos", task_delay_s, rng)
 
-        def submitter() -> None:
-            try:
-                submitted.extend(submit_all(stack, all_specs, submit_spread_s))
-            except BaseException as exc:  # surfaced below
-                errors.append(exc)
+            def submitter() -> None:
+                try:
+                    submitted.extend(submit_all(stack, all_specs, submit_spread_s))
+                except BaseException as exc:  # surfaced below
+                    errors.append(exc)
 
-        thread = threading.Thread(target=submitter, name="soak-submitter")
-        thread.start()
-        driver.run(lambda: False, chaos_deadline_s)
-        thread.join()
-        if errors:
-            raise errors[0]
-        ids = submitted
-        for f in driver.faults:
-            log(f"fault {f.kind} on {f.target} at {time.strftime('%H:%M:%S', time.localtime(f.at))} {f.note}")
-        finished = wait_terminal(db_url, ids, finish_timeout_s)
-        log(f"all terminal: {finished}")
-        a = asyncio.run(analyse(db_url, ids, driver.faults))
-        if not finished:
-            a["stuck"] = asyncio.run(describe_stuck(stack, db_url, ids))
-            for line in a["stuck"]:
-                log(line)
-    finally:
-        stack.stop()
+            thread = threading.Thread(target=submitter, name="soak-submitter")
+            thread.start()
+            driver.run(lambda: False, chaos_deadline_s)
+            thread.join()
+            if errors:
+                raise errors[0]
+            ids = submitted
+            finished = wait_terminal(pg.url, ids, finish_timeout_s)
+            log(f"all terminal: {finished}")
+            temporal = f"127.0.0.1:{stack.temporal_port}"
+            a = asyncio.run(analyse(pg.url, temporal, ids, driver.faults))
+            if not finished:
+                a["stuck"] = asyncio.run(describe_stuck(stack, pg.url, ids))
+                for line in a["stuck"]:
+                    log(line)
+        finally:
+            stack.stop()
     return SoakResult(
         items=len(ids),
         work_item_ids=ids,
@@ -446,11 +569,13 @@ def run_soak(
         items_retried=a["items_retried"],
         duplicate_executions=a["duplicates"],
         stale_writes_rejected=a["stale"],
-        recover_s=a["recover"],
+        recover_s=[r for r in a["recover"] if r is not None],
         invariants=a["report"],
         wall_s=time.monotonic() - started,
         extra={
             "writes_after_terminal_rejected": a["after_terminal"],
+            "double_landings": a["double_landings"],
+            "recover_by_fault": a["recover"],
             "pool_restarts": {p.name: p.restarts for p in stack.processes},
             "stuck": a.get("stuck", []),
         },

@@ -1,113 +1,237 @@
-"""The fenced-write path and leases, on SQLite and on PostgreSQL."""
+"""Fencing in scheduling order, leases and the store's write paths, on SQLite and on PostgreSQL.
+
+A write's rank is (workflow step, Temporal attempt), fixed when Temporal scheduled it; the store accepts it only if
+no higher rank has been accepted for the item."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.store.store import AttemptRecord, Store, work_item_fence_key
+import pytest
+from sqlalchemy import select
+
+from crewwork.activities.common import AttemptWriter, watch
+from crewwork.activities.control import ControlActivities
+from crewwork.config import Settings
+from crewwork.contracts import AdmitInput, FinishInput
+from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.store.store import AttemptRecord, Rank, Store
+from crewwork.store.tables import ApiKey
+
+TASK = {"kind": "task", "input": {}}
 
 
-async def _item(store: Store) -> tuple[str, str]:
-    tid = await store.ensure_tenant("fencing")
+async def _item(store: Store, tenant: str = "fencing", **spec: Any) -> tuple[str, str]:
+    tid = await store.ensure_tenant(tenant)
     row, _ = await store.create_work_item(
-        tenant_id=tid,
-        spec=WorkItemSpec.model_validate({"kind": "task", "input": {}}),
-        base_commit=None,
-        repo_path=None,
+        tenant_id=tid, spec=WorkItemSpec.model_validate({**TASK, **spec}), base_commit=None, repo_path=None
     )
     return tid, row.id
 
 
-async def test_stale_token_cannot_overwrite_newer_write(any_store: Store) -> None:
-    tid, wid = await _item(any_store)
-    key = work_item_fence_key(wid)
-    old = await any_store.issue_token(key)
-    new = await any_store.issue_token(key)
-    assert new > old
+async def _state(store: Store, wid: str, rank: Rank, state: WorkItemState, writer: str, **kw: Any) -> Any:
+    tid = (await store.get_work_item(wid)).tenant_id  # type: ignore[union-attr]
+    return await store.set_state(work_item_id=wid, tenant_id=tid, rank=rank, state=state, writer=writer, **kw)
 
-    ok = await any_store.set_state(
-        work_item_id=wid,
-        tenant_id=tid,
-        token=new,
-        state=WorkItemState.succeeded,
-        reason="newer result",
-        writer="attempt-2",
-        fields={"result": {"by": "new"}},
-    )
-    late = await any_store.set_state(
-        work_item_id=wid,
-        tenant_id=tid,
-        token=old,
-        state=WorkItemState.failed,
-        reason="late zombie",
-        writer="attempt-1",
-        fields={"result": {"by": "old"}},
-    )
-    assert ok.ok and late.stale and late.current_token == new
 
+def test_ranks_order_by_step_then_attempt_and_survive_their_integer_encoding() -> None:
+    ranks = [Rank(0, 0), Rank(1, 1), Rank(1, 2), Rank(2, 1), Rank(10**9, 999_999)]
+    assert sorted(ranks) == ranks
+    assert [Rank.decode(r.encode()) for r in ranks] == ranks
+    assert sorted(r.encode() for r in ranks) == [r.encode() for r in ranks]
+    with pytest.raises(ValueError):
+        Rank(1, Rank.SPAN)
+
+
+async def test_a_late_attempt_is_refused_at_its_first_write_whenever_it_wakes(any_store: Store) -> None:
+    """The commonest zombie: attempt 1 of a step paused before its first write while attempt 2 ran and the workflow
+    moved on. Its first write, whenever it arrives, ranks below what was accepted and changes nothing."""
+    _tid, wid = await _item(any_store)
+    assert (await _state(any_store, wid, Rank(3, 2), WorkItemState.running, "run_agent#2")).ok
+    assert (await _state(any_store, wid, Rank(4, 1), WorkItemState.awaiting_review, "set_state#1")).ok
+    late = await _state(any_store, wid, Rank(3, 1), WorkItemState.running, "run_agent#1")
+    assert late.stale and not late.closed and late.current == Rank(4, 1)
     row = await any_store.get_work_item(wid)
-    assert row is not None
-    assert (row.state, row.reason, row.result, row.result_token) == (
-        "succeeded",
-        "newer result",
-        {"by": "new"},
-        new,
-    )
-    stale_events = [e for e in await any_store.list_events(wid) if e.type == "stale_write_rejected"]
-    assert len(stale_events) == 1
-    assert stale_events[0].data["presented_token"] == old and stale_events[0].data["current_token"] == new
+    assert row is not None and (row.state, row.fence_rank) == ("awaiting_review", Rank(4, 1).encode())
+    [rejected] = [e for e in await any_store.list_events(wid) if e.type == "stale_write_rejected"]
+    assert rejected.data["presented"] == {"step": 3, "attempt": 1}
+    assert rejected.data["current"] == {"step": 4, "attempt": 1} and rejected.data["writer"] == "run_agent#1"
 
 
-async def test_stale_attempt_record_changes_nothing(any_store: Store) -> None:
+async def test_an_older_attempt_of_the_same_step_loses_once_a_newer_one_has_written(any_store: Store) -> None:
     tid, wid = await _item(any_store)
-    key = work_item_fence_key(wid)
-    old = await any_store.issue_token(key)
-    new = await any_store.issue_token(key)
+    assert (await _state(any_store, wid, Rank(2, 1), WorkItemState.running, "run_agent#1")).ok
+    assert (await _state(any_store, wid, Rank(2, 2), WorkItemState.running, "run_agent#2")).ok
+    done = await any_store.fenced_event(
+        rank=Rank(2, 1), work_item_id=wid, tenant_id=tid, writer="run_agent#1", type_="agent_finished", data={}
+    )
+    assert done.stale
+    ok = await any_store.fenced_event(
+        rank=Rank(2, 2), work_item_id=wid, tenant_id=tid, writer="run_agent#2", type_="agent_finished", data={}
+    )
+    assert ok.ok
+    finished = [e for e in await any_store.list_events(wid) if e.type == "agent_finished"]
+    assert [Rank.decode(e.rank or 0) for e in finished] == [Rank(2, 2)]
+
+
+async def test_equal_ranks_are_one_scheduled_attempt_and_both_copies_are_accepted(any_store: Store) -> None:
+    """A local activity re-run after its workflow task moved to another worker presents the same rank with the same
+    input: accepting it again must not fail, and must not lower anything."""
+    _tid, wid = await _item(any_store)
+    for _ in range(2):
+        assert (await _state(any_store, wid, Rank(5, 1), WorkItemState.running, "set_state#1")).ok
+    row = await any_store.get_work_item(wid)
+    assert row is not None and row.fence_rank == Rank(5, 1).encode()
+
+
+async def test_a_terminal_item_refuses_every_later_write_even_a_higher_ranked_one(any_store: Store) -> None:
+    _tid, wid = await _item(any_store)
+    assert (
+        await _state(any_store, wid, Rank(7, 1), WorkItemState.succeeded, "finish#1", fields={"result": {"by": "w"}})
+    ).ok
+    late = await _state(any_store, wid, Rank(9, 1), WorkItemState.running, "run_agent#1")
+    assert late.closed and late.state == "succeeded"
+    row = await any_store.get_work_item(wid)
+    assert row is not None and (row.state, row.result, row.result_rank) == ("succeeded", {"by": "w"}, 7_000_001)
+    assert "write_after_terminal_rejected" in [e.type for e in await any_store.list_events(wid)]
+
+
+async def test_a_stale_attempt_record_changes_nothing(any_store: Store) -> None:
+    tid, wid = await _item(any_store)
     newer = AttemptRecord(number=1, verdict="passed", reason="new", agent={"n": 2})
     older = AttemptRecord(number=1, verdict="failed", reason="old", agent={"n": 1})
-    assert (await any_store.record_attempt(work_item_id=wid, tenant_id=tid, token=new, record=newer, writer="w2")).ok
-    assert (await any_store.record_attempt(work_item_id=wid, tenant_id=tid, token=old, record=older, writer="w1")).stale
+    assert (
+        await any_store.record_attempt(work_item_id=wid, tenant_id=tid, rank=Rank(4, 1), record=newer, writer="w2")
+    ).ok
+    assert (
+        await any_store.record_attempt(work_item_id=wid, tenant_id=tid, rank=Rank(3, 1), record=older, writer="w1")
+    ).stale
     [attempt] = await any_store.list_attempts(wid)
-    assert (attempt.verdict, attempt.token, attempt.agent) == ("passed", new, {"n": 2})
+    assert (attempt.verdict, attempt.rank, attempt.agent) == ("passed", Rank(4, 1).encode(), {"n": 2})
 
 
-async def test_concurrent_token_issuance_is_strictly_increasing_and_unique(any_store: Store) -> None:
-    key = "concurrency-test"
-    start = await any_store.issue_token(key)
+async def test_a_result_and_its_attempt_record_are_one_write_at_one_rank(any_store: Store, tmp_path: Any) -> None:
+    tid, wid = await _item(any_store)
+    control = ControlActivities(any_store, Settings(data_dir=tmp_path))
+    from crewwork.contracts import RecordInput
 
-    async def take(n: int) -> list[int]:
-        return [await any_store.issue_token(key) for _ in range(n)]
+    record = RecordInput(work_item_id=wid, tenant_id=tid, step=6, attempt=1, verdict="passed", reason="output")
+    result = WorkItemResult(work_item_id=wid, state=WorkItemState.succeeded, reason="task completed")
+    out = await control.finish(FinishInput(work_item_id=wid, tenant_id=tid, step=6, result=result, record=record))
+    assert out.ok
+    (attempt,) = await any_store.list_attempts(wid)
+    row = await any_store.get_work_item(wid)
+    assert row is not None and attempt.rank == row.result_rank == row.fence_rank == Rank(6, 1).encode()
+    assert (attempt.verdict, row.state, row.attempt_count) == ("passed", "succeeded", 1)
+    # A retried finish of the same step finds the item closed and reports success without writing again.
+    again = await control.finish(FinishInput(work_item_id=wid, tenant_id=tid, step=6, result=result, record=record))
+    assert again.ok and len(await any_store.list_attempts(wid)) == 1
 
-    batches = await asyncio.gather(*(take(10) for _ in range(8)))
-    tokens = [t for b in batches for t in b]
-    assert len(set(tokens)) == len(tokens) == 80
-    assert min(tokens) > start
-    for b in batches:  # each acquirer sees its own tokens strictly increase
-        assert b == sorted(b) and len(set(b)) == len(b)
+
+async def test_admission_moves_only_a_waiting_item_and_reports_a_closed_or_missing_one(
+    any_store: Store, tmp_path: Any
+) -> None:
+    tid, wid = await _item(any_store, tenant="admission")
+    control = ControlActivities(any_store, Settings(data_dir=tmp_path))
+    spec = WorkItemSpec.model_validate(TASK)
+    first = await control.admit(AdmitInput(work_item_id=wid, tenant_id=tid, step=1, spec=spec))
+    assert first.admitted and first.past_fingerprints == [] and first.budget is not None
+    assert first.review_timeout_s == Settings(data_dir=tmp_path).max_review_timeout_s_ceiling
+    await _state(any_store, wid, Rank(2, 1), WorkItemState.running, "r")
+    again = await control.admit(AdmitInput(work_item_id=wid, tenant_id=tid, step=3, spec=spec))  # continued run
+    assert again.admitted and (await any_store.get_work_item(wid)).state == "running"  # type: ignore[union-attr]
+    await _state(any_store, wid, Rank(4, 1), WorkItemState.failed, "f")
+    closed = await control.admit(AdmitInput(work_item_id=wid, tenant_id=tid, step=5, spec=spec))
+    assert not closed.admitted and closed.reason == "already failed"
+    from temporalio.exceptions import ApplicationError
+
+    with pytest.raises(ApplicationError) as err:
+        await control.admit(AdmitInput(work_item_id="wi_nope", tenant_id=tid, step=1, spec=spec))
+    assert err.value.type == "BadInput"
+    admitted = [e for e in await any_store.list_events(wid) if e.data.get("state") == "admitted"]
+    assert len(admitted) == 1
+
+
+async def test_operator_ceilings_apply_where_the_submission_set_none(any_store: Store, tmp_path: Any) -> None:
+    tid, wid = await _item(any_store, tenant="ceilings")
+    settings = Settings(data_dir=tmp_path, max_tokens_ceiling=1234, max_wall_clock_s_ceiling=99.0)
+    control = ControlActivities(any_store, settings)
+    res = await control.admit(
+        AdmitInput(work_item_id=wid, tenant_id=tid, step=1, spec=WorkItemSpec.model_validate(TASK))
+    )
+    assert res.budget is not None and (res.budget.max_tokens, res.budget.max_wall_clock_s) == (1234, 99.0)
+    tid2, wid2 = await _item(any_store, tenant="ceilings", budget={"max_tokens": 10**6})
+    over = await control.admit(
+        AdmitInput(
+            work_item_id=wid2,
+            tenant_id=tid2,
+            step=1,
+            spec=WorkItemSpec.model_validate({**TASK, "budget": {"max_tokens": 10**6}}),
+        )
+    )
+    assert not over.admitted and "max_tokens" in over.reason
+
+
+async def test_the_tenant_in_flight_limit_queues_later_items_first_come_first_served(
+    any_store: Store, tmp_path: Any
+) -> None:
+    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=2))
+    spec = WorkItemSpec.model_validate(TASK)
+    items = [await _item(any_store, tenant="flood") for _ in range(4)]
+    other = await _item(any_store, tenant="quiet")
+
+    async def admit(item: tuple[str, str], step: int) -> Any:
+        return await control.admit(AdmitInput(work_item_id=item[1], tenant_id=item[0], step=step, spec=spec))
+
+    got = [await admit(i, 1) for i in items]
+    assert [g.admitted for g in got] == [True, True, False, False]
+    assert [g.queued_position for g in got[2:]] == [1, 2]
+    assert [(await any_store.get_work_item(i[1])).state for i in items[2:]] == ["queued", "queued"]  # type: ignore[union-attr]
+    assert (await admit(other, 1)).admitted, "another tenant's item is not held back by this tenant's limit"
+    # The fourth cannot jump the third when a place frees: first come, first served.
+    await _state(any_store, items[0][1], Rank(2, 1), WorkItemState.succeeded, "finish#1")
+    assert not (await admit(items[3], 2)).admitted
+    assert (await admit(items[2], 2)).admitted
+    queued = [e for e in await any_store.list_events(items[3][1]) if e.data.get("state") == "queued"]
+    assert len(queued) == 1, "waiting again does not write again"
 
 
 async def test_workspace_lease_is_exclusive_until_released(any_store: Store) -> None:
     key = "ws:/repo#main"
-    t1, _ = await any_store.acquire_lease(key, "item-a", 60)
-    t2, holder = await any_store.acquire_lease(key, "item-b", 60)
-    assert t1 is not None and t2 is None and holder == "item-a"
-    assert await any_store.renew_lease(key, t1, 60)
-    assert await any_store.release_lease(key, token=t1)
-    t3, _ = await any_store.acquire_lease(key, "item-b", 60)
-    assert t3 is not None and t3 > t1
-    assert not await any_store.renew_lease(key, t1, 60)  # the old holder cannot renew
-    await any_store.release_lease(key, token=t3)
+    g1, _ = await any_store.acquire_lease(key, "item-a", 60)
+    g2, holder = await any_store.acquire_lease(key, "item-b", 60)
+    assert g1 is not None and g2 is None and holder == "item-a"
+    assert await any_store.renew_lease(key, g1, 60)
+    assert await any_store.release_lease(key, grant=g1)
+    g3, _ = await any_store.acquire_lease(key, "item-b", 60)
+    assert g3 is not None and g3 > g1
+    assert not await any_store.renew_lease(key, g1, 60)  # the old holder cannot renew
+    await any_store.release_lease(key, grant=g3)
 
 
 async def test_expired_lease_can_be_taken_over(any_store: Store) -> None:
     key = "ws:/repo#expiring"
-    t1, _ = await any_store.acquire_lease(key, "item-a", 0.2)
+    g1, _ = await any_store.acquire_lease(key, "item-a", 0.2)
     await asyncio.sleep(0.4)
-    t2, holder = await any_store.acquire_lease(key, "item-b", 60)
-    assert t2 is not None and holder is None and t2 > (t1 or 0)
-    assert not await any_store.renew_lease(key, t1 or 0, 60)
-    await any_store.release_lease(key, token=t2)
+    g2, holder = await any_store.acquire_lease(key, "item-b", 60)
+    assert g2 is not None and holder is None and g2 > (g1 or 0)
+    assert not await any_store.renew_lease(key, g1 or 0, 60)
+    await any_store.release_lease(key, grant=g2)
+
+
+async def test_a_watched_attempt_stops_itself_when_a_later_attempt_writes(any_store: Store) -> None:
+    from temporalio.exceptions import ApplicationError
+
+    tid, wid = await _item(any_store)
+    me = AttemptWriter(any_store, wid, tid, Rank(2, 1), "run_agent#1")
+    assert (await me.set_state(WorkItemState.running, "mine")).ok
+    with pytest.raises(ApplicationError) as err:
+        async with watch(me, every_s=0.05):
+            await _state(any_store, wid, Rank(2, 2), WorkItemState.running, "run_agent#2")
+            await asyncio.sleep(5)  # the work: cancelled by the watch long before this ends
+    assert err.value.type == "StaleAttempt" and "stale" in str(err.value)
+    assert await me.superseded() is not None
 
 
 async def test_idempotency_key_returns_the_same_item(any_store: Store) -> None:
@@ -120,10 +244,6 @@ async def test_idempotency_key_returns_the_same_item(any_store: Store) -> None:
 
 async def test_api_keys_are_stored_only_as_hashes(any_store: Store) -> None:
     kid, plain = await any_store.create_api_key("hashing")
-    from sqlalchemy import select
-
-    from crewwork.store.tables import ApiKey
-
     async with any_store.session() as s:
         row = await s.scalar(select(ApiKey).where(ApiKey.id == kid))
     assert row is not None and plain not in (row.key_hash, row.prefix) and len(row.key_hash) == 64
@@ -133,7 +253,7 @@ async def test_api_keys_are_stored_only_as_hashes(any_store: Store) -> None:
 
 
 def test_secrets_are_masked_when_events_are_written() -> None:
-    from crewwork.store.store import mask_secrets
+    from crewwork.masking import mask_secrets
 
     masked = mask_secrets(
         {
@@ -143,3 +263,49 @@ def test_secrets_are_masked_when_events_are_written() -> None:
     )
     text = str(masked)
     assert "abcdefghijklmnop" not in text and "sk-1234567890abcdef" not in text and "supersecretvalue" not in text
+
+
+async def test_a_fenced_write_survives_its_pooled_connection_being_killed_without_pre_ping(pg_url: str) -> None:
+    """The worker pools run without pre-ping: a fenced write whose pooled connection PostgreSQL has closed runs once
+    more on a fresh connection, and is applied exactly once."""
+    import asyncpg  # the driver the store uses on PostgreSQL
+
+    store = Store(pg_url, pool_size=2, pre_ping=False)
+    try:
+        tid, wid = await _item(store)
+        async with store.session() as s:  # make sure a pooled connection exists, and learn its backend
+            conn = await s.connection()
+            pid = (await conn.exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+        admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg", "postgresql"))
+        try:
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await admin.close()
+        res = await store.set_state(
+            work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), state=WorkItemState.running, writer="after-kill"
+        )
+        assert res.ok
+        changes = [e for e in await store.list_events(wid) if e.type == "state_changed"]
+        assert [e.data["state"] for e in changes] == ["running"]
+        art = await store.put_artifact(work_item_id=wid, tenant_id=tid, name="t.txt", data=b"x")
+        assert (await store.artifact_content(art.id)) == b"x"
+    finally:
+        await store.close()
+
+
+async def test_concurrent_writers_of_one_item_never_accept_a_lower_rank_after_a_higher_one(pg_url: str) -> None:
+    """Many attempts race on PostgreSQL: whatever order they commit in, accepted ranks only rise."""
+    store = Store(pg_url, pool_size=10)
+    try:
+        _tid, wid = await _item(store)
+        ranks = [Rank(step, attempt) for step in range(1, 9) for attempt in (1, 2, 3)]
+        import random
+
+        random.Random(7).shuffle(ranks)
+        await asyncio.gather(*(_state(store, wid, r, WorkItemState.running, f"w{r}") for r in ranks))
+        accepted = [Rank.decode(e.rank or 0) for e in await store.list_events(wid) if e.type == "state_changed"]
+        assert accepted == sorted(accepted) and accepted[-1] == Rank(8, 3)
+        row = await store.get_work_item(wid)
+        assert row is not None and row.fence_rank == Rank(8, 3).encode()
+    finally:
+        await store.close()

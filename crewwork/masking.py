@@ -1,0 +1,29 @@
+"""Masking of secret-looking strings, applied when a record is *written* (events are append-only: a secret that
+reached the log could never be taken out again)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+SECRET_PATTERNS = (
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
+    re.compile(r"\bcw_[A-Za-z0-9_-]{16,}"),
+    re.compile(r"(?i)((?:api[_-]?key|password|secret|token)\"?\s*[:=]\s*\"?)[^\s\",}]{6,}"),
+)
+
+
+def mask_secrets(value: Any) -> Any:
+    """`value` with every secret-looking substring of every string in it replaced by `***` (dicts and lists are
+    walked; other values are returned as they are)."""
+    if isinstance(value, str):
+        out = value
+        for pat in SECRET_PATTERNS:
+            out = pat.sub(lambda m: (m.group(1) if m.groups() else "") + "***", out)
+        return out
+    if isinstance(value, dict):
+        return {k: mask_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_secrets(v) for v in value]
+    return value

@@ -1,0 +1,73 @@
+"""Artifacts: diffs, logs, transcripts and reports, stored whole with their size and SHA-256.
+
+An artifact insert is not fenced: a superseded attempt's artifacts exist but nothing references them, because the
+fenced event or record that would name them is rejected."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from crewwork.ids import new_id
+from crewwork.store.engine import Database, StoreError
+from crewwork.store.tables import Artifact
+
+
+class ArtifactTooLarge(StoreError):
+    pass
+
+
+class ArtifactStore(Database):
+    async def put_artifact(
+        self,
+        *,
+        work_item_id: str,
+        tenant_id: str,
+        name: str,
+        data: bytes,
+        content_type: str = "text/plain",
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> Artifact:
+        if len(data) > max_bytes:
+            raise ArtifactTooLarge(f"artifact {name!r} is {len(data)} bytes; the limit is {max_bytes}")
+        digest = hashlib.sha256(data).hexdigest()
+
+        async def body(s: AsyncSession, started: Callable[[], None]) -> Artifact:
+            now = await self.now(s)
+            started()
+            art = Artifact(
+                id=new_id("art"),
+                work_item_id=work_item_id,
+                tenant_id=tenant_id,
+                name=name,
+                content_type=content_type,
+                size=len(data),
+                sha256=digest,
+                content=data,
+                created_at=now,
+            )
+            s.add(art)
+            return art
+
+        return await self.transaction(body)
+
+    async def get_artifact(self, artifact_id: str, tenant_id: str | None = None) -> Artifact | None:
+        async with self.session() as s:
+            q = select(Artifact).where(Artifact.id == artifact_id)
+            if tenant_id is not None:
+                q = q.where(Artifact.tenant_id == tenant_id)
+            return await s.scalar(q)
+
+    async def artifact_content(self, artifact_id: str) -> bytes | None:
+        """The bytes of an artifact (the content column is deferred everywhere else)."""
+        async with self.session() as s:
+            data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
+        return None if data is None else bytes(data)
+
+    async def list_artifacts(self, work_item_id: str) -> list[Artifact]:
+        async with self.session() as s:
+            q = select(Artifact).where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
+            return list((await s.scalars(q)).all())

@@ -1,0 +1,104 @@
+"""Tenants and API keys. Keys are shown once and stored only as hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+
+from crewwork.ids import new_id
+from crewwork.store.engine import Database
+from crewwork.store.tables import ApiKey, Tenant
+
+API_KEY_PREFIX = "cw_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    tenant_id: str
+    key_id: str
+    scopes: frozenset[str]
+
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
+
+
+def hash_api_key(key: str) -> str:
+    # API keys are 256-bit random strings, so a fast hash is not brute-forceable; no salt needed.
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class AuthStore(Database):
+    async def ensure_tenant(self, name: str) -> str:
+        async with self.session() as s:
+            existing = await s.scalar(select(Tenant.id).where(Tenant.name == name))
+            if existing:
+                return existing
+            tid = new_id("tn")
+            s.add(Tenant(id=tid, name=name, created_at=await self.now(s)))
+            return tid
+
+    async def create_api_key(self, tenant_name: str, scopes: Sequence[str] = ()) -> tuple[str, str]:
+        """Returns (key id, plaintext key). The plaintext is shown once; only its hash is stored."""
+        tenant_id = await self.ensure_tenant(tenant_name)
+        plain = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        kid = new_id("key")
+        async with self.session() as s:
+            s.add(
+                ApiKey(
+                    id=kid,
+                    tenant_id=tenant_id,
+                    prefix=plain[:8],
+                    key_hash=hash_api_key(plain),
+                    scopes=",".join(sorted(set(scopes))),
+                    created_at=await self.now(s),
+                )
+            )
+        return kid, plain
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        async with self.session() as s:
+            res = await s.execute(
+                update(ApiKey)
+                .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+                .values(revoked_at=await self.now(s))
+            )
+            return bool(res.rowcount)  # type: ignore[attr-defined]
+
+    async def list_api_keys(self, tenant_name: str | None = None) -> list[dict[str, Any]]:
+        async with self.session() as s:
+            q = select(ApiKey, Tenant.name).join(Tenant, Tenant.id == ApiKey.tenant_id).order_by(ApiKey.created_at)
+            if tenant_name:
+                q = q.where(Tenant.name == tenant_name)
+            rows = (await s.execute(q)).all()
+            return [
+                {
+                    "id": k.id,
+                    "tenant": tname,
+                    "prefix": k.prefix,
+                    "scopes": k.scopes,
+                    "created_at": k.created_at,
+                    "revoked": k.revoked_at is not None,
+                }
+                for k, tname in rows
+            ]
+
+    async def authenticate(self, plain: str) -> Principal | None:
+        digest = hash_api_key(plain)
+        async with self.session() as s:
+            key = await s.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
+            if key is None or key.revoked_at is not None:
+                return None
+            if not hmac.compare_digest(key.key_hash, digest):
+                return None
+            return Principal(
+                tenant_id=key.tenant_id,
+                key_id=key.id,
+                scopes=frozenset(x for x in key.scopes.split(",") if x),
+            )

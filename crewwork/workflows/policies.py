@@ -1,0 +1,50 @@
+"""Timeouts, retry policies and search attributes of WorkItemWorkflow (docs/reliability.md has the table and why).
+
+Workflow code: constants only, deterministic."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+
+with workflow.unsafe.imports_passed_through():
+    from crewwork.activities.errors import NON_RETRYABLE
+
+CONTROL_TIMEOUT = timedelta(seconds=30)
+CONTROL_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=8,
+    non_retryable_error_types=list(NON_RETRYABLE),
+)
+EXECUTION_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=3,
+    non_retryable_error_types=list(NON_RETRYABLE),
+)
+"""Agent runs and validations: a few tries, for infrastructure faults (a killed pool, a sandbox that failed)."""
+AGENT_START_TO_CLOSE = timedelta(minutes=30)
+EXECUTION_HEARTBEAT = timedelta(seconds=10)
+VALIDATE_MARGIN = timedelta(minutes=2)
+QUEUE_POLL = timedelta(seconds=1)
+QUEUE_POLL_MAX = timedelta(seconds=10)
+"""A queued item re-runs admission at once when signalled `slot_freed`, and on this backoff timer otherwise."""
+WORKSPACE_POLL = timedelta(seconds=2)
+WORKSPACE_POLL_MAX = timedelta(seconds=30)
+WORKSPACE_LEASE_TTL_S = 600.0
+REVIEW_LEASE_TTL_S = 3600.0
+REVIEW_RENEW_EVERY = timedelta(minutes=20)
+"""While awaiting review, the workspace lease is renewed this often (well inside its TTL), for as long as a review
+may take (30 days by default) in a few thousand history events."""
+ATTEMPTS_PER_RUN = 20
+"""Attempts per workflow run before continue-as-new (Temporal may suggest it sooner)."""
+
+SA_STATE = SearchAttributeKey.for_keyword("CrewworkState")
+SA_KIND = SearchAttributeKey.for_keyword("CrewworkKind")
+SA_TENANT = SearchAttributeKey.for_keyword("CrewworkTenant")
+SA_REPO = SearchAttributeKey.for_keyword("CrewworkRepo")
