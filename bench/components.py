@@ -3,7 +3,7 @@
 - fenced write (Store.set_state: lock the item row, compare ranks, update, event, outbox) p50/p99, PostgreSQL and
   SQLite, and the watch round's probe of the current rank;
 - workspace lease acquire and renew;
-- git worktree preparation (add + remove on a small repository);
+- workspace preparation (private git dir, materialised files, disk cap; made + removed on a small repository);
 - sandbox start-to-exit of `true` per available backend (bench/sandbox.py has the full comparison);
 - RSS of each pool process (real `crewwork worker` subprocesses) idle and under load.
 
@@ -88,16 +88,26 @@ async def store_costs(url: str, n: int) -> dict[str, Any]:
 
 
 async def worktree_costs(root: Path, n: int) -> dict[str, Any]:
+    """A workspace (private git dir + materialised files, with the configured disk cap) made and removed."""
+    from crewwork.sandbox.config import SandboxSettings
+    from crewwork.workspace import Workspace
+
     repo = make_repo(root / "wt-repo", {f"src/m{i}.py": "x = 1\n" * 50 for i in range(50)} | {"README": "r\n"})
     commit = (await gitops.git("rev-parse", "HEAD", cwd=repo)).out.strip()
+    sandbox = SandboxSettings()
     add: list[float] = []
     rm: list[float] = []
     for i in range(n):
-        ws = root / "wts" / f"w{i}"
         t0 = time.perf_counter()
-        await gitops.add_worktree(repo, ws, commit)
+        ws = await Workspace.create(
+            git_dir=gitops.git_dir_of(repo),
+            home=root / "wts" / f"w{i}",
+            commit=commit,
+            disk_mb=sandbox.workspace_disk_mb(sandbox.default_limits()),
+            owner=sandbox.owner(),
+        )
         t1 = time.perf_counter()
-        await gitops.remove_worktree(repo, ws)
+        await ws.remove()
         add.append(t1 - t0)
         rm.append(time.perf_counter() - t1)
     return {"worktree_add": summary(add), "worktree_remove": summary(rm), "repo_files": 51}

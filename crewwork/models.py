@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from crewwork.paths import PathPattern, RelPath, ReportPath
+
 # Hard ceilings on what a submission may carry. Large content belongs in the repository or the artifact store.
 MAX_INSTRUCTION_CHARS = 20_000
 MAX_INPUT_JSON_BYTES = 256 * 1024
@@ -178,6 +180,32 @@ class EnvironmentSpec(Strict):
         return v
 
 
+MAX_TEST_FILES = 256
+MAX_PROTECT_PATTERNS = 64
+
+
+class ProtectSpec(Strict):
+    """Widen or narrow the protected test infrastructure (see docs/lifecycle.md and crewwork.validation.protect)."""
+
+    paths: list[PathPattern] = Field(
+        default_factory=list,
+        max_length=MAX_PROTECT_PATTERNS,
+        description="More paths to restore to the base commit before validation: exact paths, `dir/` for a whole "
+        "directory, or fnmatch patterns over the repository-relative path (`*` also matches `/`).",
+    )
+    exclude: list[PathPattern] = Field(
+        default_factory=list,
+        max_length=MAX_PROTECT_PATTERNS,
+        description="Default protections to lift for these paths (e.g. `setup.cfg` for a change that must edit "
+        "it). Never lifts `test_files` or `paths`.",
+    )
+    defaults: bool = Field(
+        default=True,
+        description="Protect the default test infrastructure (conftest.py, pytest/tox configuration, pytest "
+        "plugins the repository ships, runner shadows, bytecode). False keeps only `test_files` and `paths`.",
+    )
+
+
 class ValidationSpec(Strict):
     command: list[str] = Field(
         description="argv of the test command, run in a fresh sandbox at the workspace root.",
@@ -185,17 +213,20 @@ class ValidationSpec(Strict):
         max_length=MAX_VALIDATION_ARGS,
     )
     timeout_s: float = Field(default=300.0, gt=0, le=3600, description="Wall-clock limit of one validation run.")
-    junit_path: str | None = Field(
+    junit_path: ReportPath | None = Field(
         default=None,
-        description="Workspace-relative path of a JUnit XML report the command writes (parsed as evidence).",
-        max_length=512,
+        description="Workspace-relative path of a JUnit XML report the command writes (parsed as evidence); "
+        "usually under `.crewwork/`. Must stay inside the workspace and outside `.git`.",
     )
     fail_to_pass: list[str] = Field(default_factory=list, description="Test ids that must pass after the change.")
     pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
-    test_files: list[str] = Field(
+    test_files: list[RelPath] = Field(
         default_factory=list,
-        description="Workspace-relative test files reset to the base commit before validation.",
+        max_length=MAX_TEST_FILES,
+        description="Workspace-relative test files (or directories) restored to the base commit before validation; "
+        "ones the change created are removed.",
     )
+    protect: ProtectSpec = Field(default_factory=ProtectSpec, description="Widen or narrow the protected set.")
     setup: list[list[str]] = Field(default_factory=list, description="Setup commands (argv lists) run first.")
 
     @field_validator("command")
@@ -203,6 +234,10 @@ class ValidationSpec(Strict):
     def _non_empty_args(cls, v: list[str]) -> list[str]:
         if not v[0].strip():
             raise ValueError("validation.command[0] must name a program")
+        if any("\x00" in a for a in v):
+            raise ValueError("validation.command arguments must not contain NUL bytes")
+        if any(ord(c) < 0x20 for c in v[0]):
+            raise ValueError("validation.command[0] must not contain control characters")
         return v
 
 
@@ -228,6 +263,9 @@ class SandboxSpec(Strict):
     memory_mb: int | None = Field(default=None, gt=0)
     pids: int | None = Field(default=None, gt=0)
     cpus: float | None = Field(default=None, gt=0)
+    disk_mb: int | None = Field(
+        default=None, gt=0, description="Size of each workspace's disk in MiB (operator maximum applies)."
+    )
 
 
 class WorkItemSpec(Strict):
@@ -326,9 +364,14 @@ class SandboxReport(BaseModel):
     timed_out: bool = False
     oom_killed: bool = False
     pids_limited: bool = False
+    disk_limited: bool = False
+    command_not_found: bool = False
     killed_by_signal: int | None = None
     peak_memory_bytes: int | None = None
     enforcement: str = ""
+    workspace_disk: str = Field(
+        default="", description="The workspace's disk cap: `loop-<N>m` (its own file system of N MiB) or `none`."
+    )
     stdout_tail: str = ""
     stderr_tail: str = ""
 
@@ -355,6 +398,11 @@ class DiffStats(BaseModel):
     insertions: int = 0
     deletions: int = 0
     files: list[str] = Field(default_factory=list)
+    ignored: list[str] = Field(
+        default_factory=list,
+        description="`path: reason` of workspace entries the capture did not take (special files, hard links, "
+        ".git entries); never part of the change.",
+    )
 
 
 class TestCaseResult(BaseModel):
@@ -362,6 +410,14 @@ class TestCaseResult(BaseModel):
     id: str
     outcome: Literal["passed", "failed", "error", "skipped"]
     message: str | None = None
+
+
+class ResetPath(BaseModel):
+    """One protected path put back before validation, and why."""
+
+    path: str
+    action: Literal["restored", "removed"]
+    why: str
 
 
 class ValidationOutcome(BaseModel):
@@ -376,6 +432,9 @@ class ValidationOutcome(BaseModel):
     report_ref: ArtifactRef | None = None
     diagnostics: str | None = None
     fingerprint: str | None = None
+    protected_reset: list[ResetPath] = Field(
+        default_factory=list, description="Protected paths restored to the base commit or removed before the run."
+    )
 
 
 class AttemptSummary(BaseModel):

@@ -15,6 +15,10 @@ command -v chromium >/dev/null || need+=(chromium)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 command -v jq >/dev/null || need+=(jq)  # tests/integration/test_cli_scripting.py drives the CLI with `--json | jq`
+# Workspace disk caps (loopback ext4 images) and running bwrap as the unprivileged sandbox user.
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v setpriv >/dev/null || need+=(util-linux)
+command -v findmnt >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     echo "test-env: installing ${need[*]}"
     apt-get update -qq

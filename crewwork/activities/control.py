@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -40,6 +39,7 @@ from crewwork.repos.landing import LandingConflictError
 from crewwork.repos.service import REPO_ERRORS, Repositories, repo_failure
 from crewwork.store.fencing import IN_FLIGHT_STATES, Accepted
 from crewwork.store.store import AttemptRecord, Store
+from crewwork.workspace import remove_tree
 
 log = logging.getLogger("crewwork.activities.control")
 
@@ -288,9 +288,9 @@ class ControlActivities:
 
     @activity.defn(name="cleanup")
     async def cleanup(self, inp: CleanupInput) -> None:
-        root = self.settings.resolved_worktree_dir() / inp.work_item_id
-        if root.exists():
-            shutil.rmtree(root, ignore_errors=True)
+        # Unmounts the item's workspace disks first; deletion never follows a link a sandbox left behind.
+        await remove_tree(self.settings.resolved_worktree_dir() / inp.work_item_id)
         if inp.repo_path:
-            # Worktrees live in this host's mirror; forget the ones whose directories were just removed.
+            # Forget worktrees of this host's mirror whose directories are gone (none are made any more; older
+            # releases made them).
             await self.repos.prune(inp.repo_path)

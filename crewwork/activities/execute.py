@@ -1,15 +1,20 @@
-"""Agent-pool and validate-pool activities: run the agent in its own worktree, then judge the change.
+"""Agent-pool and validate-pool activities: run the agent in its own workspace, then judge the change.
 
-The agent runs in a fresh worktree per activity attempt (named by its rank), so a zombie attempt still
-writing files cannot touch the worktree of the attempt that superseded it. The platform captures the diff itself.
+The agent runs in a fresh workspace per activity attempt (named by its rank), so a zombie attempt still
+writing files cannot touch the workspace of the attempt that superseded it. The platform captures the diff itself,
+treating everything in the workspace as untrusted input (`crewwork.workspace`: no host git in the workspace, no
+link followed, every read bounded).
 
-Validation never runs in the agent's worktree: it starts from a clean checkout of the base commit, applies the
-captured diff, resets the spec's test files to the base commit (a change must not weaken the tests that judge it),
-runs the command in a fresh sandbox, and grades the saved evidence with a pure function.
+Validation never runs in the agent's workspace: the captured diff is applied to the base tree in the host's
+private git directory, protected test infrastructure is put back to the base commit (a change must not weaken
+the tests that judge it; `crewwork.validation.protect`), the result is written into a fresh workspace, the
+command runs in a fresh sandbox, the report is read back without trusting it (`crewwork.safefs`), and the saved
+evidence is graded with a pure function.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -20,7 +25,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork import gitops
+from crewwork import gitops, safefs
 from crewwork.activities.common import AttemptWriter, watch
 from crewwork.activities.errors import AGENT_ERROR, bad_input
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
@@ -37,17 +42,36 @@ from crewwork.models import (
     WorkItemState,
 )
 from crewwork.repos.environment import EnvironmentRejected, setup_plan
+from crewwork.repos.mirror import MirrorHold
 from crewwork.repos.service import REPO_ERRORS, Repositories, repo_failure
 from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
+from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.disk import DiskError
 from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
 from crewwork.store.store import Store
 from crewwork.store.tables import Artifact
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
+from crewwork.validation.protect import Protection, apply_protection, strip_platform
+from crewwork.workspace import CaptureLimits, CaptureRefused, Workspace, WorkspaceError
 
 log = logging.getLogger("crewwork.activities.execute")
 
 REPORT_DIR = gitops.PLATFORM_DIR
+# The largest test report the host reads back (never more than the artifact limit either).
+MAX_REPORT_BYTES = 16 * 1024 * 1024
+
+
+def read_report(workspace: Path, rel: str, max_bytes: int) -> tuple[bytes | None, str | None]:
+    """The report a test run left at `rel`, read the only way the host reads a workspace file: beneath the
+    workspace, no link followed, a single-link regular file, at most `max_bytes`. (content, None), (None, None)
+    when there is none, or (None, why it was refused)."""
+    try:
+        return safefs.read_bytes(workspace, rel, max_bytes=max_bytes), None
+    except FileNotFoundError:
+        return None, None
+    except safefs.Refused as exc:
+        return None, f"{rel}: {exc.reason}"
 
 
 def _ref(a: Artifact) -> ArtifactRef:
@@ -55,7 +79,6 @@ def _ref(a: Artifact) -> ArtifactRef:
 
 
 def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None = None) -> Sandbox:
-    from crewwork.sandbox.config import SandboxSettings
     from crewwork.sandbox.registry import best_available, get_sandbox
 
     name = (spec.backend if spec and spec.backend else None) or settings.sandbox_backend
@@ -93,19 +116,19 @@ class ExecuteActivities:
         self.settings = settings
         self.repos = Repositories(settings)
 
-    async def _checkout(self, w: AttemptWriter, locator: str, commit: str, path: Path, attempt: int) -> Path:
-        """A worktree of `commit` from this host's mirror of the repository (fetched when it lacks the commit).
-        Returns the mirror, the git dir the worktree belongs to."""
+    async def _mirror(self, w: AttemptWriter, locator: str, commit: str, attempt: int) -> MirrorHold:
+        """This host's mirror of the repository, holding `commit` (fetched when it lacks it), kept from eviction
+        until the hold is released: the git directory workspaces are made from (docs/repositories.md)."""
         try:
-            gitdir, stats = await self.repos.add_worktree(locator, commit, path, w.tenant_id)
+            hold = await self.repos.hold(locator, commit, w.tenant_id)
         except REPO_ERRORS as exc:
             raise repo_failure(exc) from None
-        if stats.fetched:
+        if hold.stats.fetched:
             await w.event(
                 "repository_fetched",
-                {"attempt": attempt, "cloned": stats.cloned, "seconds": round(stats.seconds, 3)},
+                {"attempt": attempt, "cloned": hold.stats.cloned, "seconds": round(hold.stats.seconds, 3)},
             )
-        return gitdir
+        return hold
 
     async def _save(self, work_item_id: str, tenant_id: str, name: str, data: bytes, ctype: str) -> ArtifactRef:
         if len(data) > self.settings.max_artifact_bytes:
@@ -155,21 +178,29 @@ class ExecuteActivities:
         )
         if started.stale:
             raise w.stale(started, "run_agent")
+        ws: Workspace | None = None
         workspace: Path | None = None
-        repo: Path | None = None
-        if spec.kind != WorkItemKind.task:
-            assert inp.repo_path and inp.base_commit
-            workspace = (
-                self.settings.resolved_worktree_dir()
-                / inp.work_item_id
-                / f"attempt-{inp.attempt}-s{inp.step}a{info.attempt}"
-            )
-            repo = await self._checkout(w, inp.repo_path, inp.base_commit, workspace, inp.attempt)
         sandbox = None
         limits = None
         if agent_cls.needs_sandbox:
             sandbox = pick_sandbox(spec.sandbox, self.settings)
             limits = sandbox_limits(spec.sandbox, None)
+        mirror: MirrorHold | None = None
+        if spec.kind != WorkItemKind.task:
+            assert inp.repo_path and inp.base_commit
+            mirror = await self._mirror(w, inp.repo_path, inp.base_commit, inp.attempt)
+            try:
+                ws = await self._workspace(
+                    mirror.gitdir,
+                    inp.work_item_id,
+                    f"attempt-{inp.attempt}-s{inp.step}a{info.attempt}",
+                    inp.base_commit,
+                    limits or sandbox_limits(spec.sandbox, None),
+                )
+            except BaseException:
+                mirror.release()
+                raise
+            workspace = ws.path
         started_at = time.monotonic()
 
         async def save(name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef:
@@ -190,6 +221,7 @@ class ExecuteActivities:
                     review_comment=inp.review_comment,
                     sandbox=sandbox,
                     limits=limits,
+                    host_workspace=ws,
                     heartbeat=live.heartbeat,
                     ensure_current=live.ensure_current,
                     resume_details=(info.heartbeat_details[0] if info.heartbeat_details else None),
@@ -236,10 +268,21 @@ class ExecuteActivities:
                     outcome.transcript_ref = await save(
                         f"attempt-{inp.attempt}-transcript.txt", result.transcript.encode(), "text/plain"
                     )
-                if workspace is not None and inp.base_commit:
-                    diff, stats = await gitops.capture_diff(workspace, inp.base_commit)
-                    outcome.diff_stats = stats
-                    outcome.diff_ref = await save(f"attempt-{inp.attempt}.diff", diff.encode(), "text/x-diff")
+                if ws is not None:
+                    try:
+                        captured = await ws.capture(
+                            CaptureLimits(
+                                max_diff_bytes=self.settings.max_artifact_bytes,
+                                max_file_bytes=self.settings.max_artifact_bytes,
+                            )
+                        )
+                    except CaptureRefused as exc:
+                        # What the agent left cannot be a change (too large, too deep, ...): the attempt fails
+                        # with that reason, recorded like any agent error; the loop goes on.
+                        outcome.error = f"the change could not be captured: {exc}"
+                        return await self._agent_finished(w, inp, outcome)
+                    outcome.diff_stats = captured.stats
+                    outcome.diff_ref = await save(f"attempt-{inp.attempt}.diff", captured.diff, "text/x-diff")
                 log.info(
                     "agent %s finished attempt %s of %s in %.2fs",
                     agent_cls.name,
@@ -249,8 +292,10 @@ class ExecuteActivities:
                 )
                 return await self._agent_finished(w, inp, outcome)
         finally:
-            if workspace is not None and repo is not None:
-                await gitops.remove_worktree(repo, workspace)
+            if ws is not None:
+                await ws.remove()
+            if mirror is not None:
+                mirror.release()
 
     async def _agent_finished(self, w: AttemptWriter, inp: AgentStepInput, outcome: AgentOutcome) -> AgentOutcome:
         """The attempt's last write: the refs of what it produced. Refused (and the attempt ends) if a later attempt
@@ -297,9 +342,35 @@ class ExecuteActivities:
             raise w.stale(done, "validate_change")
         return outcome
 
+    async def _workspace(
+        self,
+        git_dir: Path,
+        work_item_id: str,
+        name: str,
+        commit: str,
+        limits: SandboxLimits,
+        *,
+        materialise: bool = True,
+    ) -> Workspace:
+        """A fresh workspace for one agent run or validation, with the operator's disk cap and sandbox owner."""
+        sandbox_settings = SandboxSettings()
+        try:
+            return await Workspace.create(
+                git_dir=git_dir,
+                home=self.settings.resolved_worktree_dir() / work_item_id / name,
+                commit=commit,
+                disk_mb=sandbox_settings.workspace_disk_mb(limits),
+                owner=sandbox_settings.owner(),
+                materialise=materialise,
+            )
+        except WorkspaceError as exc:
+            raise bad_input(str(exc)) from exc
+        except DiskError as exc:
+            raise ApplicationError(f"workspace disk: {exc}", type="SandboxError") from exc
+
     async def _validate(self, inp: ValidateInput, w: AttemptWriter, heartbeat: Any) -> ValidationOutcome:
         spec = inp.validation
-        diff = (await self._artifact_bytes(inp.diff_ref.id)).decode() if inp.diff_ref else ""
+        diff = await self._artifact_bytes(inp.diff_ref.id) if inp.diff_ref else b""
         ev: dict[str, Any] = {
             "diff_nonempty": bool(diff.strip()),
             "patch_applied": True,
@@ -310,22 +381,52 @@ class ExecuteActivities:
         if not diff.strip():
             evidence = ValidationEvidence(**ev)
             return self._judge(inp, evidence, outcome_extra)
-        ws = (
-            self.settings.resolved_worktree_dir()
-            / inp.work_item_id
-            / f"validate-{inp.attempt}-s{inp.step}a{w.rank.attempt}"
-        )
-        repo = await self._checkout(w, inp.repo_path, inp.base_commit, ws, inp.attempt)
+        environment: EnvironmentSpec | None = inp.environment
+        sandbox = pick_sandbox(inp.sandbox, self.settings, environment.image if environment else None)
+        limits = sandbox_limits(inp.sandbox, spec.timeout_s)
+        setup_commands = [*(environment.setup if environment else []), *spec.setup]
+        needs_setup = bool(setup_commands) or (environment is not None and environment.python is not None)
+        mirror = await self._mirror(w, inp.repo_path, inp.base_commit, inp.attempt)
         try:
-            environment: EnvironmentSpec | None = inp.environment
-            sandbox = pick_sandbox(inp.sandbox, self.settings, environment.image if environment else None)
-            limits = sandbox_limits(inp.sandbox, spec.timeout_s)
+            ws = await self._workspace(
+                mirror.gitdir,
+                inp.work_item_id,
+                f"validate-{inp.attempt}-s{inp.step}a{w.rank.attempt}",
+                inp.base_commit,
+                limits,
+                materialise=False,
+            )
+        except BaseException:
+            mirror.release()
+            raise
+        try:
+            # Everything below works on trees in the host's private git directory: the diff is applied there
+            # (never by git in a work tree), protected paths are put back there, and only the result is written
+            # into the fresh workspace.
+            changed, err = await ws.apply(diff)
+            if changed is None:
+                evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
+                return self._judge(inp, evidence, outcome_extra)
+            base, _ = strip_platform(ws.base, spec.junit_path)
+            final, resets = await apply_protection(
+                ws.git, ws.base, changed, Protection.from_spec(spec), report_path=spec.junit_path
+            )
+            outcome_extra["protected_reset"] = resets
+            ev["protected_reset"] = [f"{r.path} ({r.why})" for r in resets]
+            if final == base:
+                evidence = ValidationEvidence(**ev, effective_change=False)
+                return self._judge(inp, evidence, outcome_extra)
+            heartbeat()
             run_env: dict[str, str] = {}
             mounts: list[Path] = []
-            setup_commands = [*(environment.setup if environment else []), *spec.setup]
-            if setup_commands or (environment is not None and environment.python):
-                # Setup runs once per (repository, base commit, environment) on this host; every later attempt and
-                # validation mounts the result read-only instead of reinstalling.
+            try:
+                await ws.write_entries(base if needs_setup else final)
+            except WorkspaceError as exc:
+                evidence = ValidationEvidence(**ev, disk_limited=True, stderr_tail=str(exc)[-4000:])
+                return self._judge(inp, evidence, outcome_extra)
+            if needs_setup:
+                # Setup runs once per (repository, base commit, environment) on this host, on the base content;
+                # every later attempt and validation mounts the result read-only instead of reinstalling.
                 plan = None
                 setup_limits = limits
                 if environment is not None:
@@ -346,7 +447,7 @@ class ExecuteActivities:
                         repo=inp.repo_path,
                         base_commit=inp.base_commit,
                         setup=setup_commands,
-                        source=ws,
+                        source=ws.path,
                         limits=setup_limits,
                         plan=plan,
                     )
@@ -365,6 +466,7 @@ class ExecuteActivities:
                         timed_out=setup.timed_out,
                         oom_killed=setup.oom_killed,
                         pids_limited=setup.pids_limited,
+                        disk_limited=setup.disk_limited,
                         killed_by_signal=setup.killed_by_signal,
                         stdout_tail=setup.report(4000).stdout_tail,
                         stderr_tail=setup.report(4000).stderr_tail,
@@ -383,23 +485,20 @@ class ExecuteActivities:
                     )
                     prepared_ev["log_ref"] = log_ref.id
                 await w.event("environment_prepared", prepared_ev)
+                try:
+                    await ws.update(base, final)
+                except WorkspaceError as exc:
+                    evidence = ValidationEvidence(**ev, disk_limited=True, stderr_tail=str(exc)[-4000:])
+                    return self._judge(inp, evidence, outcome_extra)
+            # The platform's directory, owned by the sandbox user; the report path's parent exists too. Whatever
+            # the run leaves there is read back without following anything.
+            ws.make_dir(gitops.PLATFORM_DIR)
+            if spec.junit_path is not None and len(spec.junit_path.parts) > 1:
+                ws.make_dir("/".join(spec.junit_path.parts[:-1]))
             heartbeat()
-            ok, err = await gitops.apply_diff(ws, diff)
-            if not ok:
-                evidence = ValidationEvidence(**{**ev, "patch_applied": False, "stderr_tail": err[-4000:]})
-                return self._judge(inp, evidence, outcome_extra)
-            restored = await gitops.reset_paths(ws, inp.base_commit, spec.test_files)
-            if restored:
-                outcome_extra["reset_test_files"] = restored
-            report_path = ws / spec.junit_path if spec.junit_path else None
-            if report_path is not None:
-                # The diff cannot ship a ready-made report: whatever is there now is not evidence.
-                report_path.unlink(missing_ok=True)
-                report_path.parent.mkdir(parents=True, exist_ok=True)
+            run = await sandbox.run(spec.command, workspace=ws.path, limits=limits, env=run_env, ro_mounts=mounts)
             heartbeat()
-            run = await sandbox.run(spec.command, workspace=ws, limits=limits, env=run_env, ro_mounts=mounts)
-            heartbeat()
-            rep = run.report(8000)
+            rep = run.report(8000).model_copy(update={"workspace_disk": ws.disk_enforcement})
             outcome_extra["log_ref"] = await self._save(
                 inp.work_item_id,
                 inp.tenant_id,
@@ -408,8 +507,12 @@ class ExecuteActivities:
                 "text/plain",
             )
             report_bytes = None
-            if report_path is not None and report_path.is_file():
-                report_bytes = report_path.read_bytes()[: 16 * 1024 * 1024]
+            refused = None
+            if spec.junit_path is not None:
+                report_bytes, refused = await asyncio.to_thread(
+                    read_report, ws.path, spec.junit_path, min(MAX_REPORT_BYTES, self.settings.max_artifact_bytes)
+                )
+            if report_bytes is not None:
                 outcome_extra["report_ref"] = await self._save(
                     inp.work_item_id,
                     inp.tenant_id,
@@ -423,8 +526,11 @@ class ExecuteActivities:
                 timed_out=run.timed_out,
                 oom_killed=run.oom_killed,
                 pids_limited=run.pids_limited,
+                disk_limited=run.disk_limited,
+                command_not_found=run.command_not_found,
                 killed_by_signal=run.killed_by_signal,
                 report=report_bytes,
+                report_refused=refused,
                 # With a configured report path a missing report is not evidence of anything: it fails.
                 report_format="junit" if spec.junit_path else None,
                 stdout_tail=rep.stdout_tail,
@@ -432,7 +538,8 @@ class ExecuteActivities:
             )
             return self._judge(inp, evidence, outcome_extra, sandbox_report=rep)
         finally:
-            await gitops.remove_worktree(repo, ws)
+            await ws.remove()
+            mirror.release()
 
     def _judge(
         self,
@@ -459,6 +566,7 @@ class ExecuteActivities:
             report_ref=extra.get("report_ref"),
             diagnostics=diagnostics,
             fingerprint=verdict.fingerprint or None,
+            protected_reset=extra.get("protected_reset", []),
         )
 
 

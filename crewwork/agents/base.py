@@ -65,6 +65,9 @@ class AgentContext:
     """Details of the last heartbeat of a previous Temporal attempt of this activity, to resume from."""
     save_artifact: Callable[[str, bytes, str], Awaitable[Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    host_workspace: Any | None = None
+    """The platform's `crewwork.workspace.Workspace` for `workspace` (owner, private git directory), for agents
+    that change files on the host rather than in a sandbox (they must go through it or `crewwork.safefs`)."""
 
 
 async def _current() -> None:

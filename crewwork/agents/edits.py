@@ -31,8 +31,12 @@ they touch ``.git``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from crewwork import safefs
+from crewwork.paths import is_dotgit
 
 SEARCH_MARK = "<<<<<<< SEARCH"
 DIVIDER_MARK = "======="
@@ -147,7 +151,7 @@ def resolve_in_workspace(workspace: Path, rel: str) -> Path:
         raise EditApplyError(f"{rel}: absolute paths are not allowed; use a repo-relative path", path=rel)
     if any(p == ".." for p in pure.parts):
         raise EditApplyError(f"{rel}: '..' is not allowed in paths", path=rel)
-    if (pure.parts and pure.parts[0] == ".git") or ".git" in pure.parts:
+    if any(is_dotgit(p) for p in pure.parts):
         raise EditApplyError(f"{rel}: the .git directory is not editable", path=rel)
     root = workspace.resolve()
     target = (root / Path(*pure.parts)).resolve()
@@ -197,11 +201,19 @@ def apply_edits(workspace: Path, blocks: list[EditBlock]) -> list[str]:
         at = starts[0]
         new = work[:at] + block.replace + work[at + len(block.search) :]
         staged[target] = new if current.endswith("\n") or not new.endswith("\n") else new[:-1]
-    for target, _ in order:
-        content = staged[target]
-        assert content is not None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8", newline="")
+    root = workspace.resolve()
+    root_fd = safefs.open_root(root)
+    try:
+        for target, rel in order:
+            content = staged[target]
+            assert content is not None
+            # Written beneath the workspace without following any link (the path was resolved above).
+            try:
+                safefs.write_file(root_fd, str(target.relative_to(root)), [content.encode("utf-8")])
+            except safefs.Refused as exc:
+                raise EditApplyError(f"{rel}: {exc.reason}", path=rel) from None
+    finally:
+        os.close(root_fd)
     return [rel for _, rel in order]
 
 
@@ -216,14 +228,16 @@ def _line_matches(text: str, search: str) -> list[int]:
 
 
 def _read(target: Path, where: str) -> str | None:
-    if not target.exists():
+    if not target.exists() and not target.is_symlink():
         return None
-    if not target.is_file():
-        raise EditApplyError(f"{where}: not a regular file")
-    if target.stat().st_size > MAX_EDIT_FILE_BYTES:
-        raise EditApplyError(f"{where}: file is larger than {MAX_EDIT_FILE_BYTES} bytes; not editable here")
     try:
-        return target.read_bytes().decode("utf-8")
+        data = safefs.read_bytes(target.parent, target.name, max_bytes=MAX_EDIT_FILE_BYTES)
+    except safefs.TooLarge:
+        raise EditApplyError(f"{where}: file is larger than {MAX_EDIT_FILE_BYTES} bytes; not editable here") from None
+    except safefs.Refused as exc:
+        raise EditApplyError(f"{where}: {exc.reason}") from None
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise EditApplyError(f"{where}: not a UTF-8 text file") from None
 

@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -455,23 +454,18 @@ def build_prompt(ws: Path, ctx: AgentContext, cfg: ModelAgentConfig) -> tuple[st
 
 
 def list_files(ws: Path) -> list[str]:
-    """Tracked and untracked-but-not-ignored files, repo-relative, sorted."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ws), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            capture_output=True,
-            timeout=30,
-            check=True,
-        ).stdout
-        files = sorted({p for p in out.decode("utf-8", "replace").split("\0") if p})
-    except (OSError, subprocess.SubprocessError):
-        files = []
-        for root, dirs, names in os.walk(ws):
-            dirs[:] = [d for d in dirs if d != ".git"]
-            for n in names:
+    """The workspace's files, repo-relative, sorted. Walked directly (never `git` in the workspace: host git
+    does not run in one, see docs/sandbox.md); links are listed, never followed, and no `.git` entry counts."""
+    from crewwork.paths import is_dotgit
+
+    files: list[str] = []
+    for root, dirs, names in os.walk(ws):
+        dirs[:] = sorted(d for d in dirs if not is_dotgit(d) and not (root == str(ws) and d == ".crewwork"))
+        for n in names:
+            if not is_dotgit(n):
                 files.append(str(Path(root, n).relative_to(ws)))
-        files.sort()
-    return [f for f in files if not f.startswith(".git/") and f != ".git"]
+    files.sort()
+    return files
 
 
 def select_files(ws: Path, listing: list[str], pointers: str, cfg: ModelAgentConfig) -> list[str]:

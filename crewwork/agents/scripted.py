@@ -18,6 +18,14 @@ Attempt k uses `attempts[k-1]` (the last entry repeats when there are more attem
 `output`/`delay_s`/`files`/`diff` are the default. A `task` returns `output`; a code change writes `files`
 (whole-file contents; `null` deletes) and/or applies `diff` in the attempt's workspace.
 
+Every path (a `files` key, a path named by `diff`) is a `crewwork.paths.RelPath`, checked at submission: inside
+the repository, never `.git` in any spelling, never the platform's `.crewwork/`. This agent runs on the host
+(no sandbox), before any untrusted process has touched its fresh workspace, so the only untrusted things it
+meets are its own config and the repository's content (a committed symlink, say). It writes through
+`crewwork.safefs` (beneath the workspace, no link followed at any component, only single-link regular files
+replaced), and applies `diff` to the workspace's tree in the host's private git directory, writing the result
+back the same way; git never touches the workspace.
+
 **Fault injection, for tests only** (documented in docs/reliability.md). Each step may also carry, keyed by the
 Temporal activity attempt it fires on (`on_activity_attempt`, default 1; `"all"` fires on every attempt):
 - `"fail": "message"`  raise an infrastructure error (retried by the activity retry policy);
@@ -32,10 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import time
-from pathlib import Path
 from typing import Any
 
+from crewwork import safefs
 from crewwork.agents.base import (
     Agent,
     AgentConfigError,
@@ -45,6 +54,7 @@ from crewwork.agents.base import (
     AgentRunResult,
 )
 from crewwork.models import WorkItemKind
+from crewwork.paths import PathRefused, RelPath, diff_paths
 
 _STEP_KEYS = {
     "files",
@@ -81,14 +91,20 @@ class ScriptedAgent(Agent):
             bad = set(step) - _STEP_KEYS - ({"attempts"} if i == 0 else set())
             if bad:
                 raise AgentConfigError(f"scripted agent: attempts[{i - 1}] has unknown keys {sorted(bad)}")
+            where = "config" if i == 0 else f"attempts[{i - 1}]"
             files = step.get("files")
             if files is not None:
                 if not isinstance(files, dict):
                     raise AgentConfigError("scripted agent: `files` maps relative paths to contents (or null)")
-                for p in files:
-                    _safe_rel(p)
-            if "diff" in step and not isinstance(step["diff"], str):
-                raise AgentConfigError("scripted agent: `diff` must be a unified diff string")
+                for p, content in files.items():
+                    _safe_rel(p, f"{where}.files key")
+                    if content is not None and not isinstance(content, str):
+                        raise AgentConfigError(f"scripted agent: {where}.files[{p!r}] must be a string or null")
+            if "diff" in step:
+                if not isinstance(step["diff"], str):
+                    raise AgentConfigError("scripted agent: `diff` must be a unified diff string")
+                for p in diff_paths(step["diff"]):
+                    _safe_rel(p, f"{where}.diff path")
             delay = step.get("delay_s", 0)
             if not isinstance(delay, int | float) or delay < 0 or delay > 3600:
                 raise AgentConfigError("scripted agent: `delay_s` must be between 0 and 3600")
@@ -127,7 +143,7 @@ class ScriptedAgent(Agent):
         if ctx.kind != WorkItemKind.task:
             if ctx.workspace is None:
                 raise AgentError("scripted agent: a code change needs a workspace")
-            await self._apply_step(ctx.workspace, step)
+            await self._apply_step(ctx, step)
         return AgentRunResult(
             output=step.get("output") if ctx.kind == WorkItemKind.task else None,
             claims=step.get("claims", "scripted change applied (mock agent)"),
@@ -140,27 +156,46 @@ class ScriptedAgent(Agent):
             cost_usd=float(step.get("cost_usd", 0.0)),
         )
 
-    async def _apply_step(self, ws: Path, step: dict[str, Any]) -> None:
-        for rel, content in (step.get("files") or {}).items():
-            target = ws / _safe_rel(rel)
-            if content is None:
-                target.unlink(missing_ok=True)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(content)
+    async def _apply_step(self, ctx: AgentContext, step: dict[str, Any]) -> None:
+        assert ctx.workspace is not None
+        handle = ctx.host_workspace
+        owner = getattr(handle, "owner", None)
+        root_fd = safefs.open_root(ctx.workspace)
+        try:
+            for raw, content in (step.get("files") or {}).items():
+                rel = _safe_rel(raw, "files key")
+                try:
+                    if content is None:
+                        with safefs.opened(safefs.lookup(root_fd, rel)) as fd:
+                            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                                raise AgentError(f"scripted agent: cannot delete {rel}: it is a directory")
+                        safefs.remove(root_fd, rel)
+                    else:
+                        safefs.write_file(root_fd, rel, [content.encode()], owner=owner)
+                except FileNotFoundError:
+                    continue
+                except safefs.Refused as exc:
+                    raise AgentError(f"scripted agent: cannot write {rel}: {exc.reason}") from None
+        finally:
+            os.close(root_fd)
         if step.get("diff"):
-            from crewwork.gitops import git
+            if handle is None:
+                raise AgentError("scripted agent: applying a diff needs the platform's workspace handle")
+            from crewwork.workspace import CaptureRefused
 
-            res = await git("apply", "--whitespace=nowarn", "-", cwd=ws, check=False, input_bytes=step["diff"].encode())
-            if res.code != 0:
-                raise AgentError(f"scripted agent: configured diff does not apply: {res.err.strip()}")
+            try:
+                ok, err = await handle.apply_in_place(step["diff"].encode())
+            except (CaptureRefused, safefs.Refused) as exc:
+                raise AgentError(f"scripted agent: configured diff cannot be applied: {exc}") from None
+            if not ok:
+                raise AgentError(f"scripted agent: configured diff does not apply: {err}")
 
 
-def _safe_rel(p: str) -> Path:
-    path = Path(p)
-    if path.is_absolute() or ".." in path.parts or not p or p.startswith(".git/") or p == ".git":
-        raise AgentConfigError(f"scripted agent: file path {p!r} must be relative and stay inside the repository")
-    return path
+def _safe_rel(p: object, what: str = "file path") -> RelPath:
+    try:
+        return RelPath.parse(p, f"scripted agent {what}")
+    except PathRefused as exc:
+        raise AgentConfigError(str(exc)) from None
 
 
 async def _ignoring_cancellation(coro: Any) -> None:

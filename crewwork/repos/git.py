@@ -5,8 +5,9 @@ terminal prompts, no trace variables inherited from the worker) plus the remote'
 that switch off what a hostile remote or repository could use: hooks, protocol helpers other than the one in use,
 redirects, submodule recursion, automatic gc. Error text is masked (`GitAuth.redact`) before it is raised.
 
-The containment-hardened local operations (worktrees, diffs, apply) stay in `crewwork.gitops`; this module is the
-network half and the mirror's own bookkeeping.
+The containment-hardened workspace operations (private git directories, trees, diffs) stay in `crewwork.gitops`;
+this module is the network half and the mirror's own bookkeeping. Commands on a mirror name it with `--git-dir`, so
+git never discovers a repository from a directory.
 """
 
 from __future__ import annotations
@@ -148,11 +149,14 @@ async def run_git(
     input_bytes: bytes | None = None,
     fsck: bool = True,
     env: Mapping[str, str] | None = None,
+    git_dir: Path | None = None,
 ) -> GitOutput:
-    """Run git with the hardening options; output is returned redacted. Never raises for a non-zero exit."""
+    """Run git with the hardening options (on `git_dir` when given); output is returned redacted. Never raises for
+    a non-zero exit."""
     proc = await asyncio.create_subprocess_exec(
         "git",
         *hardening(scheme, fsck=fsck),
+        *([f"--git-dir={git_dir}"] if git_dir is not None else []),
         *args,
         cwd=str(cwd),
         env=git_env(auth, env),

@@ -16,10 +16,10 @@ Local repositories are just another remote (a path); their hooks do not run (`re
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from crewwork import gitops
 from crewwork.repos.git import IDENTITY, PushRejected, run_git
 from crewwork.repos.mirror import MirrorCache
 from crewwork.repos.remote import Remote
@@ -81,29 +81,43 @@ async def land_by_push(
                 return Landed(branch, current, False, remote.name)
             raise LandingConflictError(str(exc)) from exc
         # Keep the landed commit reachable in the mirror (nothing else refers to it there).
-        await run_git(["update-ref", f"refs/crewwork/landed/{work_item_id}", commit], cwd=gitdir)
+        await run_git(["update-ref", f"refs/crewwork/landed/{work_item_id}", commit], cwd=gitdir, git_dir=gitdir)
         return Landed(branch, commit, True, remote.name)
 
 
 async def _tree_of_change(gitdir: Path, base_commit: str, diff: str, scratch: Path) -> str:
-    wt = await gitops.add_worktree(gitdir, scratch, base_commit)
+    """The tree of `diff` applied to `base_commit`, built in a private index file (no work tree, no checkout)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = {"GIT_INDEX_FILE": str(scratch / "land.index")}
     try:
-        ok, err = await gitops.apply_diff(wt, diff)
-        if not ok:
-            raise LandingConflictError(f"the change no longer applies to {base_commit[:12]}: {err[-1500:]}")
-        return (await gitops.git("write-tree", cwd=wt)).out.strip()
+        res = await run_git(["read-tree", base_commit], cwd=scratch, git_dir=gitdir, env=env)
+        if res.code != 0:
+            raise RuntimeError(f"git read-tree {base_commit[:12]} failed in the mirror: {res.err.strip()}")
+        res = await run_git(
+            ["apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
+            cwd=scratch,
+            git_dir=gitdir,
+            env=env,
+            input_bytes=diff.encode(),
+        )
+        if res.code != 0:
+            raise LandingConflictError(f"the change no longer applies to {base_commit[:12]}: {res.err.strip()[-1500:]}")
+        res = await run_git(["write-tree"], cwd=scratch, git_dir=gitdir, env=env)
+        if res.code != 0 or not res.out.strip():
+            raise RuntimeError(f"git write-tree failed in the mirror: {res.err.strip()}")
+        return res.out.strip()
     finally:
-        await gitops.remove_worktree(gitdir, scratch)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def _is_same_change(remote: Remote, gitdir: Path, work_item_id: str, commit: str, tree: str, parent: str) -> bool:
     """Whether the remote's `commit` is this change (same tree on the same parent): fetched into the mirror to look."""
     if not await _has(gitdir, commit):
         await remote.fetch(gitdir, f"+refs/heads/{delivery_branch(work_item_id)}:refs/crewwork/remote/{work_item_id}")
-    res = await run_git(["show", "-s", "--format=%T %P", commit], cwd=gitdir, env=IDENTITY)
+    res = await run_git(["show", "-s", "--format=%T %P", commit], cwd=gitdir, git_dir=gitdir, env=IDENTITY)
     info = res.out.split()
     return res.code == 0 and len(info) == 2 and info[0] == tree and info[1] == parent
 
 
 async def _has(gitdir: Path, commit: str) -> bool:
-    return (await run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=gitdir)).code == 0
+    return (await run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=gitdir, git_dir=gitdir)).code == 0

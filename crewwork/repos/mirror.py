@@ -8,16 +8,18 @@ Layout under the root (`CREWWORK_MIRROR_DIR`, default DATA/mirrors):
     <slug>-<hash>.git/            the bare mirror (refs/heads/* and refs/tags/* of the remote)
     <slug>-<hash>.git/crewwork-mirror.json   its URL, size and last fetch
     .locks/<slug>-<hash>.fetch    exclusive while cloning, fetching or evicting
-    .locks/<slug>-<hash>.use      shared while a worktree is being added, exclusive while evicting
+    .locks/<slug>-<hash>.use      shared while a workspace is made from the mirror, exclusive while evicting
     .tmp/                         clones in progress (renamed into place when complete: atomic first clone)
 
 Concurrency: several pool processes on one host share the cache. The first clone of a repository happens in
 `.tmp/` under the fetch lock and is renamed into place, so a half-cloned mirror is never seen. Fetches take the
-fetch lock; readers need none (git adds objects and moves refs atomically). Eviction (least recently used first,
-beyond `max_bytes`) takes both locks without waiting and skips a mirror that is busy or still has worktrees.
+fetch lock; readers need none (git adds objects and moves refs atomically). A workspace reads the mirror's objects
+(crewwork.gitops.PrivateGit's alternates) for as long as it lives, so an activity holds the mirror (`hold`: a
+shared flock on its use lock, released with the workspace, or by the kernel if the process dies). Eviction (least
+recently used first, beyond `max_bytes`) takes both locks without waiting and skips a mirror that is held,
+being fetched, or still has worktrees.
 
-Every mirror's own config switches hooks and fsmonitor off, so the worktree operations of `crewwork.gitops` that
-run on it cannot execute anything either.
+Every mirror's own config switches hooks and fsmonitor off, so no git command on it can execute anything either.
 """
 
 from __future__ import annotations
@@ -64,6 +66,22 @@ class FetchStats:
     cloned: bool = False
     fetched: bool = False
     seconds: float = 0.0
+
+
+@dataclass
+class MirrorHold:
+    """A mirror kept from eviction until `release()` (a shared flock held on an open file)."""
+
+    gitdir: Path
+    stats: FetchStats
+    _fd: int | None = None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def mirror_key(url: RepoURL) -> str:
@@ -119,7 +137,7 @@ class MirrorCache:
     async def has_commit(self, gitdir: Path, commit: str) -> bool:
         if not gitdir.is_dir():
             return False
-        res = await run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=gitdir, timeout_s=60)
+        res = await run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=gitdir, git_dir=gitdir, timeout_s=60)
         return res.code == 0
 
     async def ensure(self, remote: Remote, want: str | None = None) -> tuple[Path, FetchStats]:
@@ -160,13 +178,13 @@ class MirrorCache:
             if res.code != 0:
                 raise OSError(f"git init of a mirror failed: {res.err.strip()}")
             for key, value in MIRROR_CONFIG.items():
-                await run_git(["config", key, value], cwd=tmp, timeout_s=60)
+                await run_git(["config", key, value], cwd=tmp, git_dir=tmp, timeout_s=60)
             await remote.fetch(tmp, *HEADS_AND_TAGS)
             # The remote's default branch, so HEAD in the mirror means what it means on the remote.
-            head = await remote.git("ls-remote", "--symref", "--", remote.url.url, "HEAD", cwd=tmp)
+            head = await remote.git("ls-remote", "--symref", "--", remote.url.url, "HEAD", cwd=tmp, git_dir=tmp)
             m = re.match(r"ref: (refs/heads/\S+)\tHEAD", head.out)
             if m:
-                await run_git(["symbolic-ref", "HEAD", m.group(1)], cwd=tmp, timeout_s=60)
+                await run_git(["symbolic-ref", "HEAD", m.group(1)], cwd=tmp, git_dir=tmp, timeout_s=60)
             os.rename(tmp, gitdir)  # atomic: a mirror is either complete or absent
         finally:
             if tmp.exists():
@@ -178,14 +196,26 @@ class MirrorCache:
         async with file_lock(self._lock(remote.url, "use"), shared=True):
             yield await self.ensure(remote, want)
 
-    async def add_worktree(self, remote: Remote, commit: str, path: Path) -> tuple[Path, FetchStats]:
-        """A fresh detached worktree of `commit` at `path`, from the mirror (fetched first if it lacks the commit).
-        Returns the mirror's git dir, which `crewwork.gitops` functions on the worktree take as `repo`."""
-        from crewwork import gitops
-
-        async with self.using(remote, commit) as (gitdir, stats):
-            await gitops.add_worktree(gitdir, path, commit)
-        return gitdir, stats
+    async def hold(self, remote: Remote, want: str | None) -> MirrorHold:
+        """The mirror holding `want`, protected from eviction until the returned hold is released. For what lives
+        longer than one call: a workspace made from the mirror reads its objects until it is removed."""
+        path = self._lock(remote.url, "use")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            delay = 0.01
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:  # an eviction is deciding about this mirror right now
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.2)
+            gitdir, stats = await self.ensure(remote, want)
+        except BaseException:
+            os.close(fd)
+            raise
+        return MirrorHold(gitdir, stats, fd)
 
     def _touch(self, gitdir: Path) -> None:
         with contextlib.suppress(OSError):
@@ -257,7 +287,7 @@ class MirrorCache:
         """Forget worktrees of this mirror whose directories are gone (a crashed or cleaned-up attempt)."""
         gitdir = self.path(url)
         if gitdir.is_dir():
-            await run_git(["worktree", "prune"], cwd=gitdir, timeout_s=60)
+            await run_git(["worktree", "prune"], cwd=gitdir, git_dir=gitdir, timeout_s=60)
 
 
 def _prune_worktrees(gitdir: Path) -> None:
@@ -266,7 +296,7 @@ def _prune_worktrees(gitdir: Path) -> None:
     from crewwork.repos.git import git_env, hardening
 
     subprocess.run(
-        ["git", *hardening(), "worktree", "prune"],
+        ["git", *hardening(), f"--git-dir={gitdir}", "worktree", "prune"],
         cwd=gitdir,
         env=git_env(),
         capture_output=True,

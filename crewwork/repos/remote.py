@@ -42,10 +42,13 @@ class Remote:
             return ["--receive-pack=git -c core.hooksPath=/dev/null receive-pack"]
         return []
 
-    async def git(self, *args: str, cwd: Path | str, timeout_s: float | None = None) -> GitOutput:
+    async def git(
+        self, *args: str, cwd: Path | str, timeout_s: float | None = None, git_dir: Path | None = None
+    ) -> GitOutput:
         return await run_git(
             args,
             cwd=cwd,
+            git_dir=git_dir,
             auth=self.auth,
             scheme=protocol_of(self.url),
             timeout_s=timeout_s or self.timeout_s,
@@ -87,7 +90,7 @@ class Remote:
         args = ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-auto-gc"]
         if prune:
             args.append("--prune")
-        res = await self.git(*args, "--", self.url.url, *(refspecs or HEADS_AND_TAGS), cwd=gitdir)
+        res = await self.git(*args, "--", self.url.url, *(refspecs or HEADS_AND_TAGS), cwd=gitdir, git_dir=gitdir)
         if res.code != 0:
             raise classify(res.err, self.name, "fetching from")
 
@@ -107,6 +110,7 @@ class Remote:
             self.url.url,
             f"{commit}:{ref}",
             cwd=gitdir,
+            git_dir=gitdir,
         )
         status = [ln for ln in res.out.splitlines() if ln.startswith(("=", "*", "+", " ", "!", "-"))]
         rejected = [ln for ln in status if ln.startswith("!")]

@@ -17,7 +17,7 @@ from crewwork.models import PullRequestSpec
 from crewwork.repos.credentials import CredentialError, Credentials, GitAuth, read_secret
 from crewwork.repos.git import RemoteError, RemoteNotFound, is_sha, run_git
 from crewwork.repos.landing import Landed, land_by_push
-from crewwork.repos.mirror import FetchStats, MirrorCache
+from crewwork.repos.mirror import MirrorCache, MirrorHold
 from crewwork.repos.remote import Remote
 from crewwork.repos.settings import ForgeConfig
 from crewwork.repos.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
@@ -98,8 +98,14 @@ class Repositories:
             raise RepoPolicyError(str(exc)) from None
 
     async def _resolve_local(self, url: RepoURL, ref: str) -> str:
+        from crewwork.gitops import GitError, git_dir_of
+
+        try:
+            git_dir = git_dir_of(url.local_path)
+        except GitError as exc:
+            raise RepoPolicyError(f"repository {url.url}: {exc}") from None
         res = await run_git(
-            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"], cwd=url.local_path
+            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"], cwd="/", git_dir=git_dir
         )
         sha = res.out.strip()
         if res.code != 0 or len(sha) not in (40, 64):
@@ -108,17 +114,11 @@ class Repositories:
 
     # ------------------------------------------------------------------ activities
 
-    async def add_worktree(
-        self, locator: str, commit: str, path: Path, tenant_id: str | None = None
-    ) -> tuple[Path, FetchStats]:
-        """A worktree of `commit` at `path` from this host's mirror; returns the mirror (the worktree's git dir)."""
+    async def hold(self, locator: str, commit: str, tenant_id: str | None = None) -> MirrorHold:
+        """This host's mirror of the repository holding `commit` (fetched when it lacks it), kept from eviction until
+        the hold is released: the git directory workspaces are made from."""
         url = self.locate(locator)
-        return await self.mirrors.add_worktree(self.remote(url, tenant_id), commit, path)
-
-    async def remove_worktree(self, gitdir: Path, path: Path) -> None:
-        from crewwork import gitops
-
-        await gitops.remove_worktree(gitdir, path)
+        return await self.mirrors.hold(self.remote(url, tenant_id), commit)
 
     async def land(
         self,

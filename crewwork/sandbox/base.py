@@ -37,9 +37,11 @@ class SandboxLimits:
     """Bytes of the end of stdout and of stderr kept in reports (the full logs become artifacts)."""
     max_log_bytes: int = 8 * 1024 * 1024
     """Bytes of stdout and of stderr kept at most; output beyond is dropped and `truncated` is set."""
+    disk_mb: int = 4096
+    """Size in MiB of each workspace's own file system (its disk cap; see crewwork.sandbox.disk)."""
 
     def __post_init__(self) -> None:
-        for name in ("memory_mb", "pids", "cpus", "timeout_s", "tmpfs_mb", "max_log_bytes"):
+        for name in ("memory_mb", "pids", "cpus", "timeout_s", "tmpfs_mb", "max_log_bytes", "disk_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox limit {name} must be positive, got {getattr(self, name)!r}")
         if self.output_tail_bytes < 0:
@@ -59,6 +61,10 @@ class SandboxRunResult:
     timed_out: bool = False
     oom_killed: bool = False
     pids_limited: bool = False
+    disk_limited: bool = False
+    """The workspace (or the private /tmp) filled up: the disk cap was hit."""
+    command_not_found: bool = False
+    """The program in argv[0] does not exist or is not executable inside the sandbox (exit 127 or 126)."""
     killed_by_signal: int | None = None
     peak_memory_bytes: int | None = None
     enforcement: str = ""
@@ -72,6 +78,8 @@ class SandboxRunResult:
             and not self.timed_out
             and not self.oom_killed
             and not self.pids_limited
+            and not self.disk_limited
+            and not self.command_not_found
             and self.killed_by_signal is None
         )
 
@@ -84,6 +92,10 @@ class SandboxRunResult:
             return "oom"
         if self.pids_limited:
             return "pids"
+        if self.disk_limited:
+            return "disk"
+        if self.command_not_found:
+            return "command_not_found"
         if self.killed_by_signal is not None:
             return f"signal-{self.killed_by_signal}"
         return "exit" if self.exit_code is not None else "unknown"
@@ -99,6 +111,8 @@ class SandboxRunResult:
             timed_out=self.timed_out,
             oom_killed=self.oom_killed,
             pids_limited=self.pids_limited,
+            disk_limited=self.disk_limited,
+            command_not_found=self.command_not_found,
             killed_by_signal=self.killed_by_signal,
             peak_memory_bytes=self.peak_memory_bytes,
             enforcement=self.enforcement,
@@ -157,6 +171,39 @@ class Sandbox(abc.ABC):
         leaks in. Caps being hit show up as flags in the result. Cancelling the awaiting task kills
         everything the run started.
         """
+
+
+# What programs print when a write failed for want of space (the private /tmp has no counter we can read
+# after the run; the workspace's own file system is checked directly).
+DISK_FULL_MARKERS = (b"No space left on device", b"[Errno 28]", b"ENOSPC", b"Disk quota exceeded")
+
+
+def disk_limited(ws: Path, exit_code: int | None, stdout: bytes, stderr: bytes) -> bool:
+    """Whether a run hit the disk cap: its workspace is full, or it failed saying it ran out of space."""
+    from crewwork.sandbox.disk import is_full
+
+    if is_full(ws):
+        return True
+    if exit_code in (0, None):
+        return False
+    return any(m in stderr[-65536:] or m in stdout[-65536:] for m in DISK_FULL_MARKERS)
+
+
+def sandbox_owner(uid: int, gid: int) -> tuple[int, int] | None:
+    """Who owns workspaces and runs sandboxed commands on the host: the configured unprivileged uid when the
+    worker is root, else None (the worker's own, already unprivileged, uid)."""
+    return (uid, gid) if os.geteuid() == 0 else None
+
+
+def hand_over(ws: Path, owner: tuple[int, int] | None) -> None:
+    """Make the sandbox user own a workspace it is about to run in (links are never followed)."""
+    if owner is None:
+        return
+    st = ws.stat()
+    if (st.st_uid, st.st_gid) != owner:
+        from crewwork.safefs import chown_tree
+
+        chown_tree(ws, owner)
 
 
 def base_env(path: str, env: Mapping[str, str] | None) -> dict[str, str]:

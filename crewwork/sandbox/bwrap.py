@@ -1,20 +1,31 @@
 """The `bwrap` backend: bubblewrap namespaces plus a per-run cgroup (rlimits where cgroups are unavailable).
 
-No daemon, ~10 ms to start. The sandbox gets fresh user, pid, net, ipc, uts and mount namespaces, sees only
-the host's system directories read-only (not all of `/`: the worker's home, /run sockets and service data
-stay invisible), a private /tmp, and the workspace as its single writable bind. It shares the host kernel,
-so a kernel exploit escapes it; use gVisor for untrusted code that may try one.
+No daemon, ~10-30 ms to start. The sandbox gets fresh user, pid, net, ipc, uts, cgroup and mount namespaces, a
+read-only root that holds only the host's system directories (`/usr` and the `/lib*`, `/bin` links), an
+explicit allowlist of `/etc` files (never the whole directory: no shadow files, no SSH host keys, no engine
+keys) plus a synthetic passwd/group/hosts, a private sized `/tmp` and `/dev/shm`, and the workspace as its
+single writable bind.
+
+The sandbox never runs as host root. When the worker is root, each run first enters a private mount namespace
+where the bind sources are bind-mounted onto a fresh staging tmpfs (so no parent directory has to be opened to
+the sandbox user), then drops to the configured unprivileged uid (`CREWWORK_SANDBOX_UID`, default 65532) with
+`setpriv` (no capabilities, empty bounding set, no_new_privs) and only then starts bwrap, which maps the
+sandbox's uid 65534 to that host uid. Files the sandbox creates belong to that uid; root-owned host files are
+as unreadable to it as to any other unprivileged user. It shares the host kernel, so a kernel exploit escapes
+it; use gVisor for untrusted code that may try one.
 """
 
 from __future__ import annotations
 
 import functools
+import glob
 import math
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -34,6 +45,8 @@ from crewwork.sandbox.base import (
     SandboxUnavailable,
     base_env,
     check_argv_and_workspace,
+    disk_limited,
+    hand_over,
     host_python_path,
 )
 from crewwork.sandbox.cgroups import JOIN_FAILED, RunCgroup
@@ -43,29 +56,87 @@ from crewwork.sandbox.seccomp import filter_fd
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
 NOBODY = 65534
 # System directories the sandbox sees read-only. Anything else on the host (homes, /run with the Docker and
-# PostgreSQL sockets, /var/lib service data, /opt) is simply absent.
-SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
-# Readable by root even with every capability dropped, because a root worker's uid owns them.
-MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+# PostgreSQL sockets, /var/lib service data, /opt, /etc) is simply absent.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+# The only host /etc entries a sandbox sees (if they exist): what the dynamic loader, Python, TLS and name
+# lookups read. Each is world-readable on a normal host; nothing secret (shadow, ssh, docker, ssl/private).
+ETC_ALLOWLIST = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/alternatives",
+    "/etc/ssl/certs",
+    "/etc/ca-certificates.conf",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/mime.types",
+    "/etc/protocols",
+    "/etc/services",
+    "/etc/os-release",
+    "/etc/debian_version",
+    "/etc/python3",
+    "/etc/python3.*",
+)
+# Written by crewwork itself: the sandbox learns nothing about the host's accounts or network names.
+SYNTHETIC_ETC = {
+    "/etc/passwd": b"root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/tmp:/usr/sbin/nologin\n",
+    "/etc/group": b"root:x:0:\nnogroup:x:65534:\n",
+    "/etc/hosts": b"127.0.0.1 localhost sandbox\n::1 localhost\n",
+    "/etc/hostname": b"sandbox\n",
+    "/etc/resolv.conf": b"",
+}
+# Runs as root in the run's private mount namespace: a fresh tmpfs over the staging directory, each bind source
+# bind-mounted onto it (a directory or a file), then exec the rest (setpriv ... bwrap ...).
+STAGE_SCRIPT = r"""set -e
+stage=$1; n=$2; shift 2
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev crewwork-stage "$stage"
+i=0
+while [ "$i" -lt "$n" ]; do
+    if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi
+    mount --bind "$1" "$stage/$i"
+    i=$((i+1)); shift
+done
+exec "$@"
+"""
 
 
 def _python_dirs() -> list[str]:
     """The interpreter's prefixes, so `python -m pytest` works inside even when Python lives in a home dir."""
     dirs = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(sys.executable))}
-    return sorted(d for d in dirs if not any(d == s or d.startswith(s + "/") for s in ("/usr", "/etc")))
+    return sorted(d for d in dirs if not any(d == s or d.startswith(s + "/") for s in ("/usr",)))
 
 
-def _system_binds() -> list[str]:
-    args: list[str] = []
-    for d in SYSTEM_DIRS:
-        if os.path.islink(d):
-            args += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            args += ["--ro-bind", d, d]
-    for f in MASKED_FILES:
-        if os.path.exists(f):
-            args += ["--ro-bind", "/dev/null", f]
-    return args
+def _etc_entries() -> list[tuple[str, str | None]]:
+    """(path, symlink target or None) of the allowlisted /etc entries present on this host."""
+    out: list[tuple[str, str | None]] = []
+    for pattern in ETC_ALLOWLIST:
+        for path in sorted(glob.glob(pattern)) if "*" in pattern else [pattern]:
+            if path in SYNTHETIC_ETC:
+                continue
+            if os.path.islink(path):
+                out.append((path, os.readlink(path)))
+            elif os.path.exists(path):
+                out.append((path, None))
+    return out
+
+
+@dataclass
+class _Bind:
+    src: str
+    dest: str
+    writable: bool
+
+
+def _synthetic_fds() -> list[tuple[int, str]]:
+    fds = []
+    for dest, data in SYNTHETIC_ETC.items():
+        fd = os.memfd_create("crewwork-etc", 0)
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        fds.append((fd, dest))
+    return fds
 
 
 class BwrapSandbox(Sandbox):
@@ -91,27 +162,49 @@ class BwrapSandbox(Sandbox):
         limits: SandboxLimits,
         ro_mounts: Sequence[Path],
         seccomp_fd: int | None = None,
+        data_fds: Sequence[tuple[int, str]] = (),
     ) -> list[str]:
         assert self.bwrap is not None
-        args = [self.bwrap, "--unshare-all", "--new-session", "--die-with-parent", "--hostname", "sandbox"]
+        owner = self.settings.owner()
+        args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--new-session"]
+        args += ["--die-with-parent", "--hostname", "sandbox", "--uid", str(NOBODY), "--gid", str(NOBODY)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
-        if os.geteuid() == 0:
-            # As root, bwrap would keep full capabilities inside; run as nobody with none instead.
-            args += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY), "--cap-drop", "ALL"]
-        args += _system_binds()
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        args += ["--dir", "/etc"]
+        for path, target in _etc_entries():
+            args += ["--symlink", target, path] if target is not None else ["--ro-bind", path, path]
+        for fd, dest in data_fds:
+            args += ["--perms", "0444", "--ro-bind-data", str(fd), dest]
         args += ["--dev", "/dev", "--proc", "/proc"]
-        args += ["--size", str(limits.tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        scratch = str(limits.tmpfs_mb * 1024 * 1024)
+        args += ["--size", scratch, "--tmpfs", "/tmp", "--size", scratch, "--tmpfs", "/dev/shm"]
         # After the private /tmp, so an interpreter that lives under /tmp (a CI checkout, say) stays visible.
-        for d in _python_dirs():
-            args += ["--ro-bind", d, d]
+        binds = [_Bind(d, d, False) for d in _python_dirs()]
         for m in ro_mounts:
             p = os.path.realpath(m)
             if not os.path.exists(p):
                 raise ValueError(f"read-only mount {m} does not exist")
-            args += ["--ro-bind", p, p]
-        args += ["--bind", str(ws), str(ws), "--chdir", str(ws), "--", *argv]
-        return args
+            binds.append(_Bind(p, p, False))
+        binds.append(_Bind(str(ws), str(ws), True))
+        prefix: list[str] = []
+        if owner is not None:
+            stage = str(self.settings.bwrap_stage_dir)
+            sources = [b.src for b in binds]
+            for i, b in enumerate(binds):
+                b.src = f"{stage}/{i}"
+            prefix = [_tool("unshare"), "--mount", "--propagation", "private", "--", "/bin/sh", "-c", STAGE_SCRIPT]
+            prefix += ["crewwork-stage", stage, str(len(sources)), *sources]
+            prefix += [_tool("setpriv"), f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups"]
+            prefix += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        for b in binds:
+            args += ["--bind" if b.writable else "--ro-bind", b.src, b.dest]
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(ws), "--", *argv]
+        return prefix + args
 
     async def run(
         self,
@@ -123,12 +216,19 @@ class BwrapSandbox(Sandbox):
         ro_mounts: Sequence[Path] = (),
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
+        owner = self.settings.owner()
+        hand_over(ws, owner)
+        if owner is not None:
+            self.settings.bwrap_stage_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         seccomp_fd = filter_fd() if self.settings.bwrap_seccomp else None
+        data_fds = _synthetic_fds()
         try:
-            return await self._run(argv, ws, limits, env, ro_mounts, seccomp_fd)
+            return await self._run(argv, ws, limits, env, ro_mounts, seccomp_fd, data_fds)
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
+            for fd, _ in data_fds:
+                os.close(fd)
 
     async def _run(
         self,
@@ -138,8 +238,9 @@ class BwrapSandbox(Sandbox):
         env: Mapping[str, str] | None,
         ro_mounts: Sequence[Path],
         seccomp_fd: int | None,
+        data_fds: Sequence[tuple[int, str]],
     ) -> SandboxRunResult:
-        cmd = self.command(argv, ws, limits, ro_mounts, seccomp_fd)
+        cmd = self.command(argv, ws, limits, ro_mounts, seccomp_fd, data_fds)
         cg: RunCgroup | None = None
         if self.settings.bwrap_cgroups:
             try:
@@ -168,7 +269,7 @@ class BwrapSandbox(Sandbox):
                 max_log_bytes=limits.max_log_bytes,
                 preexec_fn=preexec,
                 kill_extra=cg.kill_all if cg is not None else None,
-                pass_fds=(seccomp_fd,) if seccomp_fd is not None else (),
+                pass_fds=((seccomp_fd,) if seccomp_fd is not None else ()) + tuple(fd for fd, _ in data_fds),
             )
             oom = cg.oom_killed() if cg else False
             pids_hit = cg.pids_limited() if cg else False
@@ -181,25 +282,51 @@ class BwrapSandbox(Sandbox):
                 cg.remove()
         if cg is not None and outcome.returncode == JOIN_FAILED and b"cgroup.procs" in outcome.stderr[:2000]:
             raise SandboxError(f"could not enter the run's cgroup: {outcome.stderr[:2000].decode(errors='replace')}")
-        if outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: "):
+        not_found = outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: execvp ")
+        if outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: ") and not not_found:
             # bwrap's own setup failed (bad mount, no user namespaces): the machinery, not the command.
             raise SandboxError(f"bwrap could not build the sandbox: {outcome.stderr.decode(errors='replace')}")
+        if owner_stage_failed(outcome.returncode, outcome.stderr):
+            raise SandboxError(f"bwrap staging failed: {outcome.stderr[:2000].decode(errors='replace')}")
+        exit_code = shell_status(outcome.returncode)
+        if not_found:
+            # The program does not exist (127) or is not executable (126) inside: the submission's problem.
+            exit_code = 126 if b"Permission denied" in outcome.stderr[:4000] else 127
         return SandboxRunResult(
             backend=self.name,
             isolated=True,
-            exit_code=shell_status(outcome.returncode),
+            exit_code=exit_code,
             duration_s=outcome.duration_s,
             stdout=outcome.stdout,
             stderr=outcome.stderr,
             timed_out=outcome.timed_out,
             oom_killed=oom,
             pids_limited=pids_hit,
-            killed_by_signal=signal_from_returncode(outcome.returncode, shell_style=True),
+            disk_limited=not not_found and disk_limited(ws, exit_code, outcome.stdout, outcome.stderr),
+            command_not_found=not_found,
+            killed_by_signal=None if not_found else signal_from_returncode(outcome.returncode, shell_style=True),
             peak_memory_bytes=peak,
             enforcement=(cg.version if cg is not None else rlimit_enforcement())
-            + ("+seccomp" if seccomp_fd is not None else ""),
+            + ("+seccomp" if seccomp_fd is not None else "")
+            + _uid_tag(self.settings.owner()),
             truncated=outcome.truncated,
         )
+
+
+def _uid_tag(owner: tuple[int, int] | None) -> str:
+    return f"+uid{owner[0]}" if owner is not None else f"+uid{os.geteuid()}"
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin:/bin") or name
+
+
+def owner_stage_failed(returncode: int | None, stderr: bytes) -> bool:
+    """The root-side staging (unshare, mount, setpriv) failed before bwrap started."""
+    head = stderr[:2000]
+    return returncode not in (0, None) and (
+        head.startswith((b"unshare: ", b"setpriv: ", b"mount: ")) or b"crewwork-stage: " in head
+    )
 
 
 @functools.cache
@@ -207,18 +334,22 @@ def _probe() -> tuple[bool, str]:
     exe = shutil.which("bwrap")
     if exe is None:
         return False, f"bwrap not found; {INSTALL_HINT}"
+    settings = SandboxSettings()
+    owner = settings.owner()
+    cmd = [exe, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "true"]
+    if owner is not None:
+        for tool in ("setpriv", "unshare"):
+            if shutil.which(tool, path="/usr/bin:/bin:/usr/sbin:/sbin") is None:
+                return False, f"{tool} (util-linux) is needed to run bwrap as the unprivileged sandbox user"
+        cmd = [_tool("setpriv"), f"--reuid={owner[0]}", f"--regid={owner[1]}", "--clear-groups", "--", *cmd]
     try:
-        r = subprocess.run(
-            [exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"],
-            capture_output=True,
-            timeout=10,
-            env={"PATH": "/usr/bin:/bin"},
-        )
+        r = subprocess.run(cmd, capture_output=True, timeout=10, env={"PATH": "/usr/bin:/bin"}, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bwrap did not run: {exc}"
     if r.returncode != 0:
         return False, (
-            f"bwrap cannot create namespaces here ({r.stderr.decode(errors='replace').strip()}); "
-            "unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone=1)"
+            f"bwrap cannot create namespaces as uid {owner[0] if owner else os.geteuid()} here "
+            f"({r.stderr.decode(errors='replace').strip()}); unprivileged user namespaces may be disabled "
+            "(sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone, or an AppArmor userns restriction)"
         )
-    return True, f"bubblewrap at {exe}"
+    return True, f"bubblewrap at {exe}" + (f", as uid {owner[0]}" if owner else "")

@@ -6,7 +6,8 @@ CREWWORK_SANDBOX_MAX_MEMORY_MB=4096). A work item may ask for different limits, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,6 +52,26 @@ class SandboxSettings(BaseSettings):
         description="Install crewwork's seccomp filter in bwrap runs (no nested namespaces, no keyctl/bpf/...).",
     )
 
+    uid: int = Field(
+        default=65532,
+        gt=0,
+        description="Host uid that owns workspaces and runs every sandboxed command when the worker is root "
+        "(never 0). Pick one no other account uses.",
+    )
+    gid: int = Field(default=65532, gt=0, description="Host gid of the sandbox user (never 0).")
+    workspace_disk: Literal["auto", "loop", "none"] = Field(
+        default="auto",
+        description="Disk cap of workspaces: `loop` (each workspace is its own ext4 image; needs root), `none` "
+        "(no cap; results say workspace_disk none), `auto` (loop where possible, else none).",
+    )
+    disk_mb: int = Field(default=4096, gt=0, description="Default size of a workspace's disk, in MiB.")
+    max_disk_mb: int = Field(default=65536, gt=0, description="Largest workspace disk a work item may request.")
+    bwrap_stage_dir: Path = Field(
+        default=Path("/run/crewwork/bwrap-stage"),
+        description="Empty directory over which each bwrap run (as root) mounts its private staging tmpfs, so "
+        "the unprivileged sandbox user can reach bind sources whatever their parents' permissions.",
+    )
+
     memory_mb: int = Field(default=1024, gt=0, description="Default memory cap of one run, in MiB.")
     pids: int = Field(default=256, gt=0, description="Default cap on processes and threads alive in one run.")
     cpus: float = Field(default=1.0, gt=0, description="Default CPU bandwidth of one run, in cores.")
@@ -64,7 +85,7 @@ class SandboxSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults_within_maximums(self) -> SandboxSettings:
-        for name in ("memory_mb", "pids", "cpus", "timeout_s"):
+        for name in ("memory_mb", "pids", "cpus", "timeout_s", "disk_mb"):
             if getattr(self, name) > getattr(self, f"max_{name}"):
                 raise ValueError(
                     f"CREWWORK_SANDBOX_{name.upper()}={getattr(self, name)} is above "
@@ -79,7 +100,25 @@ class SandboxSettings(BaseSettings):
             cpus=self.cpus,
             timeout_s=self.timeout_s,
             tmpfs_mb=self.tmpfs_mb,
+            disk_mb=self.disk_mb,
         )
+
+    def owner(self) -> tuple[int, int] | None:
+        """(uid, gid) workspaces belong to and sandboxes run as, or None when the worker is not root."""
+        from crewwork.sandbox.base import sandbox_owner
+
+        return sandbox_owner(self.uid, self.gid)
+
+    def workspace_disk_mb(self, limits: SandboxLimits) -> int | None:
+        """The disk size to give a workspace under these settings, or None for no disk cap."""
+        if self.workspace_disk == "none":
+            return None
+        if self.workspace_disk == "auto":
+            from crewwork.sandbox.disk import loop_available
+
+            if not loop_available()[0]:
+                return None
+        return limits.disk_mb
 
 
 def resolve_limits(
@@ -95,8 +134,9 @@ def resolve_limits(
         "pids": spec.pids if spec else None,
         "cpus": spec.cpus if spec else None,
         "timeout_s": timeout_s,
+        "disk_mb": spec.disk_mb if spec else None,
     }
-    units = {"memory_mb": " MiB", "pids": " processes", "cpus": " cores", "timeout_s": " s"}
+    units = {"memory_mb": " MiB", "pids": " processes", "cpus": " cores", "timeout_s": " s", "disk_mb": " MiB"}
     values: dict[str, float | int] = {}
     for name, value in requested.items():
         maximum = getattr(settings, f"max_{name}")
@@ -117,4 +157,5 @@ def resolve_limits(
         cpus=float(values["cpus"]),
         timeout_s=float(values["timeout_s"]),
         tmpfs_mb=settings.tmpfs_mb,
+        disk_mb=int(values["disk_mb"]),
     )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,10 +29,11 @@ from crewwork.sandbox.base import (
     SandboxUnavailable,
     base_env,
     check_argv_and_workspace,
+    disk_limited,
+    hand_over,
 )
 from crewwork.sandbox.config import SandboxSettings
 
-NOBODY = "65534:65534"
 AVAILABILITY_TTL_S = 5.0
 DEADLINE_LABEL = "crewwork.sandbox.deadline"
 # A container still there this long after its run's timeout lost the worker that owned it.
@@ -142,15 +142,18 @@ class DockerSandbox(Sandbox):
             volumes[p] = {"bind": p, "mode": "ro"}
         volumes[str(ws)] = {"bind": str(ws), "mode": "rw"}
         mem = f"{limits.memory_mb}m"
+        uid, gid = self.user().split(":")
         kwargs: dict[str, Any] = dict(
             image=self.image,
             command=list(argv),
             working_dir=str(ws),
-            user=_sandbox_user(ws),
+            user=self.user(),
             environment=environment,
             network_mode="none",
             read_only=True,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
+            # Owned by the sandbox user: this engine ignores `mode=1777` on tmpfs options, which left /tmp unwritable.
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,uid={uid},gid={gid},mode=0700"},
+            shm_size=f"{limits.tmpfs_mb}m",
             volumes=volumes,
             mem_limit=mem,
             memswap_limit=mem,
@@ -187,12 +190,11 @@ class DockerSandbox(Sandbox):
         ws = check_argv_and_workspace(argv, workspace)
         kwargs = self.container_kwargs(argv, ws, limits, env, ro_mounts)
         client = await asyncio.to_thread(self.client)
-        if kwargs["user"] == NOBODY:
-            await asyncio.to_thread(_open_for_nobody, ws)
+        await asyncio.to_thread(hand_over, ws, self.settings.owner())
         await asyncio.to_thread(reap_orphans, client)
         container = await asyncio.to_thread(self._create, client, kwargs)
         try:
-            return await self._run_container(container, limits)
+            return await self._run_container(container, limits, ws)
         finally:
             # Also on cancellation: the container (and so the whole process tree) must not outlive us.
             await asyncio.shield(asyncio.to_thread(_remove, container))
@@ -210,7 +212,12 @@ class DockerSandbox(Sandbox):
         except docker.errors.DockerException as exc:
             raise SandboxError(f"Docker engine error: {exc}") from exc
 
-    async def _run_container(self, container: Any, limits: SandboxLimits) -> SandboxRunResult:
+    def user(self) -> str:
+        """The container's user: the unprivileged sandbox uid (never root, also when the worker is root)."""
+        owner = self.settings.owner()
+        return f"{owner[0]}:{owner[1]}" if owner is not None else f"{os.geteuid()}:{os.getegid()}"
+
+    async def _run_container(self, container: Any, limits: SandboxLimits, ws: Path) -> SandboxRunResult:
         docker = _docker()
         import requests
 
@@ -227,7 +234,20 @@ class DockerSandbox(Sandbox):
         try:
             await asyncio.to_thread(container.start)
         except docker.errors.DockerException as exc:
-            raise SandboxError(f"starting the sandbox container failed: {exc}") from exc
+            code = command_not_found_code(str(exc))
+            if code is None:
+                raise SandboxError(f"starting the sandbox container failed: {exc}") from exc
+            reader.cancel()
+            return SandboxRunResult(
+                backend=self.name,
+                isolated=True,
+                exit_code=code,
+                duration_s=time.monotonic() - started,
+                stdout=b"",
+                stderr=f"{self.name}: {_runtime_message(str(exc))}\n".encode(),
+                command_not_found=True,
+                enforcement=f"docker+{self.runtime}" if self.runtime else "docker",
+            )
         watcher = _CgroupWatcher(container.id)
         poller = asyncio.create_task(asyncio.to_thread(watcher.poll))
         # The SDK's default request timeout (120 s) would cut long runs short; the deadline is ours.
@@ -271,6 +291,7 @@ class DockerSandbox(Sandbox):
             timed_out=timed_out,
             oom_killed=oom,
             pids_limited=pids_hit,
+            disk_limited=disk_limited(ws, exit_code, bytes(out.buf), bytes(err.buf)),
             killed_by_signal=signal_from_returncode(exit_code, shell_style=True),
             peak_memory_bytes=watcher.peak_memory_bytes,
             enforcement=f"docker+{self.runtime}" if self.runtime else "docker",
@@ -328,31 +349,28 @@ def reap_orphans(
     return removed
 
 
-def _sandbox_user(ws: Path) -> str:
-    """The workspace owner's uid, so files keep their owner; never root, which gets nobody instead."""
-    st = ws.stat()
-    if st.st_uid == 0:
-        return NOBODY
-    return f"{st.st_uid}:{st.st_gid}"
+# How the runtimes say that argv[0] cannot be executed (runc, then gVisor's runsc). Mount or image problems use
+# other words, so they stay machinery errors.
+_NOT_FOUND_MARKERS = ('exec: "', "error finding executable", "failed to load ")
 
 
-def _open_for_nobody(ws: Path) -> None:
-    """Let uid 65534 write a root-owned workspace without changing owners (git on the host keeps trusting it).
+def command_not_found_code(message: str) -> int | None:
+    """127 (missing) or 126 (not executable) when a start error says the command cannot run, else None."""
+    if not any(m in message for m in _NOT_FOUND_MARKERS):
+        return None
+    if "permission denied" in message:
+        return 126
+    if "not found" in message or "no such file or directory" in message:
+        return 127
+    return None
 
-    Only read/write bits are added (and search on directories), so git sees no mode change.
-    """
-    for root, dirs, files in os.walk(ws):
-        for name in (root, *(os.path.join(root, d) for d in dirs)):
-            with contextlib.suppress(OSError):
-                mode = os.lstat(name).st_mode
-                if stat.S_ISDIR(mode) and (mode & 0o777) != 0o777:
-                    os.chmod(name, mode | 0o777)
-        for f in files:
-            p = os.path.join(root, f)
-            with contextlib.suppress(OSError):
-                mode = os.lstat(p).st_mode
-                if stat.S_ISREG(mode) and (mode & 0o666) != 0o666:
-                    os.chmod(p, mode | 0o666)
+
+def _runtime_message(message: str) -> str:
+    for marker in _NOT_FOUND_MARKERS:
+        at = message.find(marker)
+        if at >= 0:
+            return message[at:].split(": unknown")[0][:500]
+    return message[:500]
 
 
 class _Capture:

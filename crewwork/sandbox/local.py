@@ -25,6 +25,7 @@ from crewwork.sandbox.base import (
     SandboxRunResult,
     base_env,
     check_argv_and_workspace,
+    disk_limited,
     host_python_path,
 )
 
@@ -66,11 +67,12 @@ class LocalSandbox(Sandbox):
                 max_log_bytes=limits.max_log_bytes,
                 preexec_fn=preexec,
             )
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, PermissionError) as exc:
+            missing = isinstance(exc, FileNotFoundError)
             return SandboxRunResult(
-                backend=self.name, isolated=False, exit_code=127, duration_s=0.0,
-                stdout=b"", stderr=f"command not found: {exc.filename}\n".encode(),
-                enforcement=rlimit_enforcement(),
+                backend=self.name, isolated=False, exit_code=127 if missing else 126, duration_s=0.0,
+                stdout=b"", stderr=f"command {'not found' if missing else 'not executable'}: {exc.filename}\n".encode(),
+                command_not_found=True, enforcement=rlimit_enforcement(),
             )  # fmt: skip
         except OSError as exc:
             raise SandboxError(f"local sandbox could not start {argv[0]!r}: {exc}") from exc
@@ -82,6 +84,7 @@ class LocalSandbox(Sandbox):
             stdout=outcome.stdout,
             stderr=outcome.stderr,
             timed_out=outcome.timed_out,
+            disk_limited=disk_limited(ws, shell_status(outcome.returncode), outcome.stdout, outcome.stderr),
             killed_by_signal=signal_from_returncode(outcome.returncode, shell_style=False),
             enforcement=rlimit_enforcement(),
             truncated=outcome.truncated,

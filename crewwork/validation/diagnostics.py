@@ -32,6 +32,12 @@ HINTS: dict[Cause, str] = {
     Cause.timeout: "The tests exceeded the time limit. Look for infinite loops, deadlocks or very slow code.",
     Cause.oom: "The tests ran out of memory. Look for unbounded data structures or runaway recursion.",
     Cause.pids: "The tests started too many processes or threads. Look for unbounded process creation.",
+    Cause.disk: "The tests filled the workspace or /tmp (disk cap). Look for runaway output files or very "
+    "large test data.",
+    Cause.command_not_found: "The validation command is missing or not executable in the sandbox; the "
+    "change cannot fix that (the submission names the command).",
+    Cause.no_effective_change: "Everything the attempt changed is protected test infrastructure (tests, "
+    "conftest.py, pytest configuration), which is reset before validation. Change the code under test instead.",
     Cause.signal: "The test process was killed by a signal. Look for crashes in native code or code that "
     "kills its own process.",
     Cause.report_unparseable: "The test run left no trustworthy report. Do not change how the tests report "
@@ -76,6 +82,13 @@ def build_diagnostics(
         sections.append(failing)
 
     sections.append(_section("What the attempt changed", _changes(diff_stats)))
+    if evidence is not None and evidence.protected_reset:
+        shown = evidence.protected_reset[:20]
+        more = len(evidence.protected_reset) - len(shown)
+        body = "\n".join(f"- {r}" for r in shown) + (f"\n- … and {more} more" if more > 0 else "")
+        sections.append(
+            _section("Put back before the run (protected test infrastructure)", _head(body, max_chars // 5))
+        )
 
     if evidence is not None:
         used = sum(len(s) + 2 for s in sections)

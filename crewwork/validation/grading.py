@@ -10,17 +10,22 @@ The rules, in the order they are applied (the first that matches decides the `Ca
 1. ``infrastructure``  the platform could not run validation (sandbox did not start, no exit code recorded).
 2. ``empty_diff``      the attempt changed nothing.
 3. ``patch_failed``    the diff did not apply to a clean checkout of the base commit.
-4. ``timeout`` / ``oom`` / ``pids`` / ``signal``  a sandbox cap ended the run (cap flags beat any report).
-5. ``setup_failed``    a setup command exited non-zero.
-6. ``report_unparseable``  no usable report: missing when one was expected, malformed, refused, or its
-   declared counts contradict its test cases.
-7. ``no_tests``        the report shows no executed test (collected nothing, or everything skipped).
-8. ``exit_mismatch``   exit code and report disagree: exit 0 with failing tests, or a non-zero exit with no
+4. ``no_effective_change``  everything the diff changed is protected test infrastructure, which was reset.
+5. ``timeout`` / ``oom`` / ``pids`` / ``disk`` / ``signal``  a sandbox cap ended the run (cap flags beat any
+   report; ``disk``: the workspace or scratch space filled up).
+6. ``command_not_found``  the validation command does not exist or is not executable in the sandbox (the
+   submission's fault: the attempt is recorded and fails, it is never an infrastructure retry).
+7. ``setup_failed``    a setup command exited non-zero.
+8. ``report_unparseable``  no usable report: missing when one was expected, malformed, refused by the host
+   (a symlink, a FIFO, a directory, a hard link, over the size bound), or its declared counts contradict its
+   test cases.
+9. ``no_tests``        the report shows no executed test (collected nothing, or everything skipped).
+10. ``exit_mismatch``   exit code and report disagree: exit 0 with failing tests, or a non-zero exit with no
    failing test. Neither an edited report nor a forced exit code alone can fake a pass.
-9. ``test_failure``    with ``fail_to_pass``/``pass_to_pass`` lists: a fail_to_pass test did not pass, or a
+11. ``test_failure``   with ``fail_to_pass``/``pass_to_pass`` lists: a fail_to_pass test did not pass, or a
    pass_to_pass test did not pass (missing from the report or skipped counts as not passing); without lists:
    any failed or errored test.
-10. ``passed``         everything above held: a non-empty diff and passing tests, measured by the platform.
+12. ``passed``        everything above held: a non-empty diff and passing tests, measured by the platform.
 
 An agent's own claim of success is never an input here.
 """
@@ -56,7 +61,10 @@ class Cause(enum.StrEnum):
     timeout = "timeout"
     oom = "oom"
     pids = "pids"
+    disk = "disk"
     signal = "signal"
+    command_not_found = "command_not_found"
+    no_effective_change = "no_effective_change"
     report_unparseable = "report_unparseable"
     exit_mismatch = "exit_mismatch"
     infrastructure = "infrastructure"
@@ -75,6 +83,19 @@ class ValidationEvidence(BaseModel):
     timed_out: bool = Field(default=False, description="The sandbox's wall-clock cap ended the run.")
     oom_killed: bool = Field(default=False, description="The sandbox's memory cap killed the run.")
     pids_limited: bool = Field(default=False, description="The sandbox's process cap was hit.")
+    disk_limited: bool = Field(default=False, description="The workspace or scratch space filled up (disk cap).")
+    command_not_found: bool = Field(
+        default=False, description="The test command does not exist or is not executable inside the sandbox."
+    )
+    effective_change: bool = Field(
+        default=True, description="Something the diff changed survived the reset of protected test infrastructure."
+    )
+    protected_reset: list[str] = Field(
+        default_factory=list, description="`path (why)` of each protected path reset before the run."
+    )
+    report_refused: str | None = Field(
+        default=None, description="Why the host refused to read the report (symlink, FIFO, directory, size ...)."
+    )
     killed_by_signal: int | None = Field(default=None, description="Signal number that killed the test command.")
     setup_exit_code: int | None = Field(
         default=None,
@@ -118,6 +139,8 @@ class ValidationEvidence(BaseModel):
             timed_out=sandbox.timed_out,
             oom_killed=sandbox.oom_killed,
             pids_limited=sandbox.pids_limited,
+            disk_limited=sandbox.disk_limited,
+            command_not_found=sandbox.command_not_found,
             killed_by_signal=sandbox.killed_by_signal,
             setup_exit_code=setup_exit_code,
             infrastructure_error=infrastructure_error,
@@ -216,6 +239,13 @@ def _decide(ev: ValidationEvidence) -> Verdict:
             "The attempt's diff did not apply to a clean checkout of the base commit.",
             error_signature=signature,
         )
+    if not ev.effective_change:
+        shown = "; ".join(ev.protected_reset[:5]) or "protected paths"
+        return _fail(
+            Cause.no_effective_change,
+            f"The change only touched protected test infrastructure, which was reset to the base commit: {shown}.",
+            error_signature="protected: " + ",".join(sorted(r.split(" (", 1)[0] for r in ev.protected_reset))[:280],
+        )
     # Caps first: a run that was killed tells us nothing reliable through its report or exit code.
     if ev.timed_out:
         return _fail(
@@ -227,6 +257,20 @@ def _decide(ev: ValidationEvidence) -> Verdict:
         return _fail(Cause.oom, "The test run exceeded its memory limit and was killed.", exit_code=ev.exit_code)
     if ev.pids_limited:
         return _fail(Cause.pids, "The test run hit the sandbox's process limit.", exit_code=ev.exit_code)
+    if ev.disk_limited:
+        return _fail(
+            Cause.disk,
+            "The test run filled its workspace or scratch space (disk cap) and could not finish normally.",
+            exit_code=ev.exit_code,
+        )
+    if ev.command_not_found:
+        return _fail(
+            Cause.command_not_found,
+            "The validation command does not exist or is not executable in the sandbox; check "
+            "validation.command[0] (this is the submission's, not the agent's, problem).",
+            exit_code=ev.exit_code,
+            error_signature=signature,
+        )
     if ev.killed_by_signal is not None:
         return _fail(
             Cause.signal,
@@ -335,6 +379,9 @@ def _parse(ev: ValidationEvidence) -> tuple[ParsedReport, str | None]:
     """The report to judge by, and a reason if the expected report is missing."""
     if ev.report_format is None:
         return parse_report("pytest_terminal", ev.stdout_tail), None
+    if ev.report_refused is not None:
+        fallback = parse_report("pytest_terminal", ev.stdout_tail)
+        return fallback, f"the host refused to read the report: {ev.report_refused}"
     if ev.report is None:
         # Still read the terminal output for the diagnostics, but a missing expected report never passes.
         fallback = parse_report("pytest_terminal", ev.stdout_tail)

@@ -30,7 +30,8 @@ def fake_openai() -> Iterator[FakeOpenAIServer]:
 
 def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        # safe.directory: a sandbox run hands the repository (used as the workspace here) to the sandbox uid.
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "safe.directory=*", *args],
         cwd=cwd,
         check=True,
         capture_output=True,

@@ -59,6 +59,8 @@ def get_bwrap() -> Sandbox:
 def cli_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("cli")
     (d / "fake_agent.py").write_text(CLI)
+    # Operator mounts must be readable by the unprivileged sandbox user (mktemp makes the directory 0700).
+    d.chmod(0o755)
     return d
 
 

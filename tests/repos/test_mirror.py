@@ -17,11 +17,14 @@ from tests.repos.conftest import Served
 from tests.repos.servers import GitDaemon, bare_from, git
 
 
-def _worker(root: str, url: str, commit: str, ws: str, q: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _worker(root: str, url: str, commit: str, q: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     async def go() -> tuple[bool, str]:
         cache = MirrorCache(Path(root))
-        gitdir, stats = await cache.add_worktree(Remote(url=parse_repo_url(url)), commit, Path(ws))
-        return stats.cloned, git(ws, "rev-parse", "HEAD") + " " + str(gitdir)
+        hold = await cache.hold(Remote(url=parse_repo_url(url)), commit)
+        try:
+            return hold.stats.cloned, git(hold.gitdir, "rev-parse", f"{commit}^{{commit}}") + " " + str(hold.gitdir)
+        finally:
+            hold.release()
 
     try:
         q.put(asyncio.run(go()))
@@ -29,7 +32,7 @@ def _worker(root: str, url: str, commit: str, ws: str, q: multiprocessing.Queue)
         q.put(("error", repr(exc)))
 
 
-def test_processes_sharing_a_cache_clone_once_and_all_get_worktrees(
+def test_processes_sharing_a_cache_clone_once_and_all_get_the_commit(
     daemon: GitDaemon, served: Served, tmp_path: Path
 ) -> None:
     root = tmp_path / "host" / "mirrors"
@@ -37,8 +40,7 @@ def test_processes_sharing_a_cache_clone_once_and_all_get_worktrees(
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(str(root), daemon.url(served.name), commit, str(tmp_path / f"ws{i}"), q))
-        for i in range(4)
+        ctx.Process(target=_worker, args=(str(root), daemon.url(served.name), commit, q)) for _ in range(4)
     ]
     for p in procs:
         p.start()
@@ -89,18 +91,16 @@ async def test_lru_eviction_keeps_the_bound_and_spares_mirrors_in_use(daemon: Gi
         os.utime(gitdir / "crewwork-last-use", (time.time() - 1000 + i, time.time() - 1000 + i))
         gitdirs.append(gitdir)
     one = sum(size for _, _, size in cache.entries()) // 3
-    # The oldest mirror ("a") has a live worktree: eviction must skip it and take "b" instead.
+    # The oldest mirror ("a") is held (a workspace is reading it): eviction must skip it and take "b" instead.
     commit = git(gitdirs[0], "rev-parse", "HEAD")
-    await cache.add_worktree(Remote(url=parse_repo_url(urls[0])), commit, tmp_path / "ws-a")
+    hold = await cache.hold(Remote(url=parse_repo_url(urls[0])), commit)
     os.utime(gitdirs[0] / "crewwork-last-use", (time.time() - 2000, time.time() - 2000))
     cache.max_bytes = one * 2 + one // 2
     removed = cache.evict()
     assert removed == [gitdirs[1].name]
     assert gitdirs[0].is_dir() and not gitdirs[1].exists() and gitdirs[2].is_dir()
-    # Once the worktree is gone, the oldest mirror can go too.
-    from crewwork import gitops
-
-    await gitops.remove_worktree(gitdirs[0], tmp_path / "ws-a")
+    # Once the hold is released, the oldest mirror can go too.
+    hold.release()
     cache.max_bytes = one + one // 2
     assert cache.evict() == [gitdirs[0].name]
     assert sum(size for _, _, size in cache.entries()) <= cache.max_bytes

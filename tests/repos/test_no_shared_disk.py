@@ -129,6 +129,8 @@ async def test_pools_on_hosts_with_no_common_disk_work_one_remote_repository(
         assert json.loads((mirrors[0] / "crewwork-mirror.json").read_text())["url"] == url
         worktrees = mirrors[0] / "worktrees"
         assert not worktrees.exists() or not list(worktrees.iterdir()), f"{name} left worktrees behind"
+        scratch = hosts[name].root / "worktrees"
+        assert not scratch.exists() or not list(scratch.iterdir()), f"{name} left workspaces behind"
     assert not (tmp_path / "api-host" / "data" / "mirrors").exists(), "submission needs no mirror, only ls-remote"
     for h in hosts.values():
         for other in hosts.values():
