@@ -39,9 +39,7 @@ def test_processes_sharing_a_cache_clone_once_and_all_get_the_commit(
     commit = git(served.bare, "rev-parse", "main")
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(str(root), daemon.url(served.name), commit, q)) for _ in range(4)
-    ]
+    procs = [ctx.Process(target=_worker, args=(str(root), daemon.url(served.name), commit, q)) for _ in range(4)]
     for p in procs:
         p.start()
     results = [q.get(timeout=120) for _ in procs]
