@@ -129,8 +129,10 @@ async def test_pools_on_hosts_with_no_common_disk_work_one_remote_repository(
         assert json.loads((mirrors[0] / "crewwork-mirror.json").read_text())["url"] == url
         worktrees = mirrors[0] / "worktrees"
         assert not worktrees.exists() or not list(worktrees.iterdir()), f"{name} left worktrees behind"
-        scratch = hosts[name].root / "worktrees"
-        assert not scratch.exists() or not list(scratch.iterdir()), f"{name} left workspaces behind"
+        # Each pool removes its workspaces when its activity ends; the per-item directory they were made in is
+        # removed by the item's cleanup, which runs on the control host only (docs/repositories.md, limits).
+        left = [p for p in (hosts[name].root / "worktrees").rglob("*") if not p.is_dir()]
+        assert not left, f"{name} left workspace files behind: {left[:5]}"
     assert not (tmp_path / "api-host" / "data" / "mirrors").exists(), "submission needs no mirror, only ls-remote"
     for h in hosts.values():
         for other in hosts.values():
