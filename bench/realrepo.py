@@ -7,14 +7,15 @@ allowlisting proxy. Three things are timed, interleaved round by round so both s
 
 - **bare**: `python -m pytest -q -p no:cacheprovider --junitxml=... toolz/tests` with the environment's own venv
   python, in a checkout of the base commit with the fix applied, as a plain subprocess;
-- **crewwork warm**: crewwork's validation of that change (`ExecuteActivities._validate`: mirror check, worktree from
-  the mirror, prepared environment, apply the diff, reset test files, run the command in a fresh bwrap sandbox,
-  save the log and report, grade), with the mirror and the environment already on this host;
+- **crewwork warm**: crewwork's validation of that change (`ExecuteActivities._validate`: mirror check, a workspace from
+  the mirror (a private git directory reading its objects), prepared environment, apply the diff and put protected
+  test infrastructure back, write the workspace, run the command in a fresh bwrap sandbox, save the log and
+  report, grade), with the mirror and the environment already on this host;
 - **crewwork cold environment**: the same with an empty prepared-environment cache (setup builds the venv and
   installs pytest from the index), a few times.
 
-Then one instrumented pass of the same building blocks gives the phases (mirror fetch cold and warm, worktree,
-setup cold and warm, apply, sandbox start, tests, report parsing). Prerequisites are checked first.
+Then one instrumented pass of the same building blocks gives the phases (mirror fetch cold and warm, workspace,
+setup cold and warm, apply, workspace writes, sandbox start, tests, report parsing). Prerequisites are checked first.
 
     .venv/bin/python bench/realrepo.py [--rounds 15] [--cold 3]
 """
@@ -38,7 +39,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import machine, table, write_results  # noqa: E402
-from crewwork import gitops  # noqa: E402
 from crewwork.activities.common import AttemptWriter  # noqa: E402
 from crewwork.activities.execute import ExecuteActivities  # noqa: E402
 from crewwork.config import Settings  # noqa: E402
@@ -47,10 +47,12 @@ from crewwork.models import ArtifactRef, EnvironmentSpec, SandboxSpec, Validatio
 from crewwork.repos.environment import setup_plan  # noqa: E402
 from crewwork.repos.service import Repositories  # noqa: E402
 from crewwork.sandbox import SandboxLimits, get_sandbox  # noqa: E402
+from crewwork.sandbox.config import SandboxSettings  # noqa: E402
 from crewwork.sandbox.prepare import PreparedEnvCache  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402
+from crewwork.workspace import Workspace  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 JUNIT = ".crewwork/junit.xml"
@@ -223,10 +225,24 @@ async def phase_pass(
     t = time.perf_counter()
     await repos.mirrors.ensure(remote, base)
     out["mirror fetch (warm: commit present)"] = time.perf_counter() - t
-    ws = tmp / "ws"
     t = time.perf_counter()
-    await gitops.add_worktree(gitdir, ws, base)
-    out["worktree from the mirror"] = time.perf_counter() - t
+    workspace = await Workspace.create(
+        git_dir=gitdir,
+        home=tmp / "ws-home",
+        commit=base,
+        disk_mb=None,
+        owner=SandboxSettings().owner(),
+        materialise=False,
+    )
+    out["workspace: private git dir and base tree from the mirror"] = time.perf_counter() - t
+    t = time.perf_counter()
+    changed, err = await workspace.apply(diff.encode())
+    assert changed is not None, err
+    out["apply the diff (private index)"] = time.perf_counter() - t
+    t = time.perf_counter()
+    await workspace.write_entries(workspace.base)
+    out["write the base tree into the workspace"] = time.perf_counter() - t
+    ws = workspace.path
     sandbox = get_sandbox("bwrap")
     limits = SandboxLimits(timeout_s=300)
     cache = PreparedEnvCache(settings.data_dir.resolve() / "prepared")
@@ -238,13 +254,12 @@ async def phase_pass(
         )
         out[label] = time.perf_counter() - t
     t = time.perf_counter()
-    ok, err = await gitops.apply_diff(ws, diff)
-    assert ok, err
-    out["apply the diff"] = time.perf_counter() - t
+    await workspace.update(workspace.base, changed)
+    out["update the workspace to the change"] = time.perf_counter() - t
     t = time.perf_counter()
     await sandbox.run(["true"], workspace=ws, limits=limits, env=prepared.env(), ro_mounts=prepared.mounts())
     out["sandbox start (`true` in bwrap)"] = time.perf_counter() - t
-    (ws / ".crewwork").mkdir(exist_ok=True)
+    workspace.make_dir(".crewwork")
     t = time.perf_counter()
     r = await sandbox.run(COMMAND, workspace=ws, limits=limits, env=prepared.env(), ro_mounts=prepared.mounts())
     out["tests in the sandbox (start + suite)"] = time.perf_counter() - t
@@ -258,8 +273,8 @@ async def phase_pass(
     out["report parsing and grading"] = time.perf_counter() - t
     assert verdict.passed, verdict.reason
     t = time.perf_counter()
-    await gitops.remove_worktree(gitdir, ws)
-    out["worktree removal"] = time.perf_counter() - t
+    await workspace.remove()
+    out["workspace removal"] = time.perf_counter() - t
     return out
 
 
