@@ -631,11 +631,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    rows = []
-    for name, f in Settings.model_fields.items():
-        env = str(f.validation_alias) if f.validation_alias else f"CREWWORK_{name.upper()}"
-        default = f.default if isinstance(f.default, str | int | float | bool | type(None)) else str(f.default)
-        rows.append({"env": env, "default": default, "description": f.description})
+    from crewwork.config import describe_settings
+
+    rows = describe_settings()
     Output(args).result(
         rows, lambda: "\n".join(f"{r['env']:36} default {r['default']!r:40} {r['description']}" for r in rows)
     )

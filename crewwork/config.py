@@ -1,27 +1,31 @@
 """Runtime configuration, entirely from environment variables (prefix `CREWWORK_`).
 
-Every knob has its unit in its name and a description; `crewwork config` prints them all. Defaults are the
-embedded single-host setup: SQLite in the data directory and the Temporal dev server on localhost.
+Every knob has its unit in its name and a description; `crewwork config` prints them all, the nested sections
+included (`sandbox`: CREWWORK_SANDBOX_*, `api`: the API process's own options). Defaults are the embedded single-host
+setup: SQLite in the data directory and the Temporal dev server on localhost. tests/unit/test_config_surface.py fails
+when the code names a CREWWORK_* variable that is not a field here.
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from crewwork.api.options import ApiOptions
 from crewwork.limits import OperatorCeilings
 from crewwork.models import EnvironmentSpec
 from crewwork.repos.settings import ForgeConfig, RepoCredential, SetupSecret
+from crewwork.sandbox.config import SandboxSettings
 
 DEFAULT_DATA_DIR = Path(".crewwork")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="forbid", populate_by_name=True)
 
     data_dir: Path = Field(
         default=DEFAULT_DATA_DIR,
@@ -57,9 +61,14 @@ class Settings(BaseSettings):
             "Empty: any absolute path (single-user development)."
         ),
     )
-    worktree_dir: Path | None = Field(default=None, description="Where attempt worktrees go (default DATA/worktrees).")
-    sandbox_backend: str | None = Field(
-        default=None, description="Sandbox backend for this pool (default: the best isolating one available)."
+    worktree_dir: Path | None = Field(default=None, description="Where attempt workspaces go (default DATA/worktrees).")
+    sandbox: SandboxSettings = Field(
+        default_factory=SandboxSettings,
+        description="Sandbox backend, image, default and maximum caps (section; variables CREWWORK_SANDBOX_*).",
+    )
+    api: ApiOptions = Field(
+        default_factory=ApiOptions,
+        description="Options of an API process: rate limits, event streams, webhook delivery (section).",
     )
     allow_unsafe_sandbox: bool = Field(
         default=False, description="Permit the `local` backend (no isolation). Development only."
@@ -98,6 +107,27 @@ class Settings(BaseSettings):
         "empty none, else comma-separated names. Install plugins on the API and the agent pool.",
     )
     log_level: str = Field(default="INFO", description="Python log level.")
+    search_attributes: bool = Field(
+        default=True,
+        description="Set crewwork's custom search attributes on work-item workflows (register them first: "
+        "`crewwork dev` does; see docs/operations.md). False on a namespace without them.",
+    )
+    metrics_port: int | None = Field(
+        default=None, description="Serve this process's Prometheus metrics at http://0.0.0.0:PORT/metrics."
+    )
+    temporal_metrics_port: int | None = Field(
+        default=None, description="Serve the Temporal SDK runtime's metrics on this port (differs from the above)."
+    )
+    model_endpoints: str = Field(
+        default="",
+        description="Operator model endpoints (JSON object by name, or a full transport config; docs/agents.md). "
+        "Read by the model agent's transport (crewwork/transport/config.py).",
+    )
+    command_agents: str = Field(
+        default="",
+        description="CLIs the command agent may run (JSON; docs/agents.md). Read by crewwork/agents/command.py.",
+    )
+    command_agent_enabled: bool = Field(default=True, description="Whether the command agent may run at all.")
     # ---------------------------------------------------------------- repositories (docs/repositories.md)
     repo_schemes: str = Field(
         default="https,http,ssh,git,file",
@@ -211,6 +241,21 @@ class Settings(BaseSettings):
 
     def repo_root_list(self) -> list[Path]:
         return [Path(p).resolve() for p in self.repo_roots.split(":") if p.strip()]
+
+
+def describe_settings(cls: type[BaseSettings] = Settings) -> list[dict[str, Any]]:
+    """Every variable of the settings, nested sections expanded: env name, default, description, section."""
+    rows: list[dict[str, Any]] = []
+    prefix = cls.model_config.get("env_prefix", "")
+    for name, f in cls.model_fields.items():
+        section = f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseSettings) else None
+        if section is not None:
+            rows += [{**row, "section": name} for row in describe_settings(section)]
+            continue
+        env = str(f.validation_alias) if f.validation_alias else f"{prefix}{name}".upper()
+        default = f.default if isinstance(f.default, str | int | float | bool | type(None)) else str(f.default)
+        rows.append({"env": env, "default": default, "description": f.description, "section": None})
+    return rows
 
 
 @functools.cache

@@ -545,13 +545,13 @@ async def start_pool_observability(pool: str, task_queue: str, store: Any = None
     - CREWWORK_METRICS_PORT=N: crewwork metrics of this process at http://0.0.0.0:N/metrics (the control pool also
       serves the store projections);
     - CREWWORK_TEMPORAL_METRICS_PORT=N: the Temporal SDK runtime metrics on port N (must differ from the above)."""
-    import os
+    from crewwork.config import get_settings
 
-    sdk_port = os.environ.get("CREWWORK_TEMPORAL_METRICS_PORT")
-    if sdk_port:
-        enable_temporal_runtime_metrics(int(sdk_port))
+    settings = get_settings()
+    if settings.temporal_metrics_port:
+        enable_temporal_runtime_metrics(settings.temporal_metrics_port)
     POOL_INFO.set(1, pool=pool, task_queue=task_queue)
-    port = os.environ.get("CREWWORK_METRICS_PORT")
+    port = settings.metrics_port
     if not port:
         return None
     if pool == "control" and store is not None:

@@ -160,7 +160,7 @@ class WorkItemService:
 
     @property
     def settings_search_attributes(self) -> bool:
-        return _env_flag("CREWWORK_SEARCH_ATTRIBUTES", True)
+        return self.settings.search_attributes
 
     def handle(self, row: WorkItem) -> WorkflowHandle[Any, Any]:
         return self._client().get_workflow_handle(row.workflow_id)
@@ -216,12 +216,3 @@ def workflow_summary(row: WorkItem, spec: WorkItemSpec) -> tuple[str, str]:
     if first:
         lines.append(f"**instruction** {first[:500]}")
     return summary, "\n\n".join(lines)
-
-
-def _env_flag(name: str, default: bool) -> bool:
-    import os
-
-    v = os.environ.get(name)
-    if v is None:
-        return default
-    return v.strip().lower() in ("1", "true", "yes", "on")

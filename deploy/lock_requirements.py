@@ -67,7 +67,9 @@ def file_hashes(name: str, version: str) -> list[str]:
     req = urllib.request.Request(f"{INDEX}/{name}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         files = json.load(resp)["files"]
-    hashes = sorted(f["hashes"]["sha256"] for f in files if "sha256" in f.get("hashes", {}) and _is(f["filename"], version))
+    hashes = sorted(
+        f["hashes"]["sha256"] for f in files if "sha256" in f.get("hashes", {}) and _is(f["filename"], version)
+    )
     if not hashes:
         sys.exit(f"no files of {name}=={version} on {INDEX}")
     return hashes

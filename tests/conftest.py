@@ -136,6 +136,10 @@ def sandbox_backend() -> str:
 
 
 def make_settings(tmp: Path, temporal: DevServer, db_url: str, **kw: Any) -> Settings:
+    if "sandbox_backend" in kw:  # shorthand for the nested section's field
+        from crewwork.sandbox.config import SandboxSettings
+
+        kw["sandbox"] = SandboxSettings(backend=kw.pop("sandbox_backend"))
     return Settings(
         data_dir=tmp,
         database_url=db_url,

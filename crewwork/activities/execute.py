@@ -81,9 +81,9 @@ def _ref(a: Artifact) -> ArtifactRef:
 def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None = None) -> Sandbox:
     from crewwork.sandbox.registry import best_available, get_sandbox
 
-    name = (spec.backend if spec and spec.backend else None) or settings.sandbox_backend
+    name = (spec.backend if spec and spec.backend else None) or settings.sandbox.backend
     if name is None:
-        name, _why = best_available()
+        name, _why = best_available(settings.sandbox)
     if name == "local" and not settings.allow_unsafe_sandbox:
         raise bad_input(
             "sandbox backend `local` has no isolation and is refused unless the operator sets "
@@ -94,18 +94,20 @@ def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None
     try:
         if image is not None:
             return get_sandbox(
-                name, allow_unsafe=settings.allow_unsafe_sandbox, settings=SandboxSettings(docker_image=image)
+                name,
+                allow_unsafe=settings.allow_unsafe_sandbox,
+                settings=settings.sandbox.model_copy(update={"docker_image": image}),
             )
-        return get_sandbox(name, allow_unsafe=settings.allow_unsafe_sandbox)
+        return get_sandbox(name, allow_unsafe=settings.allow_unsafe_sandbox, settings=settings.sandbox)
     except ValueError as exc:
         raise bad_input(str(exc)) from exc
 
 
-def sandbox_limits(spec: SandboxSpec | None, timeout_s: float | None) -> SandboxLimits:
-    from crewwork.sandbox.config import SandboxSettings, resolve_limits
+def sandbox_limits(spec: SandboxSpec | None, timeout_s: float | None, settings: SandboxSettings) -> SandboxLimits:
+    from crewwork.sandbox.config import resolve_limits
 
     try:
-        return resolve_limits(spec, SandboxSettings(), timeout_s=timeout_s)
+        return resolve_limits(spec, settings, timeout_s=timeout_s)
     except ValueError as exc:
         raise bad_input(str(exc)) from exc
 
@@ -184,7 +186,7 @@ class ExecuteActivities:
         limits = None
         if agent_cls.needs_sandbox:
             sandbox = pick_sandbox(spec.sandbox, self.settings)
-            limits = sandbox_limits(spec.sandbox, None)
+            limits = sandbox_limits(spec.sandbox, None, self.settings.sandbox)
         mirror: MirrorHold | None = None
         if spec.kind != WorkItemKind.task:
             assert inp.repo_path and inp.base_commit
@@ -195,7 +197,7 @@ class ExecuteActivities:
                     inp.work_item_id,
                     f"attempt-{inp.attempt}-s{inp.step}a{info.attempt}",
                     inp.base_commit,
-                    limits or sandbox_limits(spec.sandbox, None),
+                    limits or sandbox_limits(spec.sandbox, None, self.settings.sandbox),
                 )
             except BaseException:
                 mirror.release()
@@ -353,7 +355,7 @@ class ExecuteActivities:
         materialise: bool = True,
     ) -> Workspace:
         """A fresh workspace for one agent run or validation, with the operator's disk cap and sandbox owner."""
-        sandbox_settings = SandboxSettings()
+        sandbox_settings = self.settings.sandbox
         try:
             return await Workspace.create(
                 git_dir=git_dir,
@@ -383,7 +385,7 @@ class ExecuteActivities:
             return self._judge(inp, evidence, outcome_extra)
         environment: EnvironmentSpec | None = inp.environment
         sandbox = pick_sandbox(inp.sandbox, self.settings, environment.image if environment else None)
-        limits = sandbox_limits(inp.sandbox, spec.timeout_s)
+        limits = sandbox_limits(inp.sandbox, spec.timeout_s, self.settings.sandbox)
         setup_commands = [*(environment.setup if environment else []), *spec.setup]
         needs_setup = bool(setup_commands) or (environment is not None and environment.python is not None)
         mirror = await self._mirror(w, inp.repo_path, inp.base_commit, inp.attempt)
