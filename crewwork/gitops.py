@@ -16,18 +16,13 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from crewwork.models import DiffStats
 from crewwork.paths import PLATFORM_DIR as PLATFORM_DIR
-
-ZERO_SHA = "0" * 40
-DELIVERY_BRANCH_PREFIX = "crewwork/"
 
 _GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -73,10 +68,6 @@ class GitOutputTooLarge(GitError):
     def __init__(self, message: str, limit: int) -> None:
         super().__init__(message)
         self.limit = limit
-
-
-class RepoRejected(ValueError):
-    """A submitted repository or ref is unusable; the message says why (shown to the submitter)."""
 
 
 @dataclass
@@ -220,60 +211,6 @@ def git_dir_of(repo: Path) -> Path:
     if (repo / "HEAD").is_file() and (repo / "objects").is_dir():
         return repo
     raise GitError(f"{repo} is not a git repository")
-
-
-def repo_path_from_url(url: str, roots: list[Path]) -> Path:
-    """Turn a submitted repo URL into a local path that is checked against the allowed roots.
-
-    Accepts absolute paths and file:// URLs; a relative path is resolved against each allowed root and must not
-    escape it. Symlinks are resolved before the check, so a link cannot point out of a root."""
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise RepoRejected(f"repo.url {url!r}: file:// URLs must name a local path (file:///path)")
-        raw = unquote(parsed.path)
-    elif parsed.scheme in ("", None) or (len(parsed.scheme) == 1 and os.name == "nt"):
-        raw = url
-    else:
-        raise RepoRejected(
-            f"repo.url {url!r}: only local paths and file:// URLs are supported so far (got scheme {parsed.scheme!r})"
-        )
-    if "\x00" in raw:
-        raise RepoRejected("repo.url contains a NUL byte")
-    candidate = Path(raw)
-    if not candidate.is_absolute():
-        if not roots:
-            raise RepoRejected(
-                f"repo.url {url!r} is relative; use an absolute path (no CREWWORK_REPO_ROOTS is configured)"
-            )
-        for root in roots:
-            resolved = (root / candidate).resolve()
-            if resolved.is_relative_to(root) and resolved.exists():
-                return _check_is_repo(resolved, url)
-        raise RepoRejected(f"repo.url {url!r} is not a repository under any allowed root (or it escapes them)")
-    resolved = candidate.resolve()
-    if roots and not any(resolved.is_relative_to(r) for r in roots):
-        allowed = ", ".join(str(r) for r in roots)
-        raise RepoRejected(f"repo.url {url!r} is outside the allowed repository roots ({allowed})")
-    return _check_is_repo(resolved, url)
-
-
-def _check_is_repo(path: Path, url: str) -> Path:
-    if not path.exists():
-        raise RepoRejected(f"repo.url {url!r}: no such directory")
-    if not path.is_dir():
-        raise RepoRejected(f"repo.url {url!r}: not a directory")
-    if not ((path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())):
-        raise RepoRejected(f"repo.url {url!r}: not a git repository")
-    return path
-
-
-async def resolve_commit(repo: Path, ref: str) -> str:
-    res = await git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", cwd=repo, check=False)
-    sha = res.out.strip()
-    if res.code != 0 or not re.fullmatch(r"[0-9a-f]{40,64}", sha):
-        raise RepoRejected(f"repo.ref {ref!r} does not exist in {repo}")
-    return sha
 
 
 _FORMATS: dict[Path, str] = {}
@@ -544,61 +481,3 @@ class PrivateGit:
             stats.deletions += int(dels) if dels.isdigit() else 0
             stats.files.append(name.decode("utf-8", "replace"))
         return stats
-
-
-def delivery_branch(work_item_id: str) -> str:
-    return f"{DELIVERY_BRANCH_PREFIX}{work_item_id}"
-
-
-async def land(
-    git_dir: Path, *, work_item_id: str, base_commit: str, diff: str | bytes, message: str, scratch: Path
-) -> tuple[str, str, bool]:
-    """Commit `diff` on top of `base_commit` and point `crewwork/<id>` at it with compare-and-swap.
-
-    The diff is applied to a private index file under `scratch` (no work tree, no checkout); never touches the
-    target branch. Returns (branch, commit, created). Idempotent: if the branch already holds a commit with the
-    same tree on the same parent (a retried landing), that commit is returned."""
-    git_dir = Path(git_dir)
-    branch = delivery_branch(work_item_id)
-    ref = f"refs/heads/{branch}"
-    data = diff.encode() if isinstance(diff, str) else diff
-    scratch.mkdir(parents=True, exist_ok=True)
-    index = scratch / "land.index"
-    env = {"GIT_INDEX_FILE": str(index)}
-    try:
-        await run_git(["read-tree", base_commit], git_dir=git_dir, env=env, config=WORKSPACE_CONFIG)
-        res = await run_git(
-            ["apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
-            git_dir=git_dir,
-            env=env,
-            config=WORKSPACE_CONFIG,
-            input_bytes=data,
-            check=False,
-        )
-        if res.code != 0:
-            raise GitError(f"the change no longer applies to {base_commit[:12]}: {res.err.strip()}")
-        tree = (await run_git(["write-tree"], git_dir=git_dir, env=env, config=WORKSPACE_CONFIG)).out.strip()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    existing = (await run_git(["rev-parse", "--verify", "--quiet", ref], git_dir=git_dir, check=False)).out.strip()
-    if existing:
-        if await _commit_matches(git_dir, existing, tree, base_commit):
-            return branch, existing, False
-        raise GitError(f"{branch} already exists at {existing[:12]} with different content; refusing to move it")
-    commit = (await run_git(["commit-tree", tree, "-p", base_commit, "-m", message], git_dir=git_dir)).out.strip()
-    zero = "0" * len(commit)
-    res = await run_git(
-        ["update-ref", "-m", f"crewwork land {work_item_id}", ref, commit, zero], git_dir=git_dir, check=False
-    )
-    if res.code != 0:
-        # Lost a race with another landing of the same item: accept it only if it is the same change.
-        existing = (await run_git(["rev-parse", "--verify", "--quiet", ref], git_dir=git_dir, check=False)).out.strip()
-        if existing and await _commit_matches(git_dir, existing, tree, base_commit):
-            return branch, existing, False
-        raise GitError(f"compare-and-swap of {ref} failed: {res.err.strip()}")
-    return branch, commit, True
-
-
-async def _commit_matches(git_dir: Path, commit: str, tree: str, parent: str) -> bool:
-    info = (await run_git(["show", "-s", "--format=%T %P", commit], git_dir=git_dir)).out.split()
-    return len(info) == 2 and info[0] == tree and info[1] == parent

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from crewwork import gitops, safefs
+from crewwork.repos.landing import _tree_of_change
 from crewwork.sandbox import SandboxSettings
 from crewwork.workspace import CaptureLimits, CaptureRefused, DiffTooLarge, Workspace
 from tests.conftest import GIT_ENV, make_repo
@@ -140,14 +141,8 @@ async def test_repository_filters_and_attributes_never_run_on_capture_apply_or_l
         cap = await w.capture(LIMITS)
         tree, err = await w.apply(cap.diff)
         assert tree is not None, err
-        await gitops.land(
-            gitops.git_dir_of(repo),
-            work_item_id="wi-attr",
-            base_commit=w.base_commit,
-            diff=cap.diff,
-            message="m",
-            scratch=tmp_path / "land",
-        )
+        # Landing builds the change's tree on the host, in the repository's git directory: no filter runs there.
+        await _tree_of_change(gitops.git_dir_of(repo), w.base_commit, cap.diff.decode(), tmp_path / "land")
     finally:
         await w.remove()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("marker")) == []
