@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from crewwork.config import Settings, get_settings
+from crewwork.render import render_item
 
 # ---------------------------------------------------------------------------------------------- exit codes
 
@@ -249,30 +250,6 @@ def cmd_wait(args: argparse.Namespace) -> int:
         item = _follow(c, out, args.id, args.until, args.timeout)
     out.result(item, lambda: f"{item['id']}  {item['state']}: {item['reason']}")
     return state_exit_code(item["state"], args.until or ())
-
-
-def render_item(item: dict[str, Any]) -> str:
-    lines = [
-        f"work item   {item['id']}  ({item['kind']}{', MOCK agent' if item.get('mock') else ''})",
-        f"state       {item['state']}  {item['reason']}",
-        f"attempts    {item['attempt_count']}",
-    ]
-    if item.get("delivery_branch"):
-        lines.append(f"delivered   {item['delivery_branch']} @ {(item.get('landed_commit') or '')[:12]}")
-    if item.get("pull_request_url"):
-        lines.append(f"pull req.   {item['pull_request_url']}")
-    for a in item.get("attempts") or []:
-        val = a.get("validation") or {}
-        tests = val.get("tests") or []
-        npass = sum(1 for t in tests if t["outcome"] == "passed")
-        lines.append(
-            f"  attempt {a['number']}: {a['verdict']:7} {a['reason']}"
-            + (f"  [{npass}/{len(tests)} tests passed, exit {val.get('exit_code')}]" if tests else "")
-        )
-    if item.get("result") and item["result"].get("output") is not None:
-        lines.append(f"output      {json.dumps(item['result']['output'])}")
-    lines.append(f"temporal    {item['links'].get('temporal_ui', '')}")
-    return "\n".join(lines)
 
 
 def cmd_review(args: argparse.Namespace) -> int:

@@ -257,7 +257,7 @@ def _drive(stack: Any, repo: Path, sandbox: str, started: float, summary: dict[s
 
 
 def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox: str) -> None:
-    from crewwork.cli import render_item
+    from crewwork.render import render_item
 
     _say()
     _say(render_item(item))

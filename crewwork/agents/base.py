@@ -16,26 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+# Re-exported: agent authors import the failure classes from here.
+from crewwork.errors import AgentConfigError as AgentConfigError
+from crewwork.errors import AgentError as AgentError
+from crewwork.errors import AgentInfraError as AgentInfraError
 from crewwork.models import WorkItemKind
 
 if TYPE_CHECKING:
     from crewwork.sandbox.base import Sandbox, SandboxLimits
-
-
-class AgentConfigError(ValueError):
-    """The agent's configuration in a submission is invalid (rejected before any workflow starts)."""
-
-
-class AgentError(RuntimeError):
-    """The agent failed in a way that retrying the same attempt will not fix (non-retryable)."""
-
-
-class AgentInfraError(RuntimeError):
-    """A transient failure (provider outage, connection error): retried by the activity retry policy."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass

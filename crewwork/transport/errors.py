@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Mapping
 
-from crewwork.agents.base import AgentError, AgentInfraError
+from crewwork.errors import AgentError, AgentInfraError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 

@@ -1,0 +1,30 @@
+"""Plain-text rendering of a work item, shared by the CLI (`crewwork status`) and the demo's summary."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def render_item(item: dict[str, Any]) -> str:
+    lines = [
+        f"work item   {item['id']}  ({item['kind']}{', MOCK agent' if item.get('mock') else ''})",
+        f"state       {item['state']}  {item['reason']}",
+        f"attempts    {item['attempt_count']}",
+    ]
+    if item.get("delivery_branch"):
+        lines.append(f"delivered   {item['delivery_branch']} @ {(item.get('landed_commit') or '')[:12]}")
+    if item.get("pull_request_url"):
+        lines.append(f"pull req.   {item['pull_request_url']}")
+    for a in item.get("attempts") or []:
+        val = a.get("validation") or {}
+        tests = val.get("tests") or []
+        npass = sum(1 for t in tests if t["outcome"] == "passed")
+        lines.append(
+            f"  attempt {a['number']}: {a['verdict']:7} {a['reason']}"
+            + (f"  [{npass}/{len(tests)} tests passed, exit {val.get('exit_code')}]" if tests else "")
+        )
+    if item.get("result") and item["result"].get("output") is not None:
+        lines.append(f"output      {json.dumps(item['result']['output'])}")
+    lines.append(f"temporal    {item['links'].get('temporal_ui', '')}")
+    return "\n".join(lines)
