@@ -182,3 +182,13 @@ async def watch(
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await keeper
+
+
+async def artifact_bytes(store: Store, artifact_id: str) -> bytes:
+    """An artifact's content, for a step that consumes an earlier step's output (the diff); missing is bad input."""
+    from crewwork.activities.errors import bad_input
+
+    data = await store.artifact_content(artifact_id)
+    if data is None:
+        raise bad_input(f"artifact {artifact_id} is missing")
+    return data

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork.activities.common import AttemptWriter
+from crewwork.activities.common import AttemptWriter, artifact_bytes
 from crewwork.activities.errors import LANDING_CONFLICT, PULL_REQUEST_FAILED, bad_input
 from crewwork.config import Settings
 from crewwork.contracts import (
@@ -161,7 +161,7 @@ class ControlActivities:
         started = await w.set_state(WorkItemState.landing, "landing")
         if started.stale:
             raise w.stale(started, "land_change")
-        diff = (await self._artifact_bytes(inp.diff_ref.id)).decode()
+        diff = (await artifact_bytes(self.store, inp.diff_ref.id)).decode()
         if inp.workspace_grant is not None and inp.workspace_key:
             key = inp.workspace_key
             if not await self.store.renew_lease(key, inp.workspace_grant, self.settings.lease_ttl_s * 10):
@@ -241,12 +241,6 @@ class ControlActivities:
                 id=patch.id, name=patch.name, size=patch.size, sha256=patch.sha256, content_type=patch.content_type
             ),
         )
-
-    async def _artifact_bytes(self, artifact_id: str) -> bytes:
-        data = await self.store.artifact_content(artifact_id)
-        if data is None:
-            raise bad_input(f"artifact {artifact_id} is missing")
-        return data
 
     @activity.defn(name="finish")
     async def finish(self, inp: FinishInput) -> WriteOutcome:

@@ -26,7 +26,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops, safefs
-from crewwork.activities.common import AttemptWriter, watch
+from crewwork.activities.common import AttemptWriter, artifact_bytes, watch
 from crewwork.activities.errors import AGENT_ERROR, bad_input
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
 from crewwork.agents.registry import get_agent_class
@@ -145,12 +145,6 @@ class ExecuteActivities:
             max_bytes=self.settings.max_artifact_bytes,
         )
         return _ref(art)
-
-    async def _artifact_bytes(self, artifact_id: str) -> bytes:
-        data = await self.store.artifact_content(artifact_id)
-        if data is None:
-            raise bad_input(f"artifact {artifact_id} is missing")
-        return data
 
     @activity.defn(name="run_agent")
     async def run_agent(self, inp: AgentStepInput) -> AgentOutcome:
@@ -372,7 +366,7 @@ class ExecuteActivities:
 
     async def _validate(self, inp: ValidateInput, w: AttemptWriter, heartbeat: Any) -> ValidationOutcome:
         spec = inp.validation
-        diff = await self._artifact_bytes(inp.diff_ref.id) if inp.diff_ref else b""
+        diff = await artifact_bytes(self.store, inp.diff_ref.id) if inp.diff_ref else b""
         ev: dict[str, Any] = {
             "diff_nonempty": bool(diff.strip()),
             "patch_applied": True,
@@ -462,18 +456,14 @@ class ExecuteActivities:
                         exc.log or (setup.stdout + b"\n--- stderr ---\n" + setup.stderr),
                         "text/plain",
                     )
-                    evidence = ValidationEvidence(
+                    setup_report = setup.report(4000)
+                    # The setup's own exit code says why; the test command never ran.
+                    evidence = ValidationEvidence.from_sandbox(
+                        setup_report.model_copy(update={"exit_code": None, "command_not_found": False}),
                         **ev,
                         setup_exit_code=setup.exit_code if setup.exit_code not in (None, 0) else 1,
-                        timed_out=setup.timed_out,
-                        oom_killed=setup.oom_killed,
-                        pids_limited=setup.pids_limited,
-                        disk_limited=setup.disk_limited,
-                        killed_by_signal=setup.killed_by_signal,
-                        stdout_tail=setup.report(4000).stdout_tail,
-                        stderr_tail=setup.report(4000).stderr_tail,
                     )
-                    return self._judge(inp, evidence, outcome_extra, sandbox_report=setup.report(4000))
+                    return self._judge(inp, evidence, outcome_extra, sandbox_report=setup_report)
                 run_env.update(prepared.env())
                 mounts.extend(prepared.mounts())
                 prepared_ev: dict[str, Any] = {"attempt": inp.attempt, **prepared.evidence()}
@@ -522,21 +512,13 @@ class ExecuteActivities:
                     report_bytes,
                     "application/xml",
                 )
-            evidence = ValidationEvidence(
+            evidence = ValidationEvidence.from_sandbox(
+                rep,
                 **ev,
-                exit_code=run.exit_code,
-                timed_out=run.timed_out,
-                oom_killed=run.oom_killed,
-                pids_limited=run.pids_limited,
-                disk_limited=run.disk_limited,
-                command_not_found=run.command_not_found,
-                killed_by_signal=run.killed_by_signal,
                 report=report_bytes,
                 report_refused=refused,
                 # With a configured report path a missing report is not evidence of anything: it fails.
                 report_format="junit" if spec.junit_path else None,
-                stdout_tail=rep.stdout_tail,
-                stderr_tail=rep.stderr_tail,
             )
             return self._judge(inp, evidence, outcome_extra, sandbox_report=rep)
         finally:
@@ -556,19 +538,12 @@ class ExecuteActivities:
             diagnostics = build_diagnostics(
                 verdict, evidence, inp.attempt, inp.diff_stats, review_comment=inp.review_comment
             )
-        return ValidationOutcome(
-            passed=verdict.passed,
-            reason=verdict.reason,
-            cause=str(verdict.cause),
-            exit_code=verdict.exit_code,
-            tests=verdict.tests,
-            tests_executed=verdict.tests_executed,
+        return verdict.to_outcome(
             sandbox=sandbox_report,
             log_ref=extra.get("log_ref"),
             report_ref=extra.get("report_ref"),
             diagnostics=diagnostics,
-            fingerprint=verdict.fingerprint or None,
-            protected_reset=extra.get("protected_reset", []),
+            protected_reset=extra.get("protected_reset"),
         )
 
 

@@ -33,11 +33,11 @@ An agent's own claim of success is never an input here.
 from __future__ import annotations
 
 import enum
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from crewwork.models import ArtifactRef, SandboxReport, TestCaseResult, ValidationOutcome
+from crewwork.models import ArtifactRef, ResetPath, SandboxReport, TestCaseResult, ValidationOutcome
 from crewwork.validation.fingerprint import fingerprint
 from crewwork.validation.parsers import ParsedReport, normalize_test_id, parse_report
 
@@ -118,23 +118,10 @@ class ValidationEvidence(BaseModel):
     pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
 
     @classmethod
-    def from_sandbox(
-        cls,
-        sandbox: SandboxReport,
-        *,
-        diff_nonempty: bool,
-        patch_applied: bool = True,
-        report: bytes | None = None,
-        report_format: str | None = "junit",
-        fail_to_pass: list[str] | None = None,
-        pass_to_pass: list[str] | None = None,
-        setup_exit_code: int | None = None,
-        infrastructure_error: str | None = None,
-    ) -> ValidationEvidence:
-        """Evidence from the validation run's `SandboxReport` plus what the activity saw around it."""
+    def from_sandbox(cls, sandbox: SandboxReport, **facts: Any) -> ValidationEvidence:
+        """Evidence from a run's `SandboxReport` (exit code, limits hit, bounded output tails) plus `facts`, the
+        fields the activity saw around the run (diff_nonempty, report, fail_to_pass, setup_exit_code, ...)."""
         return cls(
-            diff_nonempty=diff_nonempty,
-            patch_applied=patch_applied,
             exit_code=sandbox.exit_code,
             timed_out=sandbox.timed_out,
             oom_killed=sandbox.oom_killed,
@@ -142,14 +129,9 @@ class ValidationEvidence(BaseModel):
             disk_limited=sandbox.disk_limited,
             command_not_found=sandbox.command_not_found,
             killed_by_signal=sandbox.killed_by_signal,
-            setup_exit_code=setup_exit_code,
-            infrastructure_error=infrastructure_error,
-            report=report,
-            report_format=report_format,
             stdout_tail=sandbox.stdout_tail[-MAX_TAIL_CHARS:],
             stderr_tail=sandbox.stderr_tail[-MAX_TAIL_CHARS:],
-            fail_to_pass=list(fail_to_pass or []),
-            pass_to_pass=list(pass_to_pass or []),
+            **facts,
         )
 
 
@@ -184,6 +166,7 @@ class Verdict(BaseModel):
         log_ref: ArtifactRef | None = None,
         report_ref: ArtifactRef | None = None,
         diagnostics: str | None = None,
+        protected_reset: list[ResetPath] | None = None,
     ) -> ValidationOutcome:
         """The `ValidationOutcome` the store and workflow carry."""
         return ValidationOutcome(
@@ -197,7 +180,8 @@ class Verdict(BaseModel):
             log_ref=log_ref,
             report_ref=report_ref,
             diagnostics=diagnostics,
-            fingerprint=self.fingerprint,
+            fingerprint=self.fingerprint or None,
+            protected_reset=list(protected_reset or []),
         )
 
 
