@@ -98,6 +98,10 @@ def main() -> None:
         print(res.invariants)
     for line in fig.get("stuck", []):
         print(line)
+    for d in fig.get("dead_items", []):
+        print(f"dead {d['id']}: {d['reason']}")
+        for line in d["last_events"]:
+            print(f"    {line}")
     write_results("chaos", fig)
     clean = (
         res.invariants.ok

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
         ),
     )
     db_pool_size: int = Field(default=10, ge=1, description="Connections kept per process (PostgreSQL).")
+    store_unavailable_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Worker pools: how long a store call waits for PostgreSQL to accept connections again (restart, "
+        "failover) before failing into its activity's retry policy. 0: fail at once.",
+    )
     temporal_address: str = Field(default="127.0.0.1:7233", description="host:port of the Temporal frontend.")
     temporal_namespace: str = Field(default="default", description="Temporal namespace.")
     temporal_ui_url: str = Field(

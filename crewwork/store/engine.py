@@ -6,6 +6,9 @@ Every aggregate module of the store (`auth`, `work_items`, `fencing`, `events`, 
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -15,6 +18,22 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether `exc`, raised while opening a connection, says the database cannot be reached right now (refused,
+    reset, starting up or shutting down): a connection that was never established cannot have done anything."""
+    if isinstance(exc, OSError):  # asyncpg raises ConnectionRefusedError & co. unwrapped
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        orig = type(exc.orig).__name__ if exc.orig is not None else ""
+        return orig in {"CannotConnectNowError", "ConnectionDoesNotExistError", "AdminShutdownError"} or isinstance(
+            exc.orig, OSError
+        )
+    return False
 
 
 class StoreError(RuntimeError):
@@ -28,11 +47,25 @@ class NotFound(StoreError):
 class Database:
     """One engine per process. PostgreSQL (asyncpg) is canonical; SQLite (aiosqlite) is the embedded default."""
 
-    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False, pre_ping: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        echo: bool = False,
+        pre_ping: bool = True,
+        unavailable_wait_s: float = 0.0,
+    ) -> None:
         """`pre_ping=False` (the worker pools) skips the round trip that tests each pooled connection before use; a
         transaction whose first statement finds its connection dead is then run once more on a fresh connection
-        (`transaction`), and other calls fail into their activity's retry policy."""
+        (`transaction`), and other calls fail into their activity's retry policy.
+
+        `unavailable_wait_s` (the worker pools: CREWWORK_STORE_UNAVAILABLE_WAIT_S): for that long, a session that
+        cannot open its connection (the database restarting, failing over, refusing connections) waits for it with
+        backoff instead of failing. Nothing has run on a connection that was never opened, so waiting is always
+        safe; it keeps a database restart of a few seconds from spending an agent run's bounded retries."""
         self.url = url
+        self.unavailable_wait_s = unavailable_wait_s
         self.is_sqlite = url.startswith("sqlite")
         kwargs: dict[str, Any] = {"echo": echo}
         if self.is_sqlite:
@@ -50,8 +83,36 @@ class Database:
     @asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncSession]:
         """A session in a transaction, committed when the block ends (rolled back on an exception)."""
-        async with self._sessions() as s, s.begin():
-            yield s
+        if self.unavailable_wait_s <= 0 or self.is_sqlite:
+            async with self._sessions() as s, s.begin():
+                yield s
+            return
+        async with self._sessions() as s:
+            await self._connect(s)  # begins the transaction on an open connection
+            try:
+                yield s
+            except BaseException:
+                await s.rollback()
+                raise
+            await s.commit()
+
+    async def _connect(self, s: AsyncSession) -> None:
+        """Open the session's connection now, waiting (bounded) while the database is unreachable."""
+        deadline = time.monotonic() + self.unavailable_wait_s
+        delay = 0.1
+        while True:
+            try:
+                await s.connection()
+                return
+            except (OSError, DBAPIError) as exc:
+                remaining = deadline - time.monotonic()
+                if not unavailable(exc) or remaining <= 0:
+                    raise
+                pause = min(delay, remaining)
+                log.warning("the store is unreachable (%s); retrying in %.1fs", type(exc).__name__, pause)
+                await s.rollback()
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 2.0)
 
     async def transaction(self, body: Callable[[AsyncSession, Callable[[], None]], Awaitable[T]]) -> T:
         """Run `body(session, started)` in a transaction. If the connection is found dead before `body` calls

@@ -144,7 +144,12 @@ def _cache_workflow_bytecode() -> None:
 async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequence[Interceptor] = ()) -> None:
     # Observability first: JSON logs and the Temporal SDK metrics runtime must be in place before connecting.
     # No pre-ping in the pools: fenced writes retry a dead pooled connection themselves (Store._transaction).
-    store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size, pre_ping=False)
+    store = Store(
+        settings.resolved_database_url(),
+        pool_size=settings.db_pool_size,
+        pre_ping=False,
+        unavailable_wait_s=settings.store_unavailable_wait_s,
+    )
     metrics_server = await start_pool_observability(pool, settings.task_queue(pool), store)
     tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor
     client = await connect(settings)

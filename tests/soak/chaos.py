@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import random
 import signal
@@ -408,9 +409,30 @@ async def analyse(url: str, temporal_address: str, ids: list[str], faults: list[
         async with store.session() as s:
             events = list((await s.scalars(select(Event).where(Event.work_item_id.in_(ids)))).all())
             rows = (await s.execute(select(WorkItem.id, WorkItem.state).where(WorkItem.id.in_(ids)))).all()
+            dead_rows = (
+                await s.execute(
+                    select(WorkItem.id, WorkItem.reason).where(WorkItem.id.in_(ids), WorkItem.state == "dead")
+                )
+            ).all()
     finally:
         await store.close()
     states = Counter(st for _wid, st in rows)
+    # Why each `dead` item died, with the tail of its events: `dead` is legitimate only when Temporal's bounded
+    # infrastructure retries ran out, and the figures must say so item by item.
+    by_item: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_item[e.work_item_id].append(e)
+    dead_items = [
+        {
+            "id": wid,
+            "reason": reason,
+            "last_events": [
+                f"{e.type} {json.dumps(e.data, default=str)[:200]}"
+                for e in sorted(by_item[wid], key=lambda e: e.id)[-8:]
+            ],
+        }
+        for wid, reason in dead_rows
+    ]
     # Each activity attempt that writes starts with a fenced `state_changed` (running / validating) carrying its
     # work-item attempt number; accepted or refused, every execution leaves one write or one rejection.
     executions: dict[tuple[str, str, Any], int] = defaultdict(int)
@@ -452,6 +474,7 @@ async def analyse(url: str, temporal_address: str, ids: list[str], faults: list[
         "after_terminal": after_terminal,
         "double_landings": sum(1 for n in landed.values() if n > 1),
         "recover": recover,
+        "dead_items": dead_items,
     }
 
 
@@ -578,5 +601,6 @@ def run_soak(
             "recover_by_fault": a["recover"],
             "pool_restarts": {p.name: p.restarts for p in stack.processes},
             "stuck": a.get("stuck", []),
+            "dead_items": a["dead_items"],
         },
     )
