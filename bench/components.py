@@ -87,12 +87,12 @@ async def store_costs(url: str, n: int) -> dict[str, Any]:
         await store.close()
 
 
-async def worktree_costs(root: Path, n: int) -> dict[str, Any]:
+async def workspace_costs(root: Path, n: int) -> dict[str, Any]:
     """A workspace (private git dir + materialised files, with the configured disk cap) made and removed."""
     from crewwork.sandbox.config import SandboxSettings
     from crewwork.workspace import Workspace
 
-    repo = make_repo(root / "wt-repo", {f"src/m{i}.py": "x = 1\n" * 50 for i in range(50)} | {"README": "r\n"})
+    repo = make_repo(root / "ws-repo", {f"src/m{i}.py": "x = 1\n" * 50 for i in range(50)} | {"README": "r\n"})
     commit = (await gitops.git("rev-parse", "HEAD", cwd=repo)).out.strip()
     sandbox = SandboxSettings()
     add: list[float] = []
@@ -101,7 +101,7 @@ async def worktree_costs(root: Path, n: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         ws = await Workspace.create(
             git_dir=gitops.git_dir_of(repo),
-            home=root / "wts" / f"w{i}",
+            home=root / "workspaces" / f"w{i}",
             commit=commit,
             disk_mb=sandbox.workspace_disk_mb(sandbox.default_limits()),
             owner=sandbox.owner(),
@@ -110,7 +110,7 @@ async def worktree_costs(root: Path, n: int) -> dict[str, Any]:
         await ws.remove()
         add.append(t1 - t0)
         rm.append(time.perf_counter() - t1)
-    return {"worktree_add": summary(add), "worktree_remove": summary(rm), "repo_files": 51}
+    return {"workspace_create": summary(add), "workspace_remove": summary(rm), "repo_files": 51}
 
 
 async def sandbox_costs(root: Path, n: int) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def main() -> None:
         with pg_database("crewwork_components") as (url, _db):
             out["postgres"] = asyncio.run(store_costs(url, n))
             out["sqlite"] = asyncio.run(store_costs(asyncio.run(sqlite_url(root)), n))
-            out["git"] = asyncio.run(worktree_costs(root, max(10, n // 10)))
+            out["git"] = asyncio.run(workspace_costs(root, max(10, n // 10)))
             out["sandbox"] = asyncio.run(sandbox_costs(root, max(5, n // 20)))
             out["rss"] = pool_rss(url, root, 20 if args.quick else 60)
     rows = []
@@ -216,7 +216,7 @@ def main() -> None:
         for db in ("postgres", "sqlite"):
             s = out[db][what]
             rows.append([what, db, s["p50"] * 1000, s["p99"] * 1000])
-    for what in ("worktree_add", "worktree_remove"):
+    for what in ("workspace_create", "workspace_remove"):
         s = out["git"][what]
         rows.append([what, "git", s["p50"] * 1000, s["p99"] * 1000])
     for name, s in out["sandbox"].items():
