@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# Benchmarks run as the test suite does: repositories registered on first use, fault injection on (chaos runs).
+os.environ.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
+os.environ.setdefault("CREWWORK_TEST_FAULTS", "true")
+
 from crewwork.config import Settings  # noqa: E402
 from crewwork.store.db import upgrade_sync  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
