@@ -289,3 +289,36 @@ async def test_the_dev_default_registers_local_repositories_on_first_use(stack: 
         assert (await c.post("/v1/work-items", json=change({"url": str(repo), "ref": "main"}))).status_code == 202
         [mine] = (await c.get("/v1/repositories")).json()["items"]
         assert mine["id"] != registered["id"]
+
+
+def _cli(t: Tenancy, who: Tenant, *argv: str) -> Any:
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CREWWORK_API_URL": t.stack.api.url, "CREWWORK_API_KEY": who.key}
+    res = subprocess.run(
+        [sys.executable, "-m", "crewwork", "--json", *argv], env=env, capture_output=True, text=True, timeout=60
+    )
+    return res.returncode, (json.loads(res.stdout) if res.stdout.strip() else None), res.stderr
+
+
+async def test_cli_repos_add_list_remove_and_an_operator_acting_for_a_tenant(tenancy: Tenancy) -> None:
+    import asyncio
+
+    t = tenancy
+    rc, repo, err = await asyncio.to_thread(
+        _cli, t, t.stack.admin, "repos", "add", str(t.alpha_repo), "--ref", "main", "--tenant", t.stack.alpha.name
+    )
+    assert rc == 0, err
+    assert repo["url"] == str(t.alpha_repo.resolve()) and repo["default_ref"] == "main"
+    rc, rows, err = await asyncio.to_thread(_cli, t, t.stack.alpha, "repos", "list")
+    assert rc == 0 and [r["id"] for r in rows] == [repo["id"]], err
+    rc, _out, err = await asyncio.to_thread(_cli, t, t.stack.beta, "repos", "add", str(t.alpha_repo))
+    assert rc != 0 and "root" in err, err
+    rc, _out, err = await asyncio.to_thread(_cli, t, t.stack.beta, "repos", "remove", repo["id"])
+    assert rc != 0, err
+    rc, _out, err = await asyncio.to_thread(_cli, t, t.stack.alpha, "repos", "remove", repo["id"])
+    assert rc == 0, err
+    rc, rows, err = await asyncio.to_thread(_cli, t, t.stack.alpha, "repos", "list")
+    assert rc == 0 and rows == [], err
