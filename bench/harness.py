@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# Benchmarks run as the test suite does: repositories registered on first use, fault injection on (chaos runs).
+os.environ.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
+os.environ.setdefault("CREWWORK_TEST_FAULTS", "true")
+
 from crewwork.config import Settings  # noqa: E402
 from crewwork.store.db import upgrade_sync  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
@@ -88,6 +92,10 @@ def dev_server(data_dir: Path, memory: bool | None = None) -> Iterator[DevServer
 
 
 def bench_settings(data_dir: Path, temporal: DevServer, db_url: str, **kw: Any) -> Settings:
+    if "sandbox_backend" in kw:  # shorthand for the nested section's field
+        from crewwork.sandbox.config import SandboxSettings
+
+        kw["sandbox"] = SandboxSettings(backend=kw.pop("sandbox_backend"))
     return Settings(
         data_dir=data_dir,
         database_url=db_url,

@@ -95,7 +95,7 @@ async def run(rounds: int, cold_runs: int) -> dict[str, Any]:
             settings = Settings(
                 data_dir=tmp / "data",
                 database_url=f"sqlite+aiosqlite:///{tmp / 'crewwork.db'}",
-                sandbox_backend="bwrap",
+                sandbox=SandboxSettings(backend="bwrap"),
                 setup_network_allowlist=index.hostport,
             )
             await upgrade(settings.resolved_database_url())

@@ -747,6 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("artifact_id", nargs="?")
     d.add_argument("--output", "-o", metavar="FILE", help="write the artifact here (default: stdout)")
 
+    from crewwork.cli_repos import add_parser as add_repos_parser
+
+    add_repos_parser(add, common)
+
     d = add("webhooks", "register, list, rotate and verify webhooks", cmd_webhooks)
     ws = d.add_subparsers(dest="webhooks_command", required=True)
     w = ws.add_parser("create", help="register a webhook (prints its secret once)", parents=[common])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -18,10 +18,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from crewwork.api.options import ApiOptions
 from crewwork.limits import OperatorCeilings
 from crewwork.models import EnvironmentSpec
+from crewwork.policy_model import TenantPolicy
 from crewwork.repos.settings import ForgeConfig, RepoCredential, SetupSecret
 from crewwork.sandbox.config import SandboxSettings
 
 DEFAULT_DATA_DIR = Path(".crewwork")
+T = TypeVar("T")
 
 
 class Settings(BaseSettings):
@@ -67,6 +69,18 @@ class Settings(BaseSettings):
             "Empty: any absolute path (single-user development)."
         ),
     )
+    tenant_repo_roots: dict[str, list[Path]] = Field(
+        default={},
+        description="Repository roots per tenant (JSON: tenant name or id -> directories): the only places that "
+        "tenant may register local repositories. A tenant not listed gets CREWWORK_REPO_ROOTS, and none at all "
+        "when this is set and CREWWORK_REPO_ROOTS is empty. Paths are resolved (symlinks, /proc) before the check.",
+    )
+    auto_register_repos: bool = Field(
+        default=False,
+        description="Register a repository for the submitting tenant on first use when its work item names an "
+        "unregistered URL (same checks as POST /v1/repositories). Development, demo and tests only: `crewwork "
+        "dev` and the demo turn it on; off, a work item must name a repository its tenant registered.",
+    )
     worktree_dir: Path | None = Field(default=None, description="Where attempt workspaces go (default DATA/worktrees).")
     sandbox: SandboxSettings = Field(
         default_factory=SandboxSettings,
@@ -85,6 +99,29 @@ class Settings(BaseSettings):
     max_cost_usd_ceiling: float = Field(default=100.0, gt=0, description="Ceiling on budget.max_cost_usd.")
     max_review_timeout_s_ceiling: float = Field(
         default=30 * 86400, gt=0, description="Ceiling on review.timeout_s; also the deadline where none is set."
+    )
+    # ---------------------------------------------------------------- operator policy (crewwork/policy.py)
+    policy_agents: str = Field(
+        default="*",
+        description="Agents work items may name: `*` every plugin CREWWORK_AGENT_PLUGINS allows, else "
+        "comma-separated names. The production compose leaves out `scripted` (a mock).",
+    )
+    policy_sandbox_backends: str = Field(
+        default="gvisor,docker,bwrap",
+        description="Sandbox backends `sandbox.backend` may name (comma-separated); `local` only with "
+        "CREWWORK_ALLOW_UNSAFE_SANDBOX as well. Omitted, the pool's default backend is used.",
+    )
+    test_faults: bool = Field(
+        default=False,
+        description="Accept the scripted agent's fault-injection keys (`crash`, `stall_s`, `fail`, "
+        "`on_activity_attempt`). Test suites and benchmarks only: without it they are refused at submission and "
+        "ignored by the agent.",
+    )
+    tenant_policies: dict[str, TenantPolicy] = Field(
+        default={},
+        description="Per-tenant policy overrides (JSON: tenant name or id -> {agents, sandbox_backends, "
+        "max_memory_mb, max_cpus, max_pids, max_disk_mb, max_timeout_s, max_attempts, max_wall_clock_s, "
+        "max_tokens, max_cost_usd, max_review_timeout_s}); unset fields keep the deployment's value.",
     )
     tenant_max_in_flight: int = Field(
         default=20,
@@ -247,6 +284,24 @@ class Settings(BaseSettings):
 
     def repo_root_list(self) -> list[Path]:
         return [Path(p).resolve() for p in self.repo_roots.split(":") if p.strip()]
+
+    def tenant_setting(self, mapping: dict[str, T], tenant_id: str | None, tenant_name: str | None) -> T | None:
+        """A per-tenant setting's entry for the tenant, keyed by its id or by its name (the id wins)."""
+        for key in (tenant_id, tenant_name):
+            if key is not None and key in mapping:
+                return mapping[key]
+        return None
+
+    def repo_roots_for(self, tenant_id: str | None, tenant_name: str | None) -> list[Path] | None:
+        """The directories the tenant may register local repositories under; None: anywhere (no roots are
+        configured at all); an empty list: nowhere."""
+        own = self.tenant_setting(self.tenant_repo_roots, tenant_id, tenant_name)
+        if own is not None:
+            return [Path(p).resolve() for p in own]
+        common = self.repo_root_list()
+        if common:
+            return common
+        return [] if self.tenant_repo_roots else None
 
 
 def describe_settings(cls: type[BaseSettings] = Settings) -> list[dict[str, Any]]:

@@ -176,9 +176,9 @@ class OperatorCeilings:
     """Most model cost in US dollars; also the limit for submissions that set none."""
 
 
-def check_within_ceilings(spec: BudgetSpec, ceilings: OperatorCeilings) -> None:
-    """Reject (ValueError) a submitted budget that asks for more than the operator allows."""
-    problems: list[str] = []
+def ceiling_violations(spec: BudgetSpec, ceilings: OperatorCeilings) -> list[tuple[str, str]]:
+    """(field, message) for every budget field that asks for more than the operator allows."""
+    problems: list[tuple[str, str]] = []
     pairs: tuple[tuple[str, float | None, float | None], ...] = (
         ("max_attempts", spec.max_attempts, ceilings.max_attempts),
         ("max_wall_clock_s", spec.max_wall_clock_s, ceilings.max_wall_clock_s),
@@ -187,9 +187,17 @@ def check_within_ceilings(spec: BudgetSpec, ceilings: OperatorCeilings) -> None:
     )
     for name, asked, ceiling in pairs:
         if asked is not None and ceiling is not None and asked > ceiling:
-            problems.append(f"budget.{name} is {asked:g} but this deployment allows at most {ceiling:g}")
+            problems.append(
+                (f"budget.{name}", f"budget.{name} is {asked:g} but this deployment allows at most {ceiling:g}")
+            )
+    return problems
+
+
+def check_within_ceilings(spec: BudgetSpec, ceilings: OperatorCeilings) -> None:
+    """Reject (ValueError) a submitted budget that asks for more than the operator allows."""
+    problems = ceiling_violations(spec, ceilings)
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("; ".join(msg for _field, msg in problems))
 
 
 def effective_budget(spec: BudgetSpec, ceilings: OperatorCeilings) -> BudgetSpec:

@@ -85,23 +85,38 @@ class PullRequestSpec(Strict):
 
 
 class RepoSpec(Strict):
-    url: str = Field(
+    """One of the tenant's registered repositories (docs/repositories.md), by `id` or by `url`. As stored and run,
+    both are set: the registered repository's id and URL, and the ref (the repository's default ref if unset)."""
+
+    id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.:-]{1,64}$",
+        description="The id of a repository the tenant registered (POST /v1/repositories).",
+    )
+    url: str | None = Field(
+        default=None,
         description="The git repository: https://, http://, ssh:// or scp-style (git@host:path), git://, file:// "
-        "or a local path. Never credentials: the operator holds them (docs/repositories.md).",
+        "or a local path, equal (once normalised) to one the tenant registered. Never credentials: the operator "
+        "holds them (docs/repositories.md).",
         min_length=1,
         max_length=4096,
     )
-    ref: str = Field(default="HEAD", description="Branch, tag or commit to start from.", min_length=1, max_length=256)
+    ref: str | None = Field(
+        default=None,
+        description="Branch, tag or commit to start from (default: the repository's default ref).",
+        min_length=1,
+        max_length=256,
+    )
     pull_request: PullRequestSpec | None = Field(
         default=None, description="Also open a pull request for the landed branch (needs a configured forge)."
     )
 
     @field_validator("url")
     @classmethod
-    def _url_grammar(cls, v: str) -> str:
+    def _url_grammar(cls, v: str | None) -> str | None:
         from crewwork.repos.urls import RepoURLError, parse_repo_url
 
-        if _is_local_path(v):
+        if v is None or _is_local_path(v):
             # Local paths are resolved and checked by the service at submission; this validator also runs when a
             # workflow decodes its input, so it must not touch the filesystem.
             return v
@@ -112,8 +127,14 @@ class RepoSpec(Strict):
 
     @field_validator("ref")
     @classmethod
-    def _ref_is_plain(cls, v: str) -> str:
-        return _check_ref_name(v)
+    def _ref_is_plain(cls, v: str | None) -> str | None:
+        return None if v is None else _check_ref_name(v)
+
+    @model_validator(mode="after")
+    def _names_one(self) -> RepoSpec:
+        if self.id is None and self.url is None:
+            raise ValueError("`repo` needs `id` (a registered repository) or `url`")
+        return self
 
 
 def _is_local_path(v: str) -> bool:

@@ -18,7 +18,14 @@ from temporalio.service import RPCError
 from crewwork.agents.base import AgentConfigError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
-from crewwork.models import ReviewDecision, WorkItemInput, WorkItemKind, WorkItemSpec, WorkItemStatus
+from crewwork.models import (
+    EnvironmentSpec,
+    ReviewDecision,
+    WorkItemInput,
+    WorkItemKind,
+    WorkItemSpec,
+    WorkItemStatus,
+)
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
 from crewwork.workflows.policies import SA_KIND, SA_REPO, SA_STATE, SA_TENANT
@@ -60,65 +67,78 @@ class WorkItemService:
             raise WorkflowUnavailable("not connected to Temporal")
         return self.client
 
-    async def check(self, spec: WorkItemSpec, tenant_id: str | None = None) -> tuple[str | None, str | None]:
-        """Everything that can be checked before anything is stored. Returns (repository locator, base commit):
-        the locator is the normalised URL of a remote, or the absolute path of a local repository."""
+    async def check(self, spec: WorkItemSpec, tenant_id: str) -> tuple[WorkItemSpec, str | None, str | None]:
+        """Everything that can be checked before anything is stored: the agent's config, operator policy
+        (crewwork.policy) and the repository, which must be one the tenant registered (crewwork.repos.tenancy).
+
+        Returns (the spec as it is stored and run, repository locator, base commit): the spec names the registered
+        repository (its id, URL and the ref), with its protected paths and default environment filled in; the
+        locator is the registered URL (a remote's normalised URL, or a local repository's absolute path)."""
+        from crewwork.policy import Policy, PolicyViolation
+
         try:
             get_agent_class(spec.agent.name).validate_config(spec.kind, spec.agent.config)
         except AgentConfigError as exc:
             raise SubmissionRejected(str(exc), "agent") from exc
+        name = await self.store.tenant_name(tenant_id) if self.settings.tenant_policies else None
+        try:
+            Policy.for_tenant(self.settings, tenant_id, name).check(spec)
+        except PolicyViolation as exc:
+            raise SubmissionRejected(str(exc), exc.field) from exc
         if spec.kind == WorkItemKind.task:
             if spec.validation is not None:
                 raise SubmissionRejected(
                     "validation of `task` work items is not supported yet; use kind `code_change`",
                     "validation",
                 )
-            return None, None
+            return spec, None, None
         assert spec.repo is not None
-        url, commit = await self._check_repository(spec, tenant_id)
-        if spec.sandbox.backend == "local" and not self.settings.allow_unsafe_sandbox:
-            raise SubmissionRejected(
-                "sandbox.backend `local` has no isolation; the operator has not allowed it", "sandbox"
-            )
-        return url, commit
+        return await self._check_repository(spec, tenant_id)
 
-    async def _check_repository(self, spec: WorkItemSpec, tenant_id: str | None) -> tuple[str, str]:
-        """The remote (or local repository) exists and has the ref; its environment and pull request are allowed
+    async def _check_repository(self, spec: WorkItemSpec, tenant_id: str) -> tuple[WorkItemSpec, str, str]:
+        """The tenant's registered repository exists and has the ref; its environment and pull request are allowed
         (crewwork.repos: docs/repositories.md)."""
         from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
         from crewwork.repos.service import RepoPolicyError, Repositories
+        from crewwork.repos.tenancy import RepositoryRegistry
 
         assert spec.repo is not None
         repos = Repositories(self.settings)
+        registry = RepositoryRegistry(self.store, self.settings, repos)
         try:
-            url, commit = await repos.check(spec.repo.url, spec.repo.ref, tenant_id)
+            reg = await registry.resolve(spec.repo, tenant_id)
+            ref = spec.repo.ref or reg.default_ref
+            url, commit = await repos.check(
+                reg.url, ref, tenant_id, credential=reg.credential, roots=await registry.roots(tenant_id)
+            )
         except RepoPolicyError as exc:
             raise SubmissionRejected(str(exc), "repo") from exc
         try:
             repos.forge(url, spec.repo.pull_request)
         except RepoPolicyError as exc:
             raise SubmissionRejected(str(exc), "repo.pull_request") from exc
-        env = resolve_environment(spec.environment, self.settings, url.url)
+        registered_env = EnvironmentSpec.model_validate(reg.environment) if reg.environment else None
+        env = resolve_environment(spec.environment or registered_env, self.settings, url.url)
         if env is not None:
             try:
                 check_environment(env, self.settings, tenant_id)
             except EnvironmentRejected as exc:
                 raise SubmissionRejected(str(exc), "environment") from exc
-        return url.url, commit
-
-    def with_repository_defaults(self, spec: WorkItemSpec, locator: str | None) -> WorkItemSpec:
-        """The spec as it is stored and run: the repository's default environment filled in (resolved once, so
-        every attempt on every host prepares the same environment)."""
-        from crewwork.repos.environment import resolve_environment
-
-        if locator is None or spec.environment is not None:
-            return spec
-        env = resolve_environment(None, self.settings, locator)
-        return spec if env is None else spec.model_copy(update={"environment": env})
+        update: dict[str, Any] = {
+            # What runs is the registration, never the tenant's spelling of it.
+            "repo": spec.repo.model_copy(update={"id": reg.id, "url": url.url, "ref": ref}),
+            "environment": env,
+        }
+        if reg.protect_paths and spec.validation is not None:
+            protect = spec.validation.protect
+            merged = [*protect.paths, *(p for p in reg.protect_paths if p not in protect.paths)]
+            update["validation"] = spec.validation.model_copy(
+                update={"protect": protect.model_copy(update={"paths": merged})}
+            )
+        return spec.model_copy(update=update), url.url, commit
 
     async def submit(self, tenant_id: str, spec: WorkItemSpec) -> Submitted:
-        repo, commit = await self.check(spec, tenant_id)
-        spec = self.with_repository_defaults(spec, repo)
+        spec, repo, commit = await self.check(spec, tenant_id)
         row, created = await self.store.create_work_item(
             tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=repo
         )

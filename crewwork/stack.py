@@ -112,6 +112,8 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        # The embedded single-user stack: local repositories are registered for the tenant on first use.
+        env.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
         if self.database_url:
             env["CREWWORK_DATABASE_URL"] = self.database_url
         env.update(self.extra_env)

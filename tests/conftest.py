@@ -27,6 +27,11 @@ from crewwork.store.db import upgrade
 from crewwork.store.store import Store
 from crewwork.temporal.devserver import DevServer, free_port
 
+# The test suite's operator switches (docs/operations.md): repositories are registered for the submitting tenant
+# on first use, and the scripted agent's fault injection is on. Tests of the production defaults pass them as False.
+os.environ.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
+os.environ.setdefault("CREWWORK_TEST_FAULTS", "true")
+
 PG_ADMIN = os.environ.get("CREWWORK_TEST_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -178,6 +178,7 @@ class ControlActivities:
             landed = await self.repos.land(
                 inp.repo_path,
                 tenant_id=inp.tenant_id,
+                credential=await self.store.repository_credential(inp.tenant_id, inp.repo_path),
                 work_item_id=inp.work_item_id,
                 base_commit=inp.base_commit,
                 diff=diff,

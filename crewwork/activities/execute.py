@@ -122,7 +122,9 @@ class ExecuteActivities:
         """This host's mirror of the repository, holding `commit` (fetched when it lacks it), kept from eviction
         until the hold is released: the git directory workspaces are made from (docs/repositories.md)."""
         try:
-            hold = await self.repos.hold(locator, commit, w.tenant_id)
+            # The registered repository's credential (crewwork.repos.tenancy), never one the tenant names.
+            credential = await self.store.repository_credential(w.tenant_id, locator)
+            hold = await self.repos.hold(locator, commit, w.tenant_id, credential)
         except REPO_ERRORS as exc:
             raise repo_failure(exc) from None
         if hold.stats.fetched:
@@ -227,6 +229,7 @@ class ExecuteActivities:
                         "labels": dict(spec.labels),
                         # Test-only fault injection (the scripted agent's `stall_s`): turn this attempt into a zombie.
                         "fault_partition": live.simulate_partition,
+                        "test_faults": self.settings.test_faults,
                     },
                 )
                 try:

@@ -72,6 +72,21 @@ _STEP_KEYS = {
 }
 
 
+FAULT_KEYS = ("crash", "stall_s", "fail", "on_activity_attempt")
+"""Test-only fault injection. Refused at submission (crewwork.policy) and ignored here unless the operator runs with
+CREWWORK_TEST_FAULTS (the worker passes it as `extra["test_faults"]`)."""
+
+
+def fault_fields(config: dict[str, Any]) -> list[str]:
+    """The fields of a scripted config that inject faults, as `agent.config...` paths (for a 422 naming them)."""
+    out = [f"agent.config.{k}" for k in FAULT_KEYS if isinstance(config, dict) and k in config]
+    steps = config.get("attempts") if isinstance(config, dict) else None
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
+        if isinstance(step, dict):
+            out += [f"agent.config.attempts[{i}].{k}" for k in FAULT_KEYS if k in step]
+    return out
+
+
 class ScriptedAgent(Agent):
     name = "scripted"
     mock = True
@@ -119,6 +134,9 @@ class ScriptedAgent(Agent):
 
     async def run(self, ctx: AgentContext) -> AgentRunResult:
         step = self.step_for(ctx.config, ctx.attempt)
+        if not ctx.extra.get("test_faults", False):
+            # Refused at submission already; an item submitted before the switch was turned off gets no faults.
+            step = {k: v for k, v in step.items() if k not in FAULT_KEYS}
         on = step.get("on_activity_attempt", 1)
         fires = on == "all" or ctx.activity_attempt == int(on)
         if fires and step.get("crash"):

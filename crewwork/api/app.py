@@ -22,6 +22,7 @@ from crewwork.api.admin import router as admin_router
 from crewwork.api.hotfix import router as hotfix_router
 from crewwork.api.options import ApiOptions
 from crewwork.api.ratelimit import TokenBuckets
+from crewwork.api.repositories import router as repositories_router
 from crewwork.api.streams import EventHorizon
 from crewwork.api.streams import router as events_router
 from crewwork.api.webhooks import router as webhooks_router
@@ -107,6 +108,7 @@ def create_app(
     app.add_exception_handler(Exception, problems.unhandled_handler)
     app.include_router(work_items_router)
     app.include_router(hotfix_router)
+    app.include_router(repositories_router)
     app.include_router(events_router)
     app.include_router(webhooks_router)
     app.include_router(admin_router)

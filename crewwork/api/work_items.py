@@ -101,8 +101,13 @@ async def submit_spec(
 ) -> SubmitResponse:
     if idempotency_key and spec.idempotency_key is None:
         spec = spec.model_copy(update={"idempotency_key": idempotency_key})
+    from crewwork.repos.tenancy import RepositoryNotFound
+
     try:
         res = await service.submit(principal.tenant_id, spec)
+    except RepositoryNotFound as exc:
+        # Another tenant's repository is indistinguishable from a missing one.
+        raise ProblemError(404, "not_found", str(exc)) from exc
     except SubmissionRejected as exc:
         raise ProblemError(
             422, "invalid_work_item", str(exc), errors=[{"field": exc.field or "", "message": str(exc)}]

@@ -112,6 +112,10 @@ def _body(spec: Any) -> Any:
     return dump(mode="json", exclude_none=True) if callable(dump) else dict(spec)
 
 
+def _tenant(tenant: str | None) -> dict[str, Any]:
+    return {"tenant": tenant} if tenant else {}
+
+
 def _none(_r: httpx.Response) -> None:
     return None
 
@@ -186,6 +190,19 @@ class _Calls:
     def diff(work_item_id: str, attempt: int | None) -> _Call[str]:
         params = {"attempt": attempt} if attempt is not None else None
         return _Call("GET", f"/v1/work-items/{work_item_id}/diff", params=params, parse=lambda r: r.text)
+
+    @staticmethod
+    def create_repository(body: Mapping[str, Any], tenant: str | None) -> _Call[dict[str, Any]]:
+        return _Call("POST", "/v1/repositories", json=dict(body), params=_tenant(tenant))
+
+    @staticmethod
+    def repositories(tenant: str | None, all_tenants: bool) -> _Call[builtins.list[dict[str, Any]]]:
+        params = {**_tenant(tenant), **({"all_tenants": "true"} if all_tenants else {})}
+        return _Call("GET", "/v1/repositories", params=params, parse=lambda r: r.json()["items"])
+
+    @staticmethod
+    def delete_repository(repository_id: str) -> _Call[None]:
+        return _Call("DELETE", f"/v1/repositories/{repository_id}", parse=_none)
 
     @staticmethod
     def create_webhook(url: str, event_types: Sequence[str]) -> _Call[WebhookCreated]:
@@ -338,6 +355,20 @@ class AsyncClient:
         return await self._send(_Calls.diff(work_item_id, attempt))
 
     # webhooks
+    # repositories
+    async def create_repository(self, body: Mapping[str, Any], *, tenant: str | None = None) -> dict[str, Any]:
+        """Register a repository (`url`, optional `default_ref`, `credential` name, `protect_paths`,
+        `environment`); `tenant` acts for another tenant (admin keys)."""
+        return await self._send(_Calls.create_repository(body, tenant))
+
+    async def repositories(
+        self, *, tenant: str | None = None, all_tenants: bool = False
+    ) -> builtins.list[dict[str, Any]]:
+        return await self._send(_Calls.repositories(tenant, all_tenants))
+
+    async def delete_repository(self, repository_id: str) -> None:
+        await self._send(_Calls.delete_repository(repository_id))
+
     async def create_webhook(self, url: str, event_types: Sequence[str] = ()) -> WebhookCreated:
         return await self._send(_Calls.create_webhook(url, event_types))
 
@@ -505,6 +536,15 @@ class Client:
 
     def diff(self, work_item_id: str, *, attempt: int | None = None) -> str:
         return self._send(_Calls.diff(work_item_id, attempt))
+
+    def create_repository(self, body: Mapping[str, Any], *, tenant: str | None = None) -> dict[str, Any]:
+        return self._send(_Calls.create_repository(body, tenant))
+
+    def repositories(self, *, tenant: str | None = None, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
+        return self._send(_Calls.repositories(tenant, all_tenants))
+
+    def delete_repository(self, repository_id: str) -> None:
+        self._send(_Calls.delete_repository(repository_id))
 
     def create_webhook(self, url: str, event_types: Sequence[str] = ()) -> WebhookCreated:
         return self._send(_Calls.create_webhook(url, event_types))

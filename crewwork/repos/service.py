@@ -24,6 +24,14 @@ from crewwork.repos.urls import RepoURL, RepoURLError, parse_repo_url, redact_ur
 from crewwork.transport.redact import Redactor
 
 
+class _Configured:
+    """The operator's CREWWORK_REPO_ROOTS (for a caller that names no tenant's roots)."""
+
+
+CONFIGURED = _Configured()
+Roots = list[Path] | None | _Configured
+
+
 class RepoPolicyError(ValueError):
     """A submitted repository or ref is unusable; the message is safe to show the submitter."""
 
@@ -42,12 +50,19 @@ class Repositories:
 
     # ------------------------------------------------------------------ naming
 
-    def parse(self, raw: str, *, must_exist: bool = False) -> RepoURL:
-        """A submitted URL under operator policy: allowed scheme, local paths confined to the repo roots."""
+    def parse(self, raw: str, *, must_exist: bool = False, roots: Roots = CONFIGURED) -> RepoURL:
+        """A submitted URL under operator policy: allowed scheme, local paths confined to the repo roots (`roots`:
+        the tenant's, `Settings.repo_roots_for`; None anywhere, [] nowhere; default CREWWORK_REPO_ROOTS)."""
+        confined = (self.settings.repo_root_list() or None) if isinstance(roots, _Configured) else roots
         try:
-            url = parse_repo_url(raw, roots=self.settings.repo_root_list(), must_exist=must_exist)
+            url = parse_repo_url(raw, roots=confined or None, must_exist=must_exist)
         except RepoURLError as exc:
             raise RepoPolicyError(str(exc)) from None
+        if url.is_local and confined == []:
+            raise RepoPolicyError(
+                f"repository {url.url}: no repository roots are assigned to this tenant, so it may use no local "
+                "repositories (CREWWORK_TENANT_REPO_ROOTS)"
+            )
         scheme = "file" if url.is_local else url.scheme
         allowed = self.settings.repo_scheme_set()
         if scheme not in allowed:
@@ -61,16 +76,18 @@ class Repositories:
         """The URL of a stored locator (already checked at submission)."""
         return parse_repo_url(locator)
 
-    def remote(self, url: RepoURL, tenant_id: str | None = None) -> Remote:
+    def remote(self, url: RepoURL, tenant_id: str | None = None, credential: str | None = None) -> Remote:
         return Remote(
             url=url,
-            auth=self.auth(url, tenant_id),
+            auth=self.auth(url, tenant_id, credential),
             timeout_s=self.settings.git_timeout_s,
             fsck=self.settings.mirror_fsck,
         )
 
-    def auth(self, url: RepoURL, tenant_id: str | None = None) -> GitAuth:
-        return self.credentials.auth_for(url, tenant_id)
+    def auth(self, url: RepoURL, tenant_id: str | None = None, credential: str | None = None) -> GitAuth:
+        """Host git's credential for `url`: the named one (a registered repository's), else the operator's
+        credential with the longest matching scope."""
+        return self.credentials.auth_for(url, tenant_id, credential)
 
     def redactor(self) -> Redactor:
         """Masks every configured credential and URL user info (for text of unknown origin)."""
@@ -81,14 +98,22 @@ class Repositories:
 
     # ------------------------------------------------------------------ submission
 
-    async def check(self, raw_url: str, ref: str, tenant_id: str | None = None) -> tuple[RepoURL, str]:
+    async def check(
+        self,
+        raw_url: str,
+        ref: str,
+        tenant_id: str | None = None,
+        *,
+        credential: str | None = None,
+        roots: Roots = CONFIGURED,
+    ) -> tuple[RepoURL, str]:
         """The repository and the commit `ref` names now, checked against the remote itself where it can be
         (unreachable, bad credentials, missing ref: a RepoPolicyError naming the remote)."""
-        url = self.parse(raw_url, must_exist=True)
+        url = self.parse(raw_url, must_exist=True, roots=roots)
         if url.is_local:
             return url, await self._resolve_local(url, ref)
         try:
-            remote = self.remote(url, tenant_id)
+            remote = self.remote(url, tenant_id, credential)
             return url, await remote.resolve(ref, timeout_s=self.settings.repo_check_timeout_s)
         except CredentialError as exc:
             raise RepoPolicyError(f"repository {url.url}: {exc}") from None
@@ -114,11 +139,13 @@ class Repositories:
 
     # ------------------------------------------------------------------ activities
 
-    async def hold(self, locator: str, commit: str, tenant_id: str | None = None) -> MirrorHold:
+    async def hold(
+        self, locator: str, commit: str, tenant_id: str | None = None, credential: str | None = None
+    ) -> MirrorHold:
         """This host's mirror of the repository holding `commit` (fetched when it lacks it), kept from eviction until
         the hold is released: the git directory workspaces are made from."""
         url = self.locate(locator)
-        return await self.mirrors.hold(self.remote(url, tenant_id), commit)
+        return await self.mirrors.hold(self.remote(url, tenant_id, credential), commit)
 
     async def land(
         self,
@@ -130,11 +157,12 @@ class Repositories:
         diff: str,
         message: str,
         scratch: Path,
+        credential: str | None = None,
     ) -> Landed:
         url = self.locate(locator)
         return await land_by_push(
             self.mirrors,
-            self.remote(url, tenant_id),
+            self.remote(url, tenant_id, credential),
             work_item_id=work_item_id,
             base_commit=base_commit,
             diff=diff,

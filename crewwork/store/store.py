@@ -11,6 +11,7 @@
 | `leases` | workspace leases and their history |
 | `artifacts` | diffs, logs, transcripts, reports |
 | `outbox` | webhooks and their durable outbox |
+| `repositories` | repositories owned by tenants |
 
 Every write that changes a work item's state or records what an attempt produced goes through
 `FencingStore.fenced_write` (see crewwork/store/fencing.py for the ordering rule).
@@ -27,10 +28,11 @@ from crewwork.store.engine import NotFound, StoreError
 from crewwork.store.events import EventStore
 from crewwork.store.fencing import SUBMISSION, Accepted, Admission, Rank, WriteResult
 from crewwork.store.leases import LeaseStore, workspace_lease_key
+from crewwork.store.repositories import RepositoryExists, RepositoryStore
 from crewwork.store.work_items import WorkItemStore
 
 
-class Store(AuthStore, WorkItemStore, AttemptStore, EventStore, LeaseStore, ArtifactStore):
+class Store(AuthStore, WorkItemStore, AttemptStore, EventStore, LeaseStore, ArtifactStore, RepositoryStore):
     """Everything the API, the activities and the tools read and write, on one engine."""
 
 
@@ -44,6 +46,7 @@ __all__ = [
     "NotFound",
     "Principal",
     "Rank",
+    "RepositoryExists",
     "Store",
     "StoreError",
     "WriteResult",

@@ -207,3 +207,22 @@ class OutboxMessage(Base):
         Index("ix_outbox_due", "status", "next_attempt_at"),
         Index("ix_outbox_webhook", "webhook_id", "id"),
     )
+
+
+class Repository(Base):
+    """A repository a tenant registered (docs/repositories.md): the only repositories its work items may name."""
+
+    __tablename__ = "repositories"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(Text)
+    """The normalised URL (crewwork.repos.urls), for a local repository its resolved absolute path."""
+    default_ref: Mapped[str] = mapped_column(String(256), default="HEAD")
+    credential: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    """The NAME of an operator-held credential (CREWWORK_REPO_CREDENTIALS); never the secret."""
+    protect_paths: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    environment: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    auto_registered: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (UniqueConstraint("tenant_id", "url", name="uq_repositories_tenant_url"),)
