@@ -41,7 +41,7 @@ def _line(r: dict[str, Any]) -> str:
 
 
 def cmd_repos(args: argparse.Namespace) -> int:
-    from crewwork.cli import EXIT_OK, Output, make_client
+    from crewwork.cli.common import EXIT_OK, Output, make_client
 
     out = Output(args)
     with make_client(args) as c:

@@ -1,0 +1,196 @@
+"""The local commands: worker, api, db, keys, dev, demo, config, completion."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from crewwork.cli.common import EXIT_ERROR, EXIT_OK, CliError, Output
+from crewwork.config import Settings, get_settings
+
+# ---------------------------------------------------------------------------------------------- local commands
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from crewwork.workers.pools import run_pool
+
+    s = _settings_for(args)
+    setup_logging(s)
+    asyncio.run(run_pool(args.pool, s))
+    return EXIT_OK
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from crewwork import tracing
+    from crewwork.api.app import create_app
+
+    s = _settings_for(args)
+    setup_logging(s)
+    tracing.configure(s, "crewwork-api")
+    try:
+        uvicorn.run(
+            create_app(s),
+            host=args.host or s.api_host,
+            port=args.port or s.api_port,
+            log_level=s.log_level.lower(),
+            access_log=False,
+            log_config=None,  # uvicorn's loggers go through crewwork's formatter (setup_logging)
+        )
+    finally:
+        tracing.shutdown()
+    return EXIT_OK
+
+
+def _settings_for(args: argparse.Namespace) -> Settings:
+    s = get_settings()
+    if getattr(args, "json", False):
+        s = s.model_copy(update={"log_format": "json"})
+    return s
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from crewwork.observability import mask_secrets_in_text
+    from crewwork.store.db import current_revision, upgrade
+
+    url = get_settings().resolved_database_url()
+    if args.action == "upgrade":
+        asyncio.run(upgrade(url))
+    rev = asyncio.run(current_revision(url))
+    shown = mask_secrets_in_text(url)
+    if args.action == "upgrade":
+        human = f"store schema is at {rev} ({shown})"
+    else:
+        human = rev or "(empty: run `crewwork db upgrade`)"
+    Output(args).result({"revision": rev, "database": shown}, human)
+    return EXIT_OK
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from crewwork.store.db import upgrade
+    from crewwork.store.store import Store
+
+    out = Output(args)
+
+    async def run() -> int:
+        url = get_settings().resolved_database_url()
+        await upgrade(url)
+        st = Store(url)
+        try:
+            if args.action == "create":
+                if not args.tenant:
+                    raise CliError("keys create needs --tenant")
+                kid, plain = await st.create_api_key(args.tenant, ["admin"] if args.admin else [])
+                out.result(
+                    {"id": kid, "tenant": args.tenant, "key": plain, "admin": bool(args.admin)},
+                    f"key id {kid} for tenant {args.tenant}\n{plain}\n(shown once; only its hash is stored)",
+                )
+            elif args.action == "revoke":
+                if not args.key_id:
+                    raise CliError("keys revoke needs the key id")
+                ok = await st.revoke_api_key(args.key_id)
+                out.result({"id": args.key_id, "revoked": ok}, "revoked" if ok else "no such active key")
+                return EXIT_OK if ok else EXIT_ERROR
+            else:
+                keys = await st.list_api_keys(args.tenant)
+                out.result(
+                    keys,
+                    lambda: "\n".join(
+                        f"{k['id']}  {k['tenant']:20} {k['prefix']}…  {'revoked' if k['revoked'] else 'active'}  "
+                        f"{k['scopes']}"
+                        for k in keys
+                    ),
+                )
+            return EXIT_OK
+        finally:
+            await st.close()
+
+    return asyncio.run(run())
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from crewwork.stack import Stack
+
+    out = Output(args)
+    s = get_settings()
+    stack = Stack(
+        data_dir=Path(args.data_dir or s.data_dir).resolve(),
+        temporal_port=args.temporal_port,
+        ui_port=args.ui_port or args.temporal_port + 1000,
+        api_port=args.api_port,
+        database_url=s.database_url,
+        on_event=lambda m: out.note(f"[dev] {m}"),
+    )
+    stop = False
+
+    def _on_signal(*_: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    # SIGINT explicitly too: a process started in the background by a non-interactive shell inherits SIGINT as
+    # *ignored*, and Python then never raises KeyboardInterrupt, so Ctrl-C / `kill -INT` would do nothing.
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        stack.start()
+    except Exception as exc:
+        stack.stop()
+        raise CliError(f"crewwork dev: {exc}", EXIT_ERROR) from exc
+    out.result(
+        {
+            "api_url": stack.api_url,
+            "console_url": f"{stack.api_url}/console",
+            "temporal_ui_url": stack.ui_url,
+            "data_dir": str(stack.data_dir),
+            "api_key_file": str(stack.data_dir / "api_key"),
+        },
+        f"\ncrewwork is running (data in {stack.data_dir}).\n"
+        f"  API          {stack.api_url}   (OpenAPI: {stack.api_url}/docs)\n"
+        f"  console      {stack.api_url}/console\n"
+        f"  Temporal UI  {stack.ui_url}\n"
+        f"  API key      in {stack.data_dir / 'api_key'}\n"
+        f"Submit with `crewwork submit FILE.json`. Ctrl-C stops everything.\n",
+    )
+    while not stop:
+        time.sleep(0.5)
+    out.note("[dev] stopping…")
+    stack.stop()
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from crewwork.demo import run_demo
+
+    return run_demo(
+        keep=args.keep,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
+        serve=args.serve,
+        json_output=bool(args.json),
+    )
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from crewwork.config import describe_settings
+
+    rows = describe_settings()
+    Output(args).result(
+        rows, lambda: "\n".join(f"{r['env']:36} default {r['default']!r:40} {r['description']}" for r in rows)
+    )
+    return EXIT_OK
+
+
+def setup_logging(settings: Settings | None = None) -> None:
+    from crewwork.observability import configure_logging
+
+    s = settings or get_settings()
+    configure_logging(s.log_level, json_logs=s.log_format == "json")
