@@ -11,6 +11,8 @@
 | `leases` | workspace leases and their history |
 | `artifacts` | diffs, logs, transcripts, reports |
 | `outbox` | webhooks and their durable outbox |
+| `projections` | aggregate counts for the metrics scrape |
+| `ratelimits` | the API's rate-limit buckets, shared by every API process |
 
 Every write that changes a work item's state or records what an attempt produced goes through
 `FencingStore.fenced_write` (see crewwork/store/fencing.py for the ordering rule).
@@ -27,10 +29,21 @@ from crewwork.store.engine import NotFound, StoreError
 from crewwork.store.events import EventStore
 from crewwork.store.fencing import SUBMISSION, Accepted, Admission, Rank, WriteResult
 from crewwork.store.leases import LeaseStore, workspace_lease_key
+from crewwork.store.projections import ProjectionStore, StoreCounts
+from crewwork.store.ratelimits import RateLimitStore
 from crewwork.store.work_items import WorkItemStore
 
 
-class Store(AuthStore, WorkItemStore, AttemptStore, EventStore, LeaseStore, ArtifactStore):
+class Store(
+    AuthStore,
+    WorkItemStore,
+    AttemptStore,
+    EventStore,
+    LeaseStore,
+    ArtifactStore,
+    RateLimitStore,
+    ProjectionStore,
+):
     """Everything the API, the activities and the tools read and write, on one engine."""
 
 
@@ -45,6 +58,7 @@ __all__ = [
     "Principal",
     "Rank",
     "Store",
+    "StoreCounts",
     "StoreError",
     "WriteResult",
     "hash_api_key",
