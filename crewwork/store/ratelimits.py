@@ -19,6 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from crewwork.store.engine import Database
 from crewwork.store.tables import RateLimit
 
+EPSILON_S = 1e-5
 PRUNE_EVERY = 1000
 """Every this many charges a process deletes the buckets that have refilled completely (they equal no row)."""
 
@@ -48,7 +49,8 @@ class RateLimitStore(Database):
         )
         t = ins.excluded.checked_at
         start = (func.max if self.is_sqlite else func.greatest)(RateLimit.tat, t)
-        allowed = start + interval - t <= burst * interval
+        # The slack absorbs float rounding at epoch magnitudes (a full bucket sits exactly on the boundary).
+        allowed = start + interval - t <= burst * interval + EPSILON_S
         stmt = ins.on_conflict_do_update(
             index_elements=[RateLimit.key],
             set_={"tat": case((allowed, start + interval), else_=RateLimit.tat), "checked_at": t, "allowed": allowed},
@@ -61,4 +63,5 @@ class RateLimitStore(Database):
                 await conn.execute(delete(RateLimit).where(RateLimit.tat < checked_at))
         if ok:
             return Charge(True, 0.0)
-        return Charge(False, max(interval, float(tat) + interval - float(checked_at) - burst * interval))
+        # Allowed again once max(tat, t) + interval - t <= burst * interval, i.e. after this wait:
+        return Charge(False, max(0.001, float(tat) + interval - float(checked_at) - burst * interval))
