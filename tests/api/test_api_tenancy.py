@@ -51,22 +51,29 @@ BODIES = {"/review": {"action": "approve"}}
 FENCING_FIELDS = {"rank", "token", "fence_rank", "state_rank", "result_rank", "presented", "current", "step"}
 
 
-def resource_kind(param: str) -> str:
-    """Which resource a path parameter names, from its name alone, so new routes are classified generically."""
+KINDS = {
+    "work_item": "work_items",
+    "work-item": "work_items",
+    "artifact": "artifacts",
+    "webhook": "webhooks",
+    "repository": "repositories",
+    "repo": "repositories",
+}
+
+
+def resource_kind(param: str, path: str) -> str:
+    """Which resource a path parameter names, from its name alone (`{webhook_id}`), or for a bare `{id}` from the
+    path segment before it (`/v1/repositories/{id}`), so new routes are classified generically."""
     name = param.removesuffix("_id")
-    kinds = {
-        "work_item": "work_items",
-        "artifact": "artifacts",
-        "webhook": "webhooks",
-        "repository": "repositories",
-        "repo": "repositories",
-    }
-    if name not in kinds:
+    if name == "id":
+        segment = path.split("{" + param)[0].rstrip("/").rsplit("/", 1)[-1]
+        name = segment.removesuffix("s").removesuffix("ie") + ("y" if segment.endswith("ies") else "")
+    if name not in KINDS:
         raise AssertionError(
-            f"path parameter {{{param}}} names no resource the sweep knows: classify it in resource_kind() and "
+            f"path parameter {{{param}}} of {path} names no resource the sweep knows: classify it in KINDS and "
             "give the sweep an instance of it for tenant A"
         )
-    return kinds[name]
+    return KINDS[name]
 
 
 def path_params(path: str) -> list[str]:
@@ -129,7 +136,7 @@ async def repositories_of(c: httpx.AsyncClient) -> list[str]:
 
 async def give_a_repository(stack: Stack, world: World, calc_repo: Path, routes: list[tuple[str, str, Any]]) -> None:
     """Tenant A's registered repositories, when the app has a repositories resource (registering one if needed)."""
-    if not any("repositories" in resource_kind(p) for _m, path, _r in routes for p in path_params(path)):
+    if not any(resource_kind(p, path) == "repositories" for _m, path, _r in routes for p in path_params(path)):
         return
     async with stack.client(stack.alpha) as alpha:
         ids = await repositories_of(alpha)
@@ -170,7 +177,7 @@ async def test_tenant_b_gets_the_missing_404_for_everything_of_tenant_a_on_every
                 continue
 
             if params:
-                kinds = {p: resource_kind(p) for p in params}
+                kinds = {p: resource_kind(p, path) for p in params}
                 for p in params:
                     for a_value in owned_values(a, kinds[p]):
                         values = {q: (owned_values(b, kinds[q]) or owned_values(a, kinds[q]))[0] for q in params}
@@ -288,9 +295,9 @@ async def test_no_response_stream_or_webhook_payload_carries_a_fencing_rank_or_t
             if method != "GET" or not path.startswith("/v1"):
                 continue
             params = path_params(path)
-            if any(not owned_values(a, resource_kind(p)) for p in params):
+            if any(not owned_values(a, resource_kind(p, path)) for p in params):
                 continue
-            combos = [{}] if not params else [{p: v for p in params for v in [owned_values(a, resource_kind(p))[0]]}]
+            combos = [{p: owned_values(a, resource_kind(p, path))[0] for p in params}]
             if "work_item_id" in params:
                 combos = [{**combos[0], "work_item_id": wid} for wid in a.work_items]
             for values in combos:
