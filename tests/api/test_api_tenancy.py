@@ -358,6 +358,10 @@ async def test_same_idempotency_key_with_another_submission_is_409_and_the_same_
         assert other.json()["code"] == "idempotency_conflict" and wid in other.json()["detail"]
         labelled = await c.post("/v1/work-items", json=task_item({"answer": 1}, labels={"x": "y"}), headers=key)
         assert labelled.status_code == 409 and labelled.json()["code"] == "idempotency_conflict"
+        # Another route deriving its own submission shares the tenant's keys.
+        report = {"message": "boom", "repo": {"url": "/nonexistent", "ref": "main"}}
+        hotfix = await c.post("/v1/hotfix", json=report, headers=key)
+        assert hotfix.status_code == 409 and hotfix.json()["code"] == "idempotency_conflict", hotfix.text
 
         # Racing first submissions with one key and different payloads: one item, the others conflict.
         race = {"Idempotency-Key": f"race-{uuid.uuid4().hex[:8]}"}
