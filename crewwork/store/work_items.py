@@ -110,7 +110,7 @@ class WorkItemStore(Database):
         self,
         tenant_id: str | None,
         *,
-        limit: int,
+        limit: int = 50,
         before: tuple[float, str] | None = None,
         state: str | None = None,
         kind: str | None = None,
