@@ -62,6 +62,15 @@ class Settings(BaseSettings):
     api_port: int = Field(default=8080, description="Port the API binds to.")
     api_url: str = Field(default="http://127.0.0.1:8080", description="Where the CLI finds the API.")
     api_key: str | None = Field(default=None, description="Bearer key the CLI sends to the API.")
+    api_auth_failure_rate_per_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="Failed authentications (wrong, revoked or malformed API key) per second each client address "
+        "may make, shared by all API processes; over it: 429 with Retry-After, without looking the key up.",
+    )
+    api_auth_failure_burst: int = Field(
+        default=30, ge=1, description="Failed authentications a client address may make in a burst."
+    )
     repo_roots: str = Field(
         default="",
         description=(

@@ -243,37 +243,21 @@ SANDBOX_CAP_CAUSES = ("timeout", "oom", "pids")
 
 
 def store_collector(store: Any) -> Collector:
-    """A scrape-time projection of the store into the gauges above (cheap aggregate queries)."""
-    from sqlalchemy import func, select
-
-    from crewwork.store.tables import Attempt, Event, OutboxMessage, WorkItem
+    """A scrape-time projection of the store into the gauges above (`Store.store_counts`: aggregate queries)."""
 
     async def collect() -> None:
-        async with store.session() as s:
-            rows = (
-                await s.execute(
-                    select(WorkItem.state, WorkItem.kind, func.count()).group_by(WorkItem.state, WorkItem.kind)
-                )
-            ).all()
-            WORK_ITEMS.replace({(str(a), str(b)): float(c) for a, b, c in rows})
-            rows = (
-                await s.execute(
-                    select(Attempt.verdict, Attempt.cause, func.count()).group_by(Attempt.verdict, Attempt.cause)
-                )
-            ).all()
-            ATTEMPTS.replace({(str(a), str(b or "")): float(c) for a, b, c in rows})
-            SANDBOX_CAPS.replace(
-                {(cause,): float(sum(c for _v, b, c in rows if b == cause)) for cause in SANDBOX_CAP_CAUSES}
-            )
-            rows = (await s.execute(select(Event.type, func.count()).group_by(Event.type))).all()
-            EVENTS_BY_TYPE.replace({(str(a),): float(c) for a, c in rows})
-            rows = (await s.execute(select(OutboxMessage.status, func.count()).group_by(OutboxMessage.status))).all()
-            OUTBOX.replace({(str(a),): float(c) for a, c in rows})
-            tokens = 0
-            for (agent,) in (await s.execute(select(Attempt.agent))).all():
-                if isinstance(agent, dict):
-                    tokens += int(agent.get("tokens_used") or 0)
-            MODEL_TOKENS.set(float(tokens))
+        counts = await store.store_counts()
+        WORK_ITEMS.replace({k: float(v) for k, v in counts.work_items.items()})
+        ATTEMPTS.replace({k: float(v) for k, v in counts.attempts.items()})
+        SANDBOX_CAPS.replace(
+            {
+                (cause,): float(sum(n for (_v, c), n in counts.attempts.items() if c == cause))
+                for cause in SANDBOX_CAP_CAUSES
+            }
+        )
+        EVENTS_BY_TYPE.replace({(k,): float(v) for k, v in counts.events.items()})
+        OUTBOX.replace({(k,): float(v) for k, v in counts.outbox.items()})
+        MODEL_TOKENS.set(float(counts.model_tokens))
 
     return collect
 

@@ -6,6 +6,8 @@ updates or cancels the workflow, which is the single authority on progress.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,7 @@ from crewwork.models import (
 )
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
+from crewwork.store.work_items import IdempotencyConflict
 from crewwork.workflows.policies import SA_KIND, SA_REPO, SA_STATE, SA_TENANT
 from crewwork.workflows.work_item import WorkItemWorkflow
 
@@ -138,9 +141,20 @@ class WorkItemService:
         return spec.model_copy(update=update), url.url, commit
 
     async def submit(self, tenant_id: str, spec: WorkItemSpec) -> Submitted:
+        """Check and store a submission and start its workflow. A repeated idempotency key with the same submission
+        returns the earlier item (`created` False) without checking it again; with another submission it raises
+        `IdempotencyConflict`."""
+        digest = submission_hash(spec)
+        if spec.idempotency_key:
+            found = await self.store.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
+            if found is not None:
+                if found.submission_hash and found.submission_hash != digest:
+                    raise IdempotencyConflict(found)
+                await self._start(found, WorkItemSpec.model_validate(found.spec))
+                return Submitted(row=found, created=False)
         spec, repo, commit = await self.check(spec, tenant_id)
         row, created = await self.store.create_work_item(
-            tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=repo
+            tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=repo, submission_hash=digest
         )
         # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
         # already running for this id is the same work item: not an error.
@@ -210,6 +224,19 @@ class WorkItemService:
             await self.handle(row).cancel()
         except RPCError as exc:
             raise WorkflowUnavailable(f"could not cancel: {exc.message}") from exc
+
+
+def submission_hash(spec: WorkItemSpec) -> str:
+    """SHA-256 of the canonical JSON of a validated submission, without its idempotency key: two submissions are
+    the same when they validate to the same spec (field order, whitespace and spelled-out defaults do not matter)."""
+    canonical = json.dumps(
+        spec.model_dump(mode="json", exclude={"idempotency_key"}),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 SUMMARY_MAX_CHARS = 200

@@ -21,7 +21,7 @@ from crewwork.api import problems
 from crewwork.api.admin import router as admin_router
 from crewwork.api.hotfix import router as hotfix_router
 from crewwork.api.options import ApiOptions
-from crewwork.api.ratelimit import TokenBuckets
+from crewwork.api.ratelimit import ApiRateLimits
 from crewwork.api.repositories import router as repositories_router
 from crewwork.api.streams import EventHorizon
 from crewwork.api.streams import router as events_router
@@ -51,7 +51,7 @@ def create_app(
     settings: Settings | None = None, *, store: Store | None = None, options: ApiOptions | None = None
 ) -> FastAPI:
     settings = settings or get_settings()
-    options = options or ApiOptions()
+    options = options or settings.api
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +60,13 @@ def create_app(
         own_store = store is None
         app.state.store = store or Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
         app.state.service = WorkItemService(app.state.store, None, settings)
+        app.state.rate_limits = ApiRateLimits(
+            app.state.store,
+            key_rate_per_s=options.api_rate_per_s,
+            key_burst=options.api_rate_burst,
+            auth_failure_rate_per_s=settings.api_auth_failure_rate_per_s,
+            auth_failure_burst=settings.api_auth_failure_burst,
+        )
         app.state.horizon = EventHorizon(app.state.store, poll_s=options.sse_poll_s)
         await app.state.horizon.start()
         collector = store_collector(app.state.store)
@@ -96,12 +103,11 @@ def create_app(
         description="A durable runtime for AI agent work, built on Temporal. Submit work items, follow them live, "
         "review their changes. Errors are `application/problem+json` with a stable machine-readable `code`. "
         "Authenticate with `Authorization: Bearer <API key>`; requests are rate limited per key (429 with "
-        "Retry-After).",
+        "Retry-After), shared by all API processes; failed authentications are rate limited per client address.",
         lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.options = options
-    app.state.rate_limiter = TokenBuckets(options.api_rate_per_s, options.api_rate_burst)
     app.add_exception_handler(problems.ProblemError, problems.problem_handler)
     app.add_exception_handler(RequestValidationError, problems.validation_handler)
     app.add_exception_handler(StarletteHTTPException, problems.http_handler)

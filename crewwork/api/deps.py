@@ -8,7 +8,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from crewwork.api.problems import ProblemError
-from crewwork.api.ratelimit import TokenBuckets, retry_after_header
+from crewwork.api.ratelimit import ApiRateLimits, retry_after_header
 from crewwork.observability import RATE_LIMITED
 from crewwork.service import WorkItemService
 from crewwork.store.store import Principal, Store
@@ -24,33 +24,45 @@ def get_service(request: Request) -> WorkItemService:
     return request.app.state.service  # type: ignore[no-any-return]
 
 
+def _unauthorized(detail: str) -> ProblemError:
+    return ProblemError(401, "unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _rate_limited(detail: str, wait_s: float) -> ProblemError:
+    RATE_LIMITED.inc()
+    return ProblemError(
+        429,
+        "rate_limited",
+        f"{detail}; retry after the Retry-After header's seconds",
+        headers={"Retry-After": retry_after_header(wait_s)},
+    )
+
+
 async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     store: Annotated[Store, Depends(get_store)],
 ) -> Principal:
+    limits: ApiRateLimits = request.app.state.rate_limits
+    address = request.client.host if request.client else "unknown"
+    blocked = limits.address_blocked(address)
+    if blocked > 0:
+        # Refused from memory: no key lookup, no database round trip.
+        raise _rate_limited("too many failed authentications from this address", blocked)
     if creds is None or not creds.credentials:
-        raise ProblemError(
-            401,
-            "unauthorized",
-            "missing API key: send `Authorization: Bearer <key>`",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    if len(creds.credentials) > 200:
-        raise ProblemError(401, "unauthorized", "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"})
-    principal = await store.authenticate(creds.credentials)
+        raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
+    principal = await store.authenticate(creds.credentials) if len(creds.credentials) <= 200 else None
     if principal is None:
-        raise ProblemError(401, "unauthorized", "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"})
-    limiter: TokenBuckets = request.app.state.rate_limiter
-    wait = limiter.take(principal.key_id)
+        wait = await limits.charge_auth_failure(address)
+        if wait > 0:
+            raise _rate_limited("too many failed authentications from this address", wait)
+        raise _unauthorized("invalid or revoked API key")
+    wait = await limits.charge_key(principal.key_id)
     if wait > 0:
-        RATE_LIMITED.inc()
-        raise ProblemError(
-            429,
-            "rate_limited",
-            f"too many requests for this API key: at most {limiter.rate:g}/s (burst {limiter.burst:g}) "
-            "per API process; retry after the Retry-After header's seconds",
-            headers={"Retry-After": retry_after_header(wait)},
+        raise _rate_limited(
+            f"too many requests for this API key: at most {limits.key_rate_per_s:g}/s "
+            f"(burst {limits.key_burst:g}), across all API processes",
+            wait,
         )
     request.state.principal = principal
     return principal

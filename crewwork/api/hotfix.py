@@ -88,7 +88,10 @@ def derive_spec(report: HotfixReport) -> WorkItemSpec:
     status_code=202,
     response_model=SubmitResponse,
     summary="Hand off an error report: becomes a `hotfix` work item",
-    responses={200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key)"}},
+    responses={
+        200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key and report)"},
+        409: {"description": "The idempotency key was used with a different submission (idempotency_conflict)"},
+    },
 )
 async def hotfix(
     request: Request,

@@ -10,7 +10,10 @@ class ApiOptions(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CREWWORK_", extra="ignore")
 
     api_rate_per_s: float = Field(
-        default=20.0, gt=0, description="Requests per second each API key may make (token bucket refill rate)."
+        default=20.0,
+        gt=0,
+        description="Requests per second each API key may make across all API processes (token bucket refill rate, "
+        "kept in the store).",
     )
     api_rate_burst: int = Field(default=100, ge=1, description="Token bucket size: requests a key may burst.")
     sse_poll_s: float = Field(default=0.2, gt=0, description="How often the event tail polls the events table.")

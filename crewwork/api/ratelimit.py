@@ -1,46 +1,71 @@
-"""Per-API-key rate limiting: an in-process token bucket.
+"""Rate limits of the API, shared by every API process through the store (crewwork/store/ratelimits.py).
 
-The buckets live in the memory of ONE API process: with N API processes behind a load balancer a key may make up to
-N times the configured rate. That is the documented trade-off (no shared state, no extra round trip per request).
+Two limits, one 429 contract (problem code `rate_limited`, a `Retry-After` header in whole seconds):
+
+- per API key, on every authenticated request: `CREWWORK_API_RATE_PER_S`, burst `CREWWORK_API_RATE_BURST`;
+- per client address, on failed authentication (a wrong, revoked or malformed key):
+  `CREWWORK_API_AUTH_FAILURE_RATE_PER_S`, burst `CREWWORK_API_AUTH_FAILURE_BURST`. Once an address is over the
+  limit, this process answers its requests with 429 from memory until the Retry-After has passed, without looking
+  up the key or touching the database; the other API processes learn it from the shared bucket on the address's
+  next failure there.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 import time
-from dataclasses import dataclass
+
+from crewwork.store.ratelimits import RateLimitStore
+
+MAX_BLOCKED_ADDRESSES = 100_000
+"""Addresses one process remembers as blocked (the memory held is bounded even under a spray of addresses)."""
 
 
-@dataclass
-class _Bucket:
-    tokens: float
-    updated: float
+class ApiRateLimits:
+    def __init__(
+        self,
+        store: RateLimitStore,
+        *,
+        key_rate_per_s: float,
+        key_burst: int,
+        auth_failure_rate_per_s: float,
+        auth_failure_burst: int,
+    ) -> None:
+        self.store = store
+        self.key_rate_per_s = key_rate_per_s
+        self.key_burst = float(key_burst)
+        self.auth_failure_rate_per_s = auth_failure_rate_per_s
+        self.auth_failure_burst = float(auth_failure_burst)
+        self._blocked: dict[str, float] = {}
 
+    async def charge_key(self, key_id: str) -> float:
+        """Charge one request to an API key. Returns 0 when allowed, else the seconds to wait."""
+        c = await self.store.charge_rate_limit(f"key:{key_id}", rate_per_s=self.key_rate_per_s, burst=self.key_burst)
+        return c.retry_after_s
 
-class TokenBuckets:
-    def __init__(self, rate_per_s: float, burst: int, *, max_keys: int = 100_000) -> None:
-        self.rate = rate_per_s
-        self.burst = float(burst)
-        self.max_keys = max_keys
-        self._buckets: dict[str, _Bucket] = {}
-        self._lock = threading.Lock()
+    def address_blocked(self, address: str) -> float:
+        """Seconds this address stays refused for its failed authentications (0: not refused), from memory."""
+        until = self._blocked.get(address)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            self._blocked.pop(address, None)
+            return 0.0
+        return left
 
-    def take(self, key: str, now: float | None = None) -> float:
-        """Take one token for `key`. Returns 0 when allowed, else the seconds until a token is available."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            b = self._buckets.get(key)
-            if b is None:
-                if len(self._buckets) >= self.max_keys:
-                    self._buckets.clear()
-                b = self._buckets[key] = _Bucket(self.burst, now)
-            b.tokens = min(self.burst, b.tokens + (now - b.updated) * self.rate)
-            b.updated = now
-            if b.tokens >= 1.0:
-                b.tokens -= 1.0
-                return 0.0
-            return (1.0 - b.tokens) / self.rate
+    async def charge_auth_failure(self, address: str) -> float:
+        """Charge one failed authentication to a client address. Returns 0 while under the limit, else the seconds
+        to wait (and the address is refused from memory for that long)."""
+        c = await self.store.charge_rate_limit(
+            f"auth:{address}", rate_per_s=self.auth_failure_rate_per_s, burst=self.auth_failure_burst
+        )
+        if c.allowed:
+            return 0.0
+        if len(self._blocked) >= MAX_BLOCKED_ADDRESSES:
+            self._blocked.clear()
+        self._blocked[address] = time.monotonic() + c.retry_after_s
+        return c.retry_after_s
 
 
 def retry_after_header(wait_s: float) -> str:

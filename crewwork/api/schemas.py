@@ -1,15 +1,37 @@
-"""Request and response schemas of the HTTP API (separate from the store's tables)."""
+"""Request and response schemas of the HTTP API (separate from the store's tables).
+
+Records the platform writes for its own use (event data, attempt records, results) pass through `PlatformRecord`,
+which drops the fencing fields: the ranks and tokens that order writes (crewwork/store/fencing.py) are internal to
+the store and the workers, and no response, stream or console view carries them. This is the one place they are
+stripped; every route and stream that shows such a record does it through these models.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from crewwork.models import WorkItemStatus
+from crewwork.store.tables import Event
+
+FENCING_FIELDS = frozenset({"rank", "token", "fence_rank", "state_rank", "result_rank", "presented", "current", "step"})
+"""Internal fields of platform records: a write's rank (`rank`, a rejected write's `presented` and the item's
+`current`), the workflow `step` it is derived from, lease `token`s, and the item's rank marks."""
+
+
+def without_fencing(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {k: v for k, v in record.items() if k not in FENCING_FIELDS}
+
+
+PlatformRecord = Annotated[dict[str, Any], AfterValidator(without_fencing)]
 
 
 class SubmitResponse(BaseModel):
+    """The 202 of a submission (200 for a replay of the same idempotency key); `Location` names the item."""
+
     id: str
     workflow_id: str
     state: str
@@ -23,8 +45,8 @@ class AttemptView(BaseModel):
     reason: str
     cause: str | None
     fingerprint: str | None
-    agent: dict[str, Any] | None
-    validation: dict[str, Any] | None
+    agent: PlatformRecord | None
+    validation: PlatformRecord | None
 
 
 class WorkItemView(BaseModel):
@@ -44,7 +66,7 @@ class WorkItemView(BaseModel):
     mock: bool
     created_at: float
     updated_at: float
-    result: dict[str, Any] | None
+    result: PlatformRecord | None
     spec: dict[str, Any]
     live: WorkItemStatus | None = None
     attempts: list[AttemptView] | None = None
@@ -59,8 +81,22 @@ class WorkItemPage(BaseModel):
 class EventView(BaseModel):
     id: int
     type: str
-    data: dict[str, Any]
+    data: PlatformRecord
     created_at: float
+
+    @classmethod
+    def of(cls, ev: Event) -> EventView:
+        return cls(id=ev.id, type=ev.type, data=ev.data, created_at=ev.created_at)
+
+
+class StreamEventView(EventView):
+    """One event as the `data` of a Server-Sent Event (tenant streams mix work items, so it names its own)."""
+
+    work_item_id: str
+
+    @classmethod
+    def of(cls, ev: Event) -> StreamEventView:
+        return cls(id=ev.id, work_item_id=ev.work_item_id, type=ev.type, data=ev.data, created_at=ev.created_at)
 
 
 class ReviewResponse(BaseModel):
@@ -87,8 +123,8 @@ class EvidenceView(BaseModel):
     cause: str | None
     fingerprint: str | None
     created_at: float
-    agent: dict[str, Any] | None
-    validation: dict[str, Any] | None
+    agent: PlatformRecord | None
+    validation: PlatformRecord | None
     artifacts: dict[str, str] = Field(
         default_factory=dict, description="Role (diff, transcript, log, report) -> download URL."
     )

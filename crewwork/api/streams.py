@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,10 +22,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from sqlalchemy import func, select, text
 
 from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.api.schemas import StreamEventView
 from crewwork.observability import SSE_CLIENTS
 from crewwork.store.store import Store
 from crewwork.store.tables import Event
@@ -35,6 +34,8 @@ log = logging.getLogger("crewwork.api.streams")
 
 GAP_MIN_WAIT_S = 0.2
 """A gap is never skipped sooner (covers the instant between taking an id and the transaction getting an xid)."""
+SSE_BATCH = 500
+"""Events a stream reads per query."""
 GAP_MAX_WAIT_S = 10.0
 """A gap is skipped after this long even if an old transaction is still open (bounded staleness)."""
 
@@ -70,36 +71,20 @@ class EventHorizon:
         ev, self._advanced = self._advanced, asyncio.Event()
         ev.set()
 
-    async def _open_xids(self) -> set[tuple[int, str]]:
-        async with self.store.session() as s:
-            rows = (
-                await s.execute(
-                    text(
-                        "SELECT pid, backend_xid::text FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"
-                    )
-                )
-            ).all()
-        return {(int(p), str(x)) for p, x in rows}
-
     async def _initial(self) -> int:
-        async with self.store.session() as s:
-            top = int(await s.scalar(select(func.coalesce(func.max(Event.id), 0))) or 0)
+        top = await self.store.max_event_id()
         if self.store.is_sqlite:
             return top
         # Rows below `top` may still be in flight: wait for the transactions open now to end.
-        before = await self._open_xids()
+        before = await self.store.open_transaction_ids()
         deadline = time.monotonic() + GAP_MAX_WAIT_S
         while before and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            before &= await self._open_xids()
+            before &= await self.store.open_transaction_ids()
         return top
 
     async def _step(self) -> bool:
-        async with self.store.session() as s:
-            ids = list(
-                (await s.scalars(select(Event.id).where(Event.id > self.safe).order_by(Event.id).limit(2000))).all()
-            )
+        ids = await self.store.event_ids_after(self.safe, 2000)
         if not ids:
             return False
         if self.store.is_sqlite:
@@ -113,13 +98,13 @@ class EventHorizon:
             # A gap at new_safe + 1: skip it only once it cannot be filled any more.
             now = time.monotonic()
             if self._gap is None or self._gap[0] != new_safe + 1:
-                self._gap = (new_safe + 1, now, await self._open_xids())
+                self._gap = (new_safe + 1, now, await self.store.open_transaction_ids())
                 break
             gap_id, seen, open_then = self._gap
             elapsed = now - seen
             if elapsed < GAP_MIN_WAIT_S:
                 break
-            still_open = open_then & await self._open_xids() if open_then else set()
+            still_open = open_then & await self.store.open_transaction_ids() if open_then else set()
             if still_open and elapsed < GAP_MAX_WAIT_S:
                 self._gap = (gap_id, seen, still_open)
                 break
@@ -146,14 +131,8 @@ class EventHorizon:
 
 
 def _sse(ev: Event) -> bytes:
-    body = {
-        "id": ev.id,
-        "work_item_id": ev.work_item_id,
-        "type": ev.type,
-        "data": ev.data,
-        "created_at": ev.created_at,
-    }
-    return f"id: {ev.id}\nevent: {ev.type}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n".encode()
+    body = StreamEventView.of(ev).model_dump_json()
+    return f"id: {ev.id}\nevent: {ev.type}\ndata: {body}\n\n".encode()
 
 
 def resume_point(last_event_id: str | None, after: int | None) -> int:
@@ -177,8 +156,7 @@ async def event_stream(
     after: int,
     work_item_id: str | None = None,
     tenant_id: str | None = None,
-    keepalive_s: float = 15.0,
-    batch: int = 500,
+    keepalive_s: float,
 ) -> AsyncIterator[bytes]:
     last = after
     SSE_CLIENTS.inc()
@@ -186,17 +164,13 @@ async def event_stream(
         yield b"retry: 2000\n\n"
         await asyncio.wait_for(horizon.ready.wait(), 30)
         while True:
-            q = select(Event).where(Event.id > last, Event.id <= horizon.safe)
-            if work_item_id is not None:
-                q = q.where(Event.work_item_id == work_item_id)
-            if tenant_id is not None:
-                q = q.where(Event.tenant_id == tenant_id)
-            async with store.session() as s:
-                rows = list((await s.scalars(q.order_by(Event.id).limit(batch))).all())
+            rows = await store.events_between(
+                last, horizon.safe, limit=SSE_BATCH, work_item_id=work_item_id, tenant_id=tenant_id
+            )
             for ev in rows:
                 yield _sse(ev)
                 last = ev.id
-            if len(rows) == batch:
+            if len(rows) == SSE_BATCH:
                 continue
             if await request.is_disconnected():
                 return

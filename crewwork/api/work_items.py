@@ -12,8 +12,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
-from sqlalchemy import JSON, cast, func, or_, select, tuple_
-from sqlalchemy.dialects.postgresql import JSONB
 
 from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
@@ -32,6 +30,7 @@ from crewwork.models import ReviewDecision, WorkItemKind, WorkItemSpec, WorkItem
 from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavailable
 from crewwork.store.store import Principal, Store
 from crewwork.store.tables import Artifact, Attempt, WorkItem
+from crewwork.store.work_items import IdempotencyConflict
 
 router = APIRouter(prefix="/v1/work-items", tags=["work items"], responses=PROBLEM_RESPONSES)
 
@@ -42,11 +41,15 @@ LIVE_QUERY_TIMEOUT_S = 2.0
 INLINE_TYPES = {"text/plain", "text/x-diff", "text/x-patch", "application/json", "application/xml", "text/xml"}
 
 
+def item_url(work_item_id: str) -> str:
+    return f"/v1/work-items/{work_item_id}"
+
+
 def _links(request: Request, row: WorkItem) -> dict[str, str]:
     ui = request.app.state.settings.temporal_ui_url.rstrip("/")
     ns = request.app.state.settings.temporal_namespace
     return {
-        "self": f"/v1/work-items/{row.id}",
+        "self": item_url(row.id),
         "events": f"/v1/work-items/{row.id}/events",
         "events_stream": f"/v1/work-items/{row.id}/events/stream",
         "evidence": f"/v1/work-items/{row.id}/evidence",
@@ -112,10 +115,19 @@ async def submit_spec(
         raise ProblemError(
             422, "invalid_work_item", str(exc), errors=[{"field": exc.field or "", "message": str(exc)}]
         ) from exc
+    except IdempotencyConflict as exc:
+        raise ProblemError(
+            409,
+            "idempotency_conflict",
+            str(exc),
+            errors=[{"field": "idempotency_key", "message": "already used with a different submission"}],
+            headers={"Location": item_url(exc.existing.id)},
+        ) from exc
     except WorkflowUnavailable as exc:
         raise ProblemError(503, "temporal_unavailable", f"{exc}; retry with the same idempotency key") from exc
     if not res.created:
         response.status_code = 200
+    response.headers["Location"] = item_url(res.row.id)
     return SubmitResponse(
         id=res.row.id,
         workflow_id=res.row.workflow_id,
@@ -131,8 +143,13 @@ async def submit_spec(
     response_model=SubmitResponse,
     summary="Submit a work item",
     description="Validated field by field before anything is stored. Send an `Idempotency-Key` header (or the "
-    "`idempotency_key` field) to make retries safe: the same key returns the same work item with status 200.",
-    responses={200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key)"}},
+    "`idempotency_key` field) to make retries safe: the same key with the same submission returns the same work "
+    "item with status 200; with a different submission it is a 409 `idempotency_conflict`. `Location` names the "
+    "work item.",
+    responses={
+        200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key and submission)"},
+        409: {"description": "The idempotency key was used with a different submission (idempotency_conflict)"},
+    },
 )
 async def submit(
     request: Request,
@@ -201,36 +218,17 @@ async def list_items(
         raise ProblemError(403, "forbidden", "all_tenants needs an API key with the `admin` scope")
     _finite("created_after", created_after)
     _finite("created_before", created_before)
-    wanted = _parse_labels(label or [])
-    stmt = select(WorkItem)
-    if not all_tenants:
-        stmt = stmt.where(WorkItem.tenant_id == principal.tenant_id)
-    if state:
-        stmt = stmt.where(WorkItem.state == state.value)
-    if kind:
-        stmt = stmt.where(WorkItem.kind == kind.value)
-    if created_after is not None:
-        stmt = stmt.where(WorkItem.created_at >= created_after)
-    if created_before is not None:
-        stmt = stmt.where(WorkItem.created_at < created_before)
-    if wanted:
-        if store.is_sqlite:
-            for k, v in wanted.items():
-                stmt = stmt.where(func.json_extract(WorkItem.labels, f'$."{k.replace(chr(34), "")}"') == v)
-        else:
-            stmt = stmt.where(cast(WorkItem.labels, JSONB).op("@>")(cast(cast(wanted, JSON), JSONB)))
-    if q:
-        like = q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        stmt = stmt.where(
-            or_(WorkItem.id.like(f"{like}%", escape="\\"), WorkItem.repo_url.like(f"%{like}%", escape="\\"))
-        )
-    if cursor:
-        ts, bid = _cursor_decode(cursor)
-        # A row-value comparison, so PostgreSQL seeks the (tenant, created_at, id) index instead of filtering.
-        stmt = stmt.where(tuple_(WorkItem.created_at, WorkItem.id) < tuple_(ts, bid))
-    stmt = stmt.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit + 1)
-    async with store.session() as s:
-        rows = list((await s.scalars(stmt)).all())
+    rows = await store.list_work_items(
+        None if all_tenants else principal.tenant_id,
+        limit=limit + 1,
+        before=_cursor_decode(cursor) if cursor else None,
+        state=state.value if state else None,
+        kind=kind.value if kind else None,
+        created_after=created_after,
+        created_before=created_before,
+        labels=_parse_labels(label or []),
+        search=q,
+    )
     more = len(rows) > limit
     rows = rows[:limit]
     page = WorkItemPage(
@@ -353,15 +351,9 @@ async def diff(
 
 
 async def _artifact_row(store: Store, row: WorkItem, artifact_id: str, *, with_content: bool) -> Artifact:
-    from sqlalchemy.orm import undefer
-
     if not re.match(ID_PATTERN, artifact_id):
         raise ProblemError(404, "not_found", "no such artifact")
-    async with store.session() as s:
-        q = select(Artifact).where(Artifact.id == artifact_id, Artifact.work_item_id == row.id)
-        if with_content:
-            q = q.options(undefer(Artifact.content))
-        art = await s.scalar(q)
+    art = await store.work_item_artifact(row.id, artifact_id, with_content=with_content)
     if art is None:
         raise ProblemError(404, "not_found", f"no artifact {artifact_id} on {row.id}")
     return art
@@ -370,10 +362,6 @@ async def _artifact_row(store: Store, row: WorkItem, artifact_id: str, *, with_c
 @router.get("/{work_item_id}/artifacts", response_model=list[ArtifactView], summary="The work item's artifacts")
 async def artifacts(work_item_id: str, principal: PrincipalDep, store: StoreDep) -> list[ArtifactView]:
     row = await owned(store, principal, work_item_id)
-    async with store.session() as s:
-        arts = (
-            await s.scalars(select(Artifact).where(Artifact.work_item_id == row.id).order_by(Artifact.created_at))
-        ).all()
     return [
         ArtifactView(
             id=a.id,
@@ -384,7 +372,7 @@ async def artifacts(work_item_id: str, principal: PrincipalDep, store: StoreDep)
             created_at=a.created_at,
             url=f"/v1/work-items/{row.id}/artifacts/{a.id}",
         )
-        for a in arts
+        for a in await store.list_artifacts(row.id)
     ]
 
 
@@ -447,10 +435,7 @@ async def events(
     row = await owned(store, principal, work_item_id)
     if accept and "text/event-stream" in accept:
         return _stream(request, store, row, resume_point(last_event_id, after))
-    return [
-        EventView(id=e.id, type=e.type, data=e.data, created_at=e.created_at)
-        for e in await store.list_events(row.id, after_id=after, limit=limit)
-    ]
+    return [EventView.of(e) for e in await store.list_events(row.id, after_id=after, limit=limit)]
 
 
 def _stream(request: Request, store: Store, row: WorkItem, after: int) -> StreamingResponse:

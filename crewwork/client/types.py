@@ -35,7 +35,6 @@ class Attempt(TypedDict):
     reason: str
     cause: str | None
     fingerprint: str | None
-    token: int
     agent: dict[str, Any] | None
     validation: dict[str, Any] | None
 
@@ -73,7 +72,6 @@ class Event(TypedDict):
     id: int
     type: str
     data: dict[str, Any]
-    token: int | None
     created_at: float
 
 
@@ -83,7 +81,6 @@ class Evidence(TypedDict):
     reason: str
     cause: str | None
     fingerprint: str | None
-    token: int
     created_at: float
     agent: dict[str, Any] | None
     validation: dict[str, Any] | None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import undefer
 
 from crewwork.ids import new_id
 from crewwork.store.engine import Database, StoreError
@@ -54,11 +55,12 @@ class ArtifactStore(Database):
 
         return await self.transaction(body)
 
-    async def get_artifact(self, artifact_id: str, tenant_id: str | None = None) -> Artifact | None:
+    async def work_item_artifact(self, work_item_id: str, artifact_id: str, *, with_content: bool) -> Artifact | None:
+        """One artifact of a work item (its bytes loaded only `with_content`)."""
+        q = select(Artifact).where(Artifact.id == artifact_id, Artifact.work_item_id == work_item_id)
+        if with_content:
+            q = q.options(undefer(Artifact.content))
         async with self.session() as s:
-            q = select(Artifact).where(Artifact.id == artifact_id)
-            if tenant_id is not None:
-                q = q.where(Artifact.tenant_id == tenant_id)
             return await s.scalar(q)
 
     async def artifact_content(self, artifact_id: str) -> bytes | None:
@@ -68,6 +70,7 @@ class ArtifactStore(Database):
         return None if data is None else bytes(data)
 
     async def list_artifacts(self, work_item_id: str) -> list[Artifact]:
+        """A work item's artifacts, oldest first (without their bytes)."""
         async with self.session() as s:
             q = select(Artifact).where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
             return list((await s.scalars(q)).all())

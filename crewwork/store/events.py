@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select, text
 
 from crewwork.masking import mask_secrets
 from crewwork.store.engine import Database
@@ -40,6 +40,41 @@ class EventStore(Database):
                 .limit(limit)
             )
             return list((await s.scalars(q)).all())
+
+    async def events_between(
+        self, after_id: int, upto_id: int, *, limit: int, work_item_id: str | None = None, tenant_id: str | None = None
+    ) -> list[Event]:
+        """Events with `after_id < id <= upto_id` in id order, of one work item and/or one tenant (a live tail)."""
+        q = select(Event).where(Event.id > after_id, Event.id <= upto_id)
+        if work_item_id is not None:
+            q = q.where(Event.work_item_id == work_item_id)
+        if tenant_id is not None:
+            q = q.where(Event.tenant_id == tenant_id)
+        async with self.session() as s:
+            return list((await s.scalars(q.order_by(Event.id).limit(limit))).all())
+
+    async def max_event_id(self) -> int:
+        async with self.session() as s:
+            return int(await s.scalar(select(func.coalesce(func.max(Event.id), 0))) or 0)
+
+    async def event_ids_after(self, after_id: int, limit: int) -> list[int]:
+        """The ids of every tenant's events after `after_id`, ascending (what the event horizon tails)."""
+        async with self.session() as s:
+            q = select(Event.id).where(Event.id > after_id).order_by(Event.id).limit(limit)
+            return list((await s.scalars(q)).all())
+
+    async def open_transaction_ids(self) -> set[tuple[int, str]]:
+        """(backend pid, xid) of the other transactions open in this PostgreSQL database that hold an xid (that may
+        still commit an event row). Empty on SQLite, whose writers are serialized."""
+        if self.is_sqlite:
+            return set()
+        sql = text(
+            "SELECT pid, backend_xid::text FROM pg_stat_activity "
+            "WHERE datname = current_database() AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"
+        )
+        async with self.session() as s:
+            rows = (await s.execute(sql)).all()
+        return {(int(p), str(x)) for p, x in rows}
 
     async def has_event(self, work_item_id: str, type_: str, **data: Any) -> bool:
         """Whether the item has an event of `type_` whose data holds every given key with the given value."""

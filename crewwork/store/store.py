@@ -12,6 +12,8 @@
 | `artifacts` | diffs, logs, transcripts, reports |
 | `outbox` | webhooks and their durable outbox |
 | `repositories` | repositories owned by tenants |
+| `projections` | aggregate counts for the metrics scrape |
+| `ratelimits` | the API's rate-limit buckets, shared by every API process |
 
 Every write that changes a work item's state or records what an attempt produced goes through
 `FencingStore.fenced_write` (see crewwork/store/fencing.py for the ordering rule).
@@ -28,11 +30,23 @@ from crewwork.store.engine import NotFound, StoreError
 from crewwork.store.events import EventStore
 from crewwork.store.fencing import SUBMISSION, Accepted, Admission, Rank, WriteResult
 from crewwork.store.leases import LeaseStore, workspace_lease_key
+from crewwork.store.projections import ProjectionStore, StoreCounts
+from crewwork.store.ratelimits import RateLimitStore
 from crewwork.store.repositories import RepositoryExists, RepositoryStore
 from crewwork.store.work_items import WorkItemStore
 
 
-class Store(AuthStore, WorkItemStore, AttemptStore, EventStore, LeaseStore, ArtifactStore, RepositoryStore):
+class Store(
+    AuthStore,
+    WorkItemStore,
+    AttemptStore,
+    EventStore,
+    LeaseStore,
+    ArtifactStore,
+    RateLimitStore,
+    ProjectionStore,
+    RepositoryStore,
+):
     """Everything the API, the activities and the tools read and write, on one engine."""
 
 
@@ -48,6 +62,7 @@ __all__ = [
     "Rank",
     "RepositoryExists",
     "Store",
+    "StoreCounts",
     "StoreError",
     "WriteResult",
     "hash_api_key",

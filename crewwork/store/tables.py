@@ -57,6 +57,8 @@ class WorkItem(Base):
     state: Mapped[str] = mapped_column(String(32))
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    submission_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """SHA-256 of the canonical submission (migration 0007): the same idempotency key with another is a conflict."""
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     repo_url: Mapped[str | None] = mapped_column(Text, nullable=True)
     base_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -147,6 +149,18 @@ class LeaseHistory(Base):
     acquired_at: Mapped[float] = mapped_column(Float)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class RateLimit(Base):
+    """One API rate-limit bucket shared by every API process (crewwork/store/ratelimits.py, migration 0007)."""
+
+    __tablename__ = "rate_limits"
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    tat: Mapped[float] = mapped_column(Float, index=True)
+    """Theoretical arrival time (GCRA): when the bucket would be full again, on the database clock."""
+    checked_at: Mapped[float] = mapped_column(Float)
+    allowed: Mapped[bool] = mapped_column()
+    """Whether the last request charged to this bucket was let through."""
 
 
 class Artifact(Base):
