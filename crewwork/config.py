@@ -167,6 +167,12 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, description="Serve this process's Prometheus metrics at http://0.0.0.0:PORT/metrics."
     )
+    metrics_store_refresh_s: float = Field(
+        default=15.0,
+        ge=0,
+        description="API /metrics: the store's projections (work items by state, attempts, events, outbox) are "
+        "queried at most this often, however often Prometheus scrapes.",
+    )
     temporal_metrics_port: int | None = Field(
         default=None, description="Serve the Temporal SDK runtime's metrics on this port (differs from the above)."
     )

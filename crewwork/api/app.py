@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crewwork import __version__, tracing
@@ -32,9 +33,9 @@ from crewwork.observability import (
     CONTENT_TYPE,
     HTTP_LATENCY,
     HTTP_REQUESTS,
-    REGISTRY,
+    StoreProjections,
     configure_logging,
-    store_collector,
+    render,
 )
 from crewwork.service import WorkItemService
 from crewwork.store.outbox import DeliveryPolicy, OutboxDeliverer
@@ -69,8 +70,10 @@ def create_app(
         )
         app.state.horizon = EventHorizon(app.state.store, poll_s=options.sse_poll_s)
         await app.state.horizon.start()
-        collector = store_collector(app.state.store)
-        REGISTRY.add_collector(collector)
+        # The projections go on a registry of this app's own (several apps may share one process in tests).
+        app.state.projections = StoreProjections(app.state.store, settings.metrics_store_refresh_s)
+        app.state.projections_registry = CollectorRegistry(auto_describe=True)
+        app.state.projections_registry.register(app.state.projections)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(_connect_forever(app, settings))]
         if options.webhook_delivery:
@@ -87,7 +90,6 @@ def create_app(
             yield
         finally:
             stop.set()
-            REGISTRY.remove_collector(collector)
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -138,9 +140,9 @@ def create_app(
         response = await call_next(request)
         route = request.scope.get("route")
         path = getattr(route, "path", "unmatched")
-        HTTP_REQUESTS.inc(method=request.method, route=path, status=str(response.status_code))
+        HTTP_REQUESTS.labels(method=request.method, route=path, status=str(response.status_code)).inc()
         if response.media_type != "text/event-stream":
-            HTTP_LATENCY.observe(time.perf_counter() - t0, method=request.method, route=path)
+            HTTP_LATENCY.labels(method=request.method, route=path).observe(time.perf_counter() - t0)
         return response
 
     @app.get(
@@ -168,8 +170,8 @@ def create_app(
         responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
     )
     async def metrics() -> Response:
-        await REGISTRY.collect()
-        return Response(REGISTRY.render(), media_type=CONTENT_TYPE)
+        await app.state.projections.refresh()
+        return Response(render() + render(app.state.projections_registry), media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:

@@ -39,6 +39,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork import tracing
+from crewwork.observability.metrics import WEBHOOK_DELIVERIES
 from crewwork.client import webhooks as standard
 from crewwork.client.webhooks import ID_HEADER, TIMESTAMP_HEADER
 from crewwork.ids import new_id
@@ -387,6 +388,7 @@ class OutboxDeliverer:
                 if 200 <= resp.status_code < 300:
                     await self.outbox.mark_delivered(m.id)
                     self.delivered += 1
+                    WEBHOOK_DELIVERIES.labels(result="delivered").inc()
                     return
                 error = f"HTTP {resp.status_code}"
             except Exception as exc:  # any transport failure is a failed attempt, retried by policy
@@ -395,6 +397,7 @@ class OutboxDeliverer:
             m.id, error, max_attempts=p.max_attempts, backoff_s=p.backoff_s, max_backoff_s=p.max_backoff_s
         )
         self.failed += 1
+        WEBHOOK_DELIVERIES.labels(result="dead" if status == "dead" else "failed").inc()
         if status == "dead":
             self.dead += 1
             log.warning("webhook delivery %s to %s is dead after %s attempts: %s", m.id, m.url, p.max_attempts, error)

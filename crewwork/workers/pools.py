@@ -150,7 +150,7 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
         pre_ping=False,
         unavailable_wait_s=settings.store_unavailable_wait_s,
     )
-    metrics_server = await start_pool_observability(pool, settings.task_queue(pool), store)
+    metrics_server = start_pool_observability(pool, settings.task_queue(pool))
     tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor
     client = await connect(settings)
     worker = build_worker(pool, client, store, settings, extra_interceptors=extra_interceptors)
