@@ -117,6 +117,9 @@ async def test_pool_process_serves_crewwork_and_temporal_sdk_metrics_and_logs_js
         # prometheus-client's process collector comes free; the store's projections are the API's, not a pool's.
         assert "process_cpu_seconds_total" in body and "crewwork_work_items" not in body
         assert "temporal_" in sdk, sdk[:500]
+        # The metrics endpoint answers from the process's start; its first log lines come once it has connected.
+        while time.monotonic() < deadline and "polling task queue" not in log_path.read_text():
+            await asyncio.sleep(0.2)
     finally:
         proc.terminate()
         proc.wait(30)
