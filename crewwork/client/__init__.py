@@ -14,7 +14,9 @@ Webhook receivers: `verify_webhook(secret, headers, body)` returns the delivery'
 `WebhookVerificationError` (Standard Webhooks, see crewwork.client.webhooks).
 """
 
-from crewwork.client._api import ApiError, ApiUnreachable, AsyncClient, Client, ReviewAction, WaitTimeout
+from crewwork.client._async import AsyncClient
+from crewwork.client._calls import ApiError, ApiUnreachable, ReviewAction, WaitTimeout
+from crewwork.client._sync import Client
 from crewwork.client.types import STATES, TERMINAL_STATES
 from crewwork.client.webhooks import WebhookVerificationError
 from crewwork.client.webhooks import verify as verify_webhook
