@@ -126,9 +126,11 @@ async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: flo
     }
 
 
-def load_stack(data_dir: Path, url: str, agents: int, slots: int, control: int = 1) -> Stack:
+def load_stack(
+    data_dir: Path, url: str, agents: int, slots: int, control: int = 1, env: dict[str, str] | None = None
+) -> Stack:
     """The load test's stack: the API, `control` control processes and `agents` agent processes of `slots` each, on a
-    throwaway Temporal dev server and the given database."""
+    throwaway Temporal dev server and the given database (`env`: more settings for every process)."""
     return Stack(
         data_dir,
         temporal_port=free_port(),
@@ -144,6 +146,7 @@ def load_stack(data_dir: Path, url: str, agents: int, slots: int, control: int =
             "CREWWORK_API_RATE_PER_S": "10000",
             "CREWWORK_API_RATE_BURST": "10000",
             "CREWWORK_LOG_LEVEL": "WARNING",
+            **(env or {}),
         },
     )
 
