@@ -264,13 +264,13 @@ class ExecuteActivities:
                         cost_usd=float(getattr(exc, "cost_usd", 0.0) or 0.0),
                     )
                     transcript = getattr(exc, "transcript", None)
-                    pending = []
+                    left: list[dict[str, Any]] = []
                     if transcript:
                         failed.transcript_ref, row = self._pending(
                             inp, f"attempt-{inp.attempt}-transcript.txt", str(transcript).encode(), "text/plain"
                         )
-                        pending.append(row)
-                    return await self._agent_finished(w, inp, failed, pending)
+                        left.append(row)
+                    return await self._agent_finished(w, inp, failed, left)
                 except AgentInfraError as exc:
                     delay = timedelta(seconds=min(exc.retry_after_s, 600)) if exc.retry_after_s else None
                     raise ApplicationError(str(exc), type="AgentInfraError", next_retry_delay=delay) from exc
