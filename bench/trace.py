@@ -62,7 +62,7 @@ SLOT_KEYS = [
     "last write + completion",
     "completion -> next start",
 ]
-COUNT_KEYS = ["workflow tasks", "history events"]
+COUNT_KEYS = ["workflow tasks", "timers fired", "signals", "history events"]
 MOCK_AGENT_S = 0.1
 
 
@@ -99,6 +99,9 @@ def phases(events: list[Any]) -> dict[str, float]:
     if "WORKFLOW_EXECUTION_COMPLETED" in t:
         out["total"] = t["WORKFLOW_EXECUTION_COMPLETED"][0] - start
     out["workflow tasks"] = float(len(wft_started))
+    # What woke a queued item to re-run admission: its backoff timer or a `slot_freed` signal.
+    out["timers fired"] = float(len(t.get("TIMER_FIRED", [])))
+    out["signals"] = float(len(t.get("WORKFLOW_EXECUTION_SIGNALED", [])))
     out["history events"] = float(len(events))
     return out
 
