@@ -118,6 +118,9 @@ class ControlActivities:
         res = await w.set_state(
             inp.state, inp.reason, event_data={"attempt": inp.attempt} if inp.attempt is not None else None
         )
+        if res.ok and res.state in IN_FLIGHT_STATES and inp.state.value not in IN_FLIGHT_STATES:
+            # Awaiting review holds no place: the queued items need not wait for their timers.
+            await self._wake_queued(inp.tenant_id)
         return WriteOutcome(ok=res.ok, stale=res.stale)
 
     @activity.defn(name="acquire_workspace")
