@@ -201,6 +201,11 @@ def profile_summary(path: Path) -> list[list[Any]]:
         if not n.isdigit():
             continue
         frames = stack.split(";")
+        if frames and "selectors.py" in frames[-1]:
+            # The event loop waiting in epoll: py-spy counts it when it cannot tell idle threads (--nonblocking).
+            counts["waiting (event loop in epoll)"] += int(n)
+            total += int(n)
+            continue
         cat = "other (crewwork, stdlib)"
         for frame in reversed(frames):
             hit = next((c for c, keys in CATEGORIES if any(k in frame for k in keys)), None)
