@@ -1,5 +1,8 @@
 """The agent-task load test: 100 `task` work items whose mock agent takes 100 ms, submitted by 12 concurrent HTTP
-clients through the real API, against 1 and then 2 agent-pool processes.
+clients through the real API. By default at equal concurrency against a PostgreSQL SKIP LOCKED queue
+(Procrastinate) in the same run: one crewwork agent process of N slots beside one Procrastinate worker of N jobs,
+for N = 1, 2, 8 (`--equal`), with each slot's efficiency (tasks/s per slot over the slot's limit for a 100 ms
+agent) and the worker processes' CPU time per item; `--equal ''` runs the older grid of agent processes x slots.
 
 Everything is a real process: the embedded stack (crewwork.stack.Stack) runs the Temporal dev server, the API
 (uvicorn) and `crewwork worker --pool control|agent` subprocesses on a throwaway PostgreSQL database. Every store
@@ -16,17 +19,21 @@ Figures per configuration:
 Reference (issue 9): a PostgreSQL SKIP LOCKED task platform on this load and these machines did about 8 tasks/s with
 1 worker and 14 with 2, submit-to-result p50 about 4.6 s and 2.4 s.
 
-    .venv/bin/python bench/load.py [--quick] [--items 100] [--clients 12] [--agents 1,2] [--slots 2]
+    .venv/bin/python bench/load.py [--quick] [--items 100] [--clients 12] [--equal 1,2,8] [--rounds 1]
+    .venv/bin/python bench/load.py --equal '' [--agents 1,2] [--slots 1,2] [--peer-concurrency 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 from sqlalchemy import select
 
-from bench.harness import pg_database, proc_cpu_s, rss_mb, summary, task_spec, write_results
+from bench.harness import pg_database, proc_cpu_s, rss_mb, summary, table, task_spec, write_results
 from crewwork.models import WorkItemState
 from crewwork.stack import Stack
 from crewwork.store.store import Store
@@ -46,6 +53,7 @@ REFERENCE = {
     1: {"tasks_per_s": 8.0, "submit_to_result_p50_s": 4.6},
     2: {"tasks_per_s": 14.0, "submit_to_result_p50_s": 2.4},
 }
+MOCK_AGENT_S = 0.1
 TERMINAL = [s.value for s in WorkItemState if s.terminal]
 
 
@@ -126,9 +134,11 @@ async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: flo
     }
 
 
-def load_stack(data_dir: Path, url: str, agents: int, slots: int, control: int = 1) -> Stack:
+def load_stack(
+    data_dir: Path, url: str, agents: int, slots: int, control: int = 1, env: dict[str, str] | None = None
+) -> Stack:
     """The load test's stack: the API, `control` control processes and `agents` agent processes of `slots` each, on a
-    throwaway Temporal dev server and the given database."""
+    throwaway Temporal dev server and the given database (`env`: more settings for every process)."""
     return Stack(
         data_dir,
         temporal_port=free_port(),
@@ -144,6 +154,7 @@ def load_stack(data_dir: Path, url: str, agents: int, slots: int, control: int =
             "CREWWORK_API_RATE_PER_S": "10000",
             "CREWWORK_API_RATE_BURST": "10000",
             "CREWWORK_LOG_LEVEL": "WARNING",
+            **(env or {}),
         },
     )
 
@@ -166,6 +177,10 @@ def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> d
                 p.name: proc_cpu_s(p.proc.pid) - cpu_before.get(p.name, 0.0) for p in stack.processes if p.proc
             }
             out["cpu_s"]["temporal"] = proc_cpu_s(tserver) - cpu_before["temporal"]
+            out["worker_cpu_ms_per_item"] = (
+                1000 * sum(v for k, v in out["cpu_s"].items() if k.startswith(("agent", "control"))) / items
+            )
+            out["loadavg"] = os.getloadavg()[0]
             out["rss_mb_after"] = {p.name: rss_mb(p.proc.pid) for p in stack.processes if p.proc}
             out["rss_mb_idle"] = rss_before
         finally:
@@ -174,12 +189,12 @@ def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> d
     return out
 
 
-def procrastinate_reference(
-    worker_counts: list[int], items: int, clients: int, concurrencies: list[int]
-) -> list[dict[str, Any]]:
-    """The same load on Procrastinate (a PostgreSQL SKIP LOCKED job queue), in this run, on this machine: `workers`
-    worker processes of `concurrency` jobs each, jobs deferred by `clients` concurrent coroutines (no HTTP in
-    front). One database for every configuration: the peer's app is configured once, at import."""
+@contextlib.contextmanager
+def procrastinate_runner(items: int, clients: int) -> Iterator[Callable[[int, int], dict[str, Any]]]:
+    """The same load on Procrastinate (a PostgreSQL SKIP LOCKED job queue), in this run, on this machine: yields
+    `run(workers, concurrency)`, which runs `workers` worker processes of `concurrency` jobs each, jobs deferred by
+    `clients` concurrent coroutines (no HTTP in front). One database for every configuration: the peer's app is
+    configured once, at import."""
     import os
     import subprocess
 
@@ -223,11 +238,13 @@ def procrastinate_reference(
                             await peer.peer_process.defer_async(item_id=i)
                             lat.append(time.perf_counter() - t0)
 
+                    cpu0 = sum(proc_cpu_s(p.pid) for p in procs)
                     start = time.time()
                     await asyncio.gather(*(client() for _ in range(clients)))
                     deadline = time.monotonic() + 300
                     while time.monotonic() < deadline and common.figures(db, ids, start)["done"] < items:
                         await asyncio.sleep(0.2)
+                    cpu = sum(proc_cpu_s(p.pid) for p in procs) - cpu0
                     f = common.figures(db, ids, start)
                     with psycopg.connect(common.conninfo(db)) as c:
                         waits = [
@@ -246,13 +263,67 @@ def procrastinate_reference(
                         "submit_to_result_s": summary(f["latency"]),
                         "queue_wait_s": summary(waits),
                         "states": {"succeeded": f["done"]},
+                        "cpu_s": {"workers": cpu},
+                        "worker_cpu_ms_per_item": 1000 * cpu / items,
+                        "loadavg": os.getloadavg()[0],
                     }
                 finally:
                     for p in procs:
                         p.terminate()
                         p.wait(10)
 
-        return [asyncio.run(go(w, c)) for c in concurrencies for w in worker_counts]
+        yield lambda workers, concurrency: asyncio.run(go(workers, concurrency))
+
+
+def efficiency(r: dict[str, Any]) -> float:
+    """Tasks/s per slot over the slot's limit for the mock agent's duration (1 / MOCK_AGENT_S)."""
+    slots = r["agent_processes"] * r["agent_slots_per_process"]
+    return r["tasks_per_s"] / slots * MOCK_AGENT_S
+
+
+def equal_table(runs: list[dict[str, Any]]) -> str:
+    """crewwork beside Procrastinate at each concurrency (one agent process of N slots, one worker of N jobs)."""
+    rows = []
+    by = {(r.get("system", "crewwork"), r["agent_slots_per_process"], r.get("round", 0)): r for r in runs}
+    for (system, slots, rnd), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        peer = by.get(("procrastinate", slots, rnd))
+        ratio = f"{r['tasks_per_s'] / peer['tasks_per_s']:.2f}x" if peer and system == "crewwork" else ""
+        s2r = (
+            f"{r['submit_to_result_s']['p50'] / peer['submit_to_result_s']['p50']:.2f}x"
+            if peer and system == "crewwork"
+            else ""
+        )
+        rows.append(
+            [
+                system,
+                slots,
+                rnd + 1,
+                r.get("loadavg", 0.0),
+                r["tasks_per_s"],
+                ratio,
+                efficiency(r),
+                r["submit_to_result_s"]["p50"],
+                s2r,
+                r["submit_to_result_s"]["p95"],
+                r.get("worker_cpu_ms_per_item", 0.0),
+            ]
+        )
+    return table(
+        [
+            "system",
+            "slots",
+            "round",
+            "load avg",
+            "tasks/s",
+            "vs SKIP LOCKED",
+            "slot efficiency",
+            "s2r p50 s",
+            "vs SKIP LOCKED",
+            "p95 s",
+            "worker CPU ms/item",
+        ],
+        rows,
+    )
 
 
 def main() -> None:
@@ -260,14 +331,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="40 items")
     ap.add_argument("--items", type=int, default=100)
     ap.add_argument("--clients", type=int, default=12)
-    ap.add_argument("--agents", default="1,2", help="agent-pool process counts to run")
-    ap.add_argument("--slots", default="1,2", help="concurrent activities per agent process (crewwork default 2)")
+    ap.add_argument(
+        "--equal",
+        default="1,2,8",
+        help="concurrencies to run at equal concurrency: crewwork with one agent process of N slots beside "
+        "Procrastinate with one worker of N jobs, alternating (empty: the grid of --agents x --slots instead)",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the equal-concurrency comparison")
+    ap.add_argument("--agents", default="1,2", help="grid: agent-pool process counts to run")
+    ap.add_argument("--slots", default="1,2", help="grid: concurrent activities per agent process (default 2)")
     ap.add_argument("--no-procrastinate", action="store_true", help="skip the same-run SKIP LOCKED reference")
     ap.add_argument(
         "--peer-concurrency",
         default="1",
-        help="Procrastinate jobs per worker process to run (1 = the reference setup; add crewwork's slots to compare "
-        "at equal concurrency), comma-separated",
+        help="grid: Procrastinate jobs per worker process to run (1 = the reference setup), comma-separated",
     )
     args = ap.parse_args()
     from bench.deps import require
@@ -279,31 +356,62 @@ def main() -> None:
     )
     if args.quick:
         args.items = 40
-    runs = []
-    with pg_database("crewwork_load") as (url, _db):
-        for slots in [int(x) for x in args.slots.split(",")]:
-            for agents in [int(x) for x in args.agents.split(",")]:
-                r = run_config(url, agents, slots, args.items, args.clients)
-                print(
-                    f"agents={agents} slots={slots}: {r['tasks_per_s']:.1f} tasks/s, submit-to-result p50 "
-                    f"{r['submit_to_result_s']['p50']:.2f}s {r['states']} {r['errors'][:1]}; CPU s used: "
-                    + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s"].items()),
-                    flush=True,
-                )
-                runs.append(r)
-    if not args.no_procrastinate:
-        agents = [int(x) for x in args.agents.split(",")]
-        concs = [int(x) for x in args.peer_concurrency.split(",")]
-        for r in procrastinate_reference(agents, args.items, args.clients, concs):
-            print(
-                f"procrastinate workers={r['agent_processes']} concurrency={r['agent_slots_per_process']}: "
-                f"{r['tasks_per_s']:.1f} tasks/s, submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s",
-                flush=True,
-            )
-            runs.append(r)
+    runs: list[dict[str, Any]] = []
+
+    def crewwork(agents: int, slots: int) -> dict[str, Any]:
+        r = run_config(url, agents, slots, args.items, args.clients)
+        print(
+            f"crewwork agents={agents} slots={slots}: {r['tasks_per_s']:.1f} tasks/s "
+            f"(slot efficiency {efficiency(r):.2f}), submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s "
+            f"{r['states']} {r['errors'][:1]}; CPU s used: " + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s"].items()),
+            flush=True,
+        )
+        return r
+
+    def peer_line(r: dict[str, Any]) -> None:
+        print(
+            f"procrastinate workers={r['agent_processes']} concurrency={r['agent_slots_per_process']}: "
+            f"{r['tasks_per_s']:.1f} tasks/s (slot efficiency {efficiency(r):.2f}), submit-to-result p50 "
+            f"{r['submit_to_result_s']['p50']:.2f}s",
+            flush=True,
+        )
+
+    with contextlib.ExitStack() as stack:
+        url, _db = stack.enter_context(pg_database("crewwork_load"))
+        peer = None if args.no_procrastinate else stack.enter_context(procrastinate_runner(args.items, args.clients))
+        if args.equal:
+            for rnd in range(args.rounds):
+                for c in [int(x) for x in args.equal.split(",")]:
+                    # Side by side, alternating which goes first each round, so both see the same machine.
+                    order = ["crewwork", "procrastinate"] if rnd % 2 == 0 else ["procrastinate", "crewwork"]
+                    for system in order:
+                        if system == "crewwork":
+                            r = crewwork(1, c)
+                        elif peer is not None:
+                            r = peer(1, c)
+                            peer_line(r)
+                        else:
+                            continue
+                        r["round"] = rnd
+                        runs.append(r)
+        else:
+            for slots in [int(x) for x in args.slots.split(",")]:
+                for agents in [int(x) for x in args.agents.split(",")]:
+                    runs.append(crewwork(agents, slots))
+            if peer is not None:
+                for c in [int(x) for x in args.peer_concurrency.split(",")]:
+                    for w in [int(x) for x in args.agents.split(",")]:
+                        runs.append(peer(w, c))
+                        peer_line(runs[-1])
     from bench.report import load_table as render
 
     print()
+    if args.equal:
+        print(equal_table(runs))
+        print(
+            "slot efficiency: tasks/s per slot over the slot's limit for a 100 ms agent (10 tasks/s); worker CPU: "
+            "the agent and control processes (crewwork) or the worker process (Procrastinate), CPU time per item"
+        )
     print(render({"runs": runs, "reference": REFERENCE}))
     print("reference: SKIP LOCKED platform, 8 tasks/s (1 worker) and 14 (2), submit-to-result p50 4.6 s / 2.4 s")
     write_results("load", {"runs": runs, "reference": REFERENCE})

@@ -143,6 +143,12 @@ class Settings(BaseSettings):
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
     agent_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, agent pool.")
     validate_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, validate pool.")
+    agent_poll_ahead: bool = Field(
+        default=True,
+        description="An agent slot polls for its next task as soon as its agent returns, while the attempt still "
+        "writes its result and reports completion (never more than agent_concurrency agents at once; up to as many "
+        "more attempts finishing their writes).",
+    )
     workflow_sandbox: Literal["full", "passthrough", "off"] = Field(
         default="off",
         description="Temporal's workflow sandbox in the control pool: `full`, `passthrough` (crewwork's modules "

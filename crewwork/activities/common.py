@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,7 +80,9 @@ class AttemptWriter:
             before=before,
         )
 
-    async def event(self, type_: str, data: dict[str, Any]) -> WriteResult[None]:
+    async def event(
+        self, type_: str, data: dict[str, Any], artifacts: Sequence[dict[str, Any]] = ()
+    ) -> WriteResult[None]:
         return await self.store.fenced_event(
             rank=self.rank,
             work_item_id=self.work_item_id,
@@ -88,6 +90,7 @@ class AttemptWriter:
             writer=self.writer,
             type_=type_,
             data=data,
+            artifacts=artifacts,
         )
 
     async def superseded(self) -> str | None:

@@ -44,7 +44,9 @@ from crewwork.workspace import remove_tree
 log = logging.getLogger("crewwork.activities.control")
 
 WAKE_QUEUED = 3
-"""Queued items of the tenant woken when one of its items ends (the first of them in line takes the place)."""
+"""At most this many queued items of the tenant are woken when one of its items ends: the first in line, as many as
+there are free places (two items ending at once each see both places free). Waking three for every place made two
+of them re-run admission only to be queued again: two workflow tasks and admission transactions per ending item."""
 
 
 def attempt_record(inp: RecordInput) -> AttemptRecord:
@@ -116,6 +118,9 @@ class ControlActivities:
         res = await w.set_state(
             inp.state, inp.reason, event_data={"attempt": inp.attempt} if inp.attempt is not None else None
         )
+        if res.ok and res.state in IN_FLIGHT_STATES and inp.state.value not in IN_FLIGHT_STATES:
+            # Awaiting review holds no place: the queued items need not wait for their timers.
+            await self._wake_queued(inp.tenant_id)
         return WriteOutcome(ok=res.ok, stale=res.stale)
 
     @activity.defn(name="acquire_workspace")
@@ -272,12 +277,13 @@ class ControlActivities:
         return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed))
 
     async def _wake_queued(self, tenant_id: str) -> None:
-        """Tell the tenant's first queued items that a place is free (they re-run admission at once). Best effort:
-        a queued item also retries on its own timer."""
+        """Tell the tenant's first queued items, as many as places are free, that they may be admitted (they re-run
+        admission at once). Best effort: a queued item also retries on its own timer."""
         if self.client is None:
             return
         with contextlib.suppress(Exception):
-            for row in await self.store.queued_work_items(tenant_id, WAKE_QUEUED):
+            rows = await self.store.queued_to_wake(tenant_id, self.settings.tenant_max_in_flight, WAKE_QUEUED)
+            for row in rows:
                 with contextlib.suppress(Exception):
                     await self.client.get_workflow_handle(row.workflow_id).signal("slot_freed")
 

@@ -48,11 +48,13 @@ from crewwork.sandbox.base import Sandbox, SandboxError, SandboxLimits
 from crewwork.sandbox.config import SandboxSettings
 from crewwork.sandbox.disk import DiskError
 from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
+from crewwork.store.artifacts import artifact_row
 from crewwork.store.store import Store
 from crewwork.store.tables import Artifact
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
 from crewwork.validation.protect import Protection, apply_protection, strip_platform
+from crewwork.workers.slots import agent_done
 from crewwork.workspace import CaptureLimits, CaptureRefused, Workspace, WorkspaceError
 
 log = logging.getLogger("crewwork.activities.execute")
@@ -147,6 +149,23 @@ class ExecuteActivities:
             max_bytes=self.settings.max_artifact_bytes,
         )
         return _ref(art)
+
+    def _pending(self, inp: AgentStepInput, name: str, data: bytes, ctype: str) -> tuple[ArtifactRef, dict[str, Any]]:
+        """An artifact the attempt's last write inserts (`_agent_finished`), and its ref: it exists only if that
+        write is accepted, in the same transaction."""
+        if len(data) > self.settings.max_artifact_bytes:
+            keep = self.settings.max_artifact_bytes - 200
+            data = data[:keep] + f"\n[truncated: {len(data)} bytes in all]\n".encode()
+        row = artifact_row(
+            work_item_id=inp.work_item_id,
+            tenant_id=inp.tenant_id,
+            name=name,
+            data=data,
+            content_type=ctype,
+            max_bytes=self.settings.max_artifact_bytes,
+        )
+        ref = ArtifactRef(id=row["id"], name=name, size=row["size"], sha256=row["sha256"], content_type=ctype)
+        return ref, row
 
     @activity.defn(name="run_agent")
     async def run_agent(self, inp: AgentStepInput) -> AgentOutcome:
@@ -244,11 +263,13 @@ class ExecuteActivities:
                         cost_usd=float(getattr(exc, "cost_usd", 0.0) or 0.0),
                     )
                     transcript = getattr(exc, "transcript", None)
+                    left: list[dict[str, Any]] = []
                     if transcript:
-                        failed.transcript_ref = await save(
-                            f"attempt-{inp.attempt}-transcript.txt", str(transcript).encode(), "text/plain"
+                        failed.transcript_ref, row = self._pending(
+                            inp, f"attempt-{inp.attempt}-transcript.txt", str(transcript).encode(), "text/plain"
                         )
-                    return await self._agent_finished(w, inp, failed)
+                        left.append(row)
+                    return await self._agent_finished(w, inp, failed, left)
                 except AgentInfraError as exc:
                     delay = timedelta(seconds=min(exc.retry_after_s, 600)) if exc.retry_after_s else None
                     raise ApplicationError(str(exc), type="AgentInfraError", next_retry_delay=delay) from exc
@@ -263,10 +284,13 @@ class ExecuteActivities:
                     tokens_used=result.tokens_used,
                     cost_usd=result.cost_usd,
                 )
+                pending: list[dict[str, Any]] = []
                 if result.transcript:
-                    outcome.transcript_ref = await save(
-                        f"attempt-{inp.attempt}-transcript.txt", result.transcript.encode(), "text/plain"
+                    # Inserted by the attempt's last write, in its transaction.
+                    outcome.transcript_ref, row = self._pending(
+                        inp, f"attempt-{inp.attempt}-transcript.txt", result.transcript.encode(), "text/plain"
                     )
+                    pending.append(row)
                 if ws is not None:
                     try:
                         captured = await ws.capture(
@@ -279,7 +303,7 @@ class ExecuteActivities:
                         # What the agent left cannot be a change (too large, too deep, ...): the attempt fails
                         # with that reason, recorded like any agent error; the loop goes on.
                         outcome.error = f"the change could not be captured: {exc}"
-                        return await self._agent_finished(w, inp, outcome)
+                        return await self._agent_finished(w, inp, outcome, pending)
                     outcome.diff_stats = captured.stats
                     outcome.diff_ref = await save(f"attempt-{inp.attempt}.diff", captured.diff, "text/x-diff")
                 log.info(
@@ -289,16 +313,20 @@ class ExecuteActivities:
                     inp.work_item_id,
                     time.monotonic() - started_at,
                 )
-                return await self._agent_finished(w, inp, outcome)
+                return await self._agent_finished(w, inp, outcome, pending)
         finally:
             if ws is not None:
                 await ws.remove()
             if mirror is not None:
                 mirror.release()
 
-    async def _agent_finished(self, w: AttemptWriter, inp: AgentStepInput, outcome: AgentOutcome) -> AgentOutcome:
-        """The attempt's last write: the refs of what it produced. Refused (and the attempt ends) if a later attempt
-        has written meanwhile, so the event log only ever names the accepted attempt's artifacts."""
+    async def _agent_finished(
+        self, w: AttemptWriter, inp: AgentStepInput, outcome: AgentOutcome, pending: list[dict[str, Any]]
+    ) -> AgentOutcome:
+        """The attempt's last write: the refs of what it produced, and the `pending` artifacts (its transcript) in
+        the same transaction. Refused (and the attempt ends) if a later attempt has written meanwhile, so the event
+        log only ever names the accepted attempt's artifacts."""
+        agent_done()  # what is left is this write and the completion: the slot may poll for its next task
         done = await w.event(
             "agent_finished",
             {
@@ -308,6 +336,7 @@ class ExecuteActivities:
                 "transcript_ref": outcome.transcript_ref.id if outcome.transcript_ref else None,
                 "error": outcome.error,
             },
+            pending,
         )
         if done.stale:
             raise w.stale(done, "run_agent")

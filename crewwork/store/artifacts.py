@@ -1,14 +1,17 @@
 """Artifacts: diffs, logs, transcripts and reports, stored whole with their size and SHA-256.
 
-An artifact insert is not fenced: a superseded attempt's artifacts exist but nothing references them, because the
-fenced event or record that would name them is rejected."""
+An artifact insert on its own (`put_artifact`) is not fenced: a superseded attempt's artifacts exist but nothing
+references them, because the fenced event or record that would name them is rejected. An artifact made by
+`artifact_row` is inserted by the fenced write that names it (`insert_artifacts`, inside that transaction), so it
+exists only if that write was accepted: one transaction where there were two."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import undefer
 
@@ -19,6 +22,34 @@ from crewwork.store.tables import Artifact
 
 class ArtifactTooLarge(StoreError):
     pass
+
+
+_ARTIFACT_INSERT = insert(Artifact)
+
+
+def artifact_row(
+    *, work_item_id: str, tenant_id: str, name: str, data: bytes, content_type: str, max_bytes: int
+) -> dict[str, Any]:
+    """An artifact's row, id and digest made here, for a fenced write to insert (`created_at` is set there)."""
+    if len(data) > max_bytes:
+        raise ArtifactTooLarge(f"artifact {name!r} is {len(data)} bytes; the limit is {max_bytes}")
+    return {
+        "id": new_id("art"),
+        "work_item_id": work_item_id,
+        "tenant_id": tenant_id,
+        "name": name,
+        "content_type": content_type,
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "content": data,
+    }
+
+
+async def insert_artifacts(s: AsyncSession, rows: Sequence[dict[str, Any]], now: float) -> None:
+    """Insert rows made by `artifact_row` in the caller's transaction (a Core INSERT, no ORM flush)."""
+    if rows:
+        conn = await s.connection()
+        await conn.execute(_ARTIFACT_INSERT, [{**r, "created_at": now} for r in rows])
 
 
 class ArtifactStore(Database):

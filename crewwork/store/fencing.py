@@ -19,7 +19,7 @@ changes nothing except an appended `stale_write_rejected` event naming both rank
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork.masking import mask_secrets
 from crewwork.models import WorkItemState
+from crewwork.store.artifacts import insert_artifacts
 from crewwork.store.engine import Database
 from crewwork.store.tables import Event, Tenant, WorkItem
 
@@ -195,10 +196,13 @@ class FencingStore(Database):
         writer: str,
         type_: str,
         data: dict[str, Any],
+        artifacts: Sequence[dict[str, Any]] = (),
     ) -> WriteResult[None]:
-        """An event that only an attempt still current may append (what an attempt produced: its evidence refs)."""
+        """An event that only an attempt still current may append (what an attempt produced: its evidence refs),
+        with the artifacts it names (rows from `artifact_row`) in the same transaction."""
 
         async def _apply(s: AsyncSession, w: Accepted) -> None:
+            await insert_artifacts(s, artifacts, w.now)
             await self.insert_event(
                 s,
                 work_item_id=work_item_id,

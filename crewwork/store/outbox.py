@@ -39,10 +39,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork import tracing
-from crewwork.observability.metrics import WEBHOOK_DELIVERIES
 from crewwork.client import webhooks as standard
 from crewwork.client.webhooks import ID_HEADER, TIMESTAMP_HEADER
 from crewwork.ids import new_id
+from crewwork.observability.metrics import WEBHOOK_DELIVERIES
 from crewwork.store.tables import OutboxMessage, Webhook
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from crewwork.ids import new_id
 from crewwork.masking import mask_secrets
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.engine import Database, StoreError
-from crewwork.store.fencing import SUBMISSION
+from crewwork.store.fencing import IN_FLIGHT_STATES, SUBMISSION
 from crewwork.store.tables import Event, WorkItem
 
 
@@ -159,5 +159,28 @@ class WorkItemStore(Database):
                 .where(WorkItem.tenant_id == tenant_id, WorkItem.state == WorkItemState.queued.value)
                 .order_by(WorkItem.created_at, WorkItem.id)
                 .limit(limit)
+            )
+            return list((await s.scalars(q)).all())
+
+    async def queued_to_wake(self, tenant_id: str, max_in_flight: int, cap: int) -> list[WorkItem]:
+        """The tenant's first queued items, as many as there are free in-flight places (at most `cap`): the ones
+        admission would take now. Waking more only makes them re-run admission to be queued again."""
+        async with self.session() as s:
+            in_flight = int(
+                await s.scalar(
+                    select(func.count())
+                    .select_from(WorkItem)
+                    .where(WorkItem.tenant_id == tenant_id, WorkItem.state.in_(IN_FLIGHT_STATES))
+                )
+                or 0
+            )
+            free = min(cap, max_in_flight - in_flight)
+            if free <= 0:
+                return []
+            q = (
+                select(WorkItem)
+                .where(WorkItem.tenant_id == tenant_id, WorkItem.state == WorkItemState.queued.value)
+                .order_by(WorkItem.created_at, WorkItem.id)
+                .limit(free)
             )
             return list((await s.scalars(q)).all())

@@ -39,6 +39,7 @@ from crewwork.config import Settings
 from crewwork.observability import activity_interceptors, start_pool_observability
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
+from crewwork.workers.slots import SlotInterceptor, poll_ahead_tuner
 from crewwork.workflows.work_item import WorkItemWorkflow
 
 log = logging.getLogger("crewwork.workers")
@@ -50,7 +51,8 @@ HEALTH_INTERVAL_S = 5.0
 
 
 def worker_tuning(pool: str, settings: Settings) -> dict[str, Any]:
-    """Slots and pollers of a pool's worker (the bare-Temporal baseline in bench/ uses the same)."""
+    """Slots, pollers and the slot interceptor of a pool's worker (the bare-Temporal baseline in bench/ uses the
+    same)."""
     if pool == "control":
         return {
             "max_concurrent_activities": settings.control_concurrency,
@@ -61,8 +63,17 @@ def worker_tuning(pool: str, settings: Settings) -> dict[str, Any]:
             "nonsticky_to_sticky_poll_ratio": 1.0,
         }
     # Activity polls scale with the backlog (the server says how much is waiting), up to the slots free.
-    slots = settings.agent_concurrency if pool == "agent" else settings.validate_concurrency
-    return {"max_concurrent_activities": slots, "activity_task_poller_behavior": PollerBehaviorAutoscaling()}
+    if pool == "agent" and settings.agent_poll_ahead:
+        # An agent slot polls for its next task once its agent returns, not once its completion is sent
+        # (crewwork/workers/slots.py); the interceptor gives each attempt the ticket that says so.
+        tuner, slots = poll_ahead_tuner(settings.agent_concurrency)
+        return {
+            "tuner": tuner,
+            "activity_task_poller_behavior": PollerBehaviorAutoscaling(),
+            "interceptors": [SlotInterceptor(slots)],
+        }
+    n = settings.agent_concurrency if pool == "agent" else settings.validate_concurrency
+    return {"max_concurrent_activities": n, "activity_task_poller_behavior": PollerBehaviorAutoscaling()}
 
 
 def pool_activities(pool: str, client: Any, store: Store, settings: Settings) -> list[Any]:
@@ -94,14 +105,16 @@ def build_worker(
         if settings.workflow_sandbox != "off":  # only the sandbox re-imports the workflow module per run
             _cache_workflow_bytecode()
         workflows = {"workflows": [WorkItemWorkflow], "workflow_runner": workflow_runner(settings.workflow_sandbox)}
+    tuning = worker_tuning(pool, settings)
+    own = tuning.pop("interceptors", [])
     return Worker(
         client,
         task_queue=settings.task_queue(pool),
         activities=pool_activities(pool, client, store, settings),
         **workflows,
-        **worker_tuning(pool, settings),
+        **tuning,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
-        interceptors=[*activity_interceptors(), *extra_interceptors],
+        interceptors=[*own, *activity_interceptors(), *extra_interceptors],
     )
 
 
