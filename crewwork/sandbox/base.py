@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from crewwork.models import SandboxReport
+    from crewwork.sandbox.config import SandboxSettings
 
 
 @dataclass(frozen=True)
@@ -150,10 +151,14 @@ class Sandbox(abc.ABC):
     name: ClassVar[str]
     isolating: ClassVar[bool]
 
+    def __init__(self, settings: SandboxSettings | None = None) -> None:  # noqa: B027  # a default, not abstract
+        """Every backend is built from the operator's sandbox settings (its part: `settings.backend_config`)."""
+
     @classmethod
     @abc.abstractmethod
-    def available(cls) -> tuple[bool, str]:
-        """Whether this backend can run on this host, and a human reason (or how to install it)."""
+    def available(cls, settings: SandboxSettings | None = None) -> tuple[bool, str]:
+        """Whether this backend can run on this host under `settings` (default: from the environment), and a
+        human reason (or how to install it)."""
 
     @abc.abstractmethod
     async def run(

@@ -50,7 +50,7 @@ from crewwork.sandbox.base import (
     host_python_path,
 )
 from crewwork.sandbox.cgroups import JOIN_FAILED, RunCgroup
-from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.config import BwrapConfig, SandboxSettings
 from crewwork.sandbox.seccomp import filter_fd
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
@@ -147,13 +147,16 @@ class BwrapSandbox(Sandbox):
 
     def __init__(self, settings: SandboxSettings | None = None) -> None:
         self.settings = settings or SandboxSettings()
+        config = self.settings.backend_config(self.name)
+        assert isinstance(config, BwrapConfig)
+        self.config = config
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
             raise SandboxUnavailable(f"bubblewrap (bwrap) is not on PATH; {INSTALL_HINT}")
 
     @classmethod
-    def available(cls) -> tuple[bool, str]:
-        return _probe()
+    def available(cls, settings: SandboxSettings | None = None) -> tuple[bool, str]:
+        return _probe((settings or SandboxSettings()).owner())
 
     def command(
         self,
@@ -193,7 +196,7 @@ class BwrapSandbox(Sandbox):
         binds.append(_Bind(str(ws), str(ws), True))
         prefix: list[str] = []
         if owner is not None:
-            stage = str(self.settings.bwrap_stage_dir)
+            stage = str(self.config.stage_dir)
             sources = [b.src for b in binds]
             for i, b in enumerate(binds):
                 b.src = f"{stage}/{i}"
@@ -219,8 +222,8 @@ class BwrapSandbox(Sandbox):
         owner = self.settings.owner()
         hand_over(ws, owner)
         if owner is not None:
-            self.settings.bwrap_stage_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        seccomp_fd = filter_fd() if self.settings.bwrap_seccomp else None
+            self.config.stage_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        seccomp_fd = filter_fd() if self.config.seccomp else None
         data_fds = _synthetic_fds()
         try:
             return await self._run(argv, ws, limits, env, ro_mounts, seccomp_fd, data_fds)
@@ -242,7 +245,7 @@ class BwrapSandbox(Sandbox):
     ) -> SandboxRunResult:
         cmd = self.command(argv, ws, limits, ro_mounts, seccomp_fd, data_fds)
         cg: RunCgroup | None = None
-        if self.settings.bwrap_cgroups:
+        if self.config.cgroups:
             try:
                 cg = RunCgroup.create(limits)
             except OSError:
@@ -330,12 +333,10 @@ def owner_stage_failed(returncode: int | None, stderr: bytes) -> bool:
 
 
 @functools.cache
-def _probe() -> tuple[bool, str]:
+def _probe(owner: tuple[int, int] | None) -> tuple[bool, str]:
     exe = shutil.which("bwrap")
     if exe is None:
         return False, f"bwrap not found; {INSTALL_HINT}"
-    settings = SandboxSettings()
-    owner = settings.owner()
     cmd = [exe, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/", "/", "true"]
     if owner is not None:
         for tool in ("setpriv", "unshare"):

@@ -121,7 +121,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     settings = SandboxSettings()
     rows = []
     for name, cls in SANDBOXES.items():
-        ok, why = cls.available()
+        ok, why = cls.available(settings)
         rows.append({"backend": name, "isolating": cls.isolating, "available": ok, "detail": why})
     best, why = best_available(settings)
     if args.json:

@@ -7,9 +7,9 @@ CREWWORK_SANDBOX_MAX_MEMORY_MB=4096). A work item may ask for different limits, 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from crewwork.sandbox.base import SandboxLimits
@@ -18,6 +18,37 @@ if TYPE_CHECKING:
     from crewwork.models import SandboxSpec
 
 DEFAULT_IMAGE = "crewwork-sandbox:latest"
+
+
+class DockerConfig(BaseModel):
+    """What the `docker` and `gvisor` backends need (gvisor forces the runsc runtime)."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["docker", "gvisor"]
+    image: str
+    runtime: str | None
+    base_url: str | None
+
+
+class BwrapConfig(BaseModel):
+    """What the `bwrap` backend needs."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["bwrap"]
+    cgroups: bool
+    seccomp: bool
+    stage_dir: Path
+
+
+class LocalConfig(BaseModel):
+    """The `local` backend has nothing to configure (and isolates nothing)."""
+
+    model_config = ConfigDict(frozen=True)
+    type: Literal["local"]
+
+
+BackendConfig = Annotated[DockerConfig | BwrapConfig | LocalConfig, Field(discriminator="type")]
+_BACKEND_CONFIG: TypeAdapter[DockerConfig | BwrapConfig | LocalConfig] = TypeAdapter(BackendConfig)
 
 
 class SandboxSettings(BaseSettings):
@@ -92,6 +123,15 @@ class SandboxSettings(BaseSettings):
                     f"CREWWORK_SANDBOX_MAX_{name.upper()}={getattr(self, f'max_{name}')}"
                 )
         return self
+
+    def backend_config(self, backend: str) -> DockerConfig | BwrapConfig | LocalConfig:
+        """The per-backend part of these settings, as the class of that backend (`type` is the backend's name)."""
+        raw: dict[str, object] = {"type": backend}
+        if backend in ("docker", "gvisor"):
+            raw |= {"image": self.docker_image, "runtime": self.docker_runtime, "base_url": self.docker_base_url}
+        elif backend == "bwrap":
+            raw |= {"cgroups": self.bwrap_cgroups, "seccomp": self.bwrap_seccomp, "stage_dir": self.bwrap_stage_dir}
+        return _BACKEND_CONFIG.validate_python(raw)
 
     def default_limits(self) -> SandboxLimits:
         return SandboxLimits(

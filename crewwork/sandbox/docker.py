@@ -32,7 +32,7 @@ from crewwork.sandbox.base import (
     disk_limited,
     hand_over,
 )
-from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.config import DockerConfig, SandboxSettings
 
 AVAILABILITY_TTL_S = 5.0
 DEADLINE_LABEL = "crewwork.sandbox.deadline"
@@ -76,30 +76,34 @@ class DockerSandbox(Sandbox):
 
     def __init__(self, settings: SandboxSettings | None = None) -> None:
         self.settings = settings or SandboxSettings()
-        self.runtime = self.forced_runtime or self.settings.docker_runtime
-        self.image = self.settings.docker_image
+        config = self.settings.backend_config(self.name)
+        assert isinstance(config, DockerConfig)
+        self.config = config
+        self.runtime = self.forced_runtime or config.runtime
+        self.image = config.image
         self._client: Any = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ availability
 
     @classmethod
-    def available(cls) -> tuple[bool, str]:
+    def available(cls, settings: SandboxSettings | None = None) -> tuple[bool, str]:
         # Asked before every run by best_available(); the engine is not worth three API calls each time.
-        key = (cls.name, os.environ.get("DOCKER_HOST"), *sorted(SandboxSettings().model_dump().items()))
+        config = (settings or SandboxSettings()).backend_config(cls.name)
+        assert isinstance(config, DockerConfig)
+        key = (os.environ.get("DOCKER_HOST"), config.model_dump_json())
         hit = _AVAILABILITY.get(str(key))
         if hit is not None and time.monotonic() - hit[0] < AVAILABILITY_TTL_S:
             return hit[1]
-        result = cls._probe()
+        result = cls._probe(config)
         _AVAILABILITY[str(key)] = (time.monotonic(), result)
         return result
 
     @classmethod
-    def _probe(cls) -> tuple[bool, str]:
-        settings = SandboxSettings()
-        runtime = cls.forced_runtime or settings.docker_runtime
+    def _probe(cls, config: DockerConfig) -> tuple[bool, str]:
+        runtime = cls.forced_runtime or config.runtime
         try:
-            client = _connect(settings.docker_base_url)
+            client = _connect(config.base_url)
             info = client.info()
         except SandboxUnavailable as exc:
             return False, str(exc)
@@ -112,16 +116,16 @@ class DockerSandbox(Sandbox):
                 "(`apt-get install -y runsc`) and register it in /etc/docker/daemon.json (docs/sandbox.md)"
             )
         try:
-            client.images.get(settings.docker_image)
+            client.images.get(config.image)
         except Exception:
-            return False, f"image {settings.docker_image} is not in the local engine; {IMAGE_HINT}"
+            return False, f"image {config.image} is not in the local engine; {IMAGE_HINT}"
         what = f"runtime {runtime}" if runtime else f"runtime {info.get('DefaultRuntime', 'runc')}"
-        return True, f"Docker {info.get('ServerVersion', '?')}, {what}, image {settings.docker_image}"
+        return True, f"Docker {info.get('ServerVersion', '?')}, {what}, image {config.image}"
 
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                self._client = _connect(self.settings.docker_base_url)
+                self._client = _connect(self.config.base_url)
             return self._client
 
     # ------------------------------------------------------------------ run

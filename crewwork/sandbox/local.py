@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from crewwork.sandbox._proc import (
     apply_rlimits,
@@ -29,6 +29,9 @@ from crewwork.sandbox.base import (
     host_python_path,
 )
 
+if TYPE_CHECKING:
+    from crewwork.sandbox.config import SandboxSettings
+
 
 class LocalSandbox(Sandbox):
     """UNSAFE: the command sees the host's files and network with the worker's uid."""
@@ -40,7 +43,7 @@ class LocalSandbox(Sandbox):
         self.settings = settings
 
     @classmethod
-    def available(cls) -> tuple[bool, str]:
+    def available(cls, settings: SandboxSettings | None = None) -> tuple[bool, str]:
         return True, "always available; UNSAFE: no isolation (development only)"
 
     async def run(

@@ -36,13 +36,11 @@ def get_sandbox(name: str, *, allow_unsafe: bool = False, settings: SandboxSetti
             f"sandbox backend {name!r} does not isolate anything and is refused unless chosen explicitly "
             "as unsafe (allow_unsafe=True, `--unsafe` on the command line); use it for development only"
         )
-    ok, why = cls.available()
+    settings = settings or SandboxSettings()
+    ok, why = cls.available(settings)
     if not ok:
         raise SandboxUnavailable(f"sandbox backend {name!r} is not available: {why}")
-    settings = settings or SandboxSettings()
-    if issubclass(cls, (DockerSandbox, BwrapSandbox, LocalSandbox)):
-        return cls(settings)
-    return cls()
+    return cls(settings)
 
 
 def best_available(settings: SandboxSettings | None = None) -> tuple[str, str]:
@@ -55,13 +53,13 @@ def best_available(settings: SandboxSettings | None = None) -> tuple[str, str]:
         cls = SANDBOXES.get(settings.backend)
         if cls is None:
             raise ValueError(f"CREWWORK_SANDBOX_BACKEND={settings.backend!r} is not one of {', '.join(SANDBOXES)}")
-        ok, why = cls.available()
+        ok, why = cls.available(settings)
         if not ok:
             raise SandboxUnavailable(f"configured sandbox backend {settings.backend!r} is not available: {why}")
         return settings.backend, f"configured (CREWWORK_SANDBOX_BACKEND): {why}"
     reasons = []
     for name in PREFERENCE:
-        ok, why = SANDBOXES[name].available()
+        ok, why = SANDBOXES[name].available(settings)
         if ok:
             return name, why
         reasons.append(f"{name}: {why}")

@@ -124,9 +124,9 @@ async def test_missing_image_is_unavailable_with_a_build_hint(tmp_path: Path) ->
     ok, why = SANDBOXES["docker"].available()
     if not ok:
         pytest.skip(f"docker not available: {why} (run `.ci/docker-up.sh` as root)")
-    sandbox = get_sandbox("docker", settings=SandboxSettings(docker_image="crewwork-no-such-image:nope"))
+    # Availability is judged with the settings given: the missing image is refused before any run.
     with pytest.raises(SandboxUnavailable, match="build-image"):
-        await sandbox.run(["true"], workspace=tmp_path, limits=SandboxLimits(timeout_s=10))
+        get_sandbox("docker", settings=SandboxSettings(docker_image="crewwork-no-such-image:nope"))
 
 
 def test_cli_run_prints_the_typed_result_and_returns_the_exit_code(
@@ -195,3 +195,25 @@ async def test_bwrap_without_cgroups_falls_back_to_rlimits_and_says_so(tmp_path:
     # An address-space rlimit makes allocation fail inside the program instead of summoning the OOM killer.
     assert r.exit_code != 0 and b"MemoryError" in r.stderr
     assert not r.timed_out
+
+
+def test_each_backend_gets_its_own_config_class_by_type() -> None:
+    from crewwork.sandbox.config import BwrapConfig, DockerConfig, LocalConfig
+
+    s = SandboxSettings(docker_image="python:3.11-slim", docker_base_url="unix:///nowhere.sock", bwrap_seccomp=False)
+    docker = s.backend_config("docker")
+    assert isinstance(docker, DockerConfig) and docker.image == "python:3.11-slim"
+    assert docker.base_url == "unix:///nowhere.sock"
+    assert isinstance(s.backend_config("gvisor"), DockerConfig)
+    bwrap = s.backend_config("bwrap")
+    assert isinstance(bwrap, BwrapConfig) and bwrap.seccomp is False
+    assert isinstance(s.backend_config("local"), LocalConfig)
+    with pytest.raises(ValueError):
+        s.backend_config("firecracker")
+
+
+def test_availability_is_judged_with_the_settings_given_not_the_environment() -> None:
+    # An engine address nothing answers on: the docker backend must say so, whatever the environment has.
+    s = SandboxSettings(docker_base_url="unix:///nonexistent/docker.sock")
+    ok, why = SANDBOXES["docker"].available(s)
+    assert not ok, why
