@@ -30,7 +30,8 @@ log = logging.getLogger("crewwork.metrics")
 prometheus_client.disable_created_metrics()
 
 REGISTRY: CollectorRegistry = prometheus_client.REGISTRY
-CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+# generate_latest() writes the 0.0.4 text format, which every Prometheus version reads.
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_PLAIN_0_0_4
 
 HTTP_REQUESTS = Counter(
     "crewwork_http_requests", "HTTP requests served by the API.", ("method", "route", "status"), registry=REGISTRY

@@ -101,7 +101,8 @@ async def make_tenant(crew: Crew, prefix: str, scopes: tuple[str, ...] = ()) -> 
 
 @pytest.fixture
 def api_settings(tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str) -> Settings:
-    return make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend)
+    # metrics_store_refresh_s=0: a scrape right after a change must see it (the interval is tested on its own).
+    return make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend, metrics_store_refresh_s=0)
 
 
 @pytest.fixture
