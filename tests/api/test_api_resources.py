@@ -188,7 +188,8 @@ async def test_metrics_exposes_prometheus_text_with_store_projections(stack: Sta
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = r.text
     assert "# TYPE crewwork_work_items gauge" in text
-    assert 'crewwork_work_items{state="succeeded",kind="task"}' in text
+    # Label order carries no meaning in the text format (prometheus-client sorts them).
+    assert 'crewwork_work_items{kind="task",state="succeeded"}' in text
     assert 'crewwork_http_requests_total{method="POST",route="/v1/work-items",status="202"}' in text
     assert "crewwork_http_request_duration_seconds_bucket" in text and 'le="+Inf"' in text
     assert 'crewwork_events{type="state_changed"}' in text
