@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
     agent_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, agent pool.")
     validate_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, validate pool.")
+    pool_restart_healthy_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="`crewwork dev`/`demo` supervisor: a pool process that has run this many seconds is healthy, "
+        "and its restart back-off starts again from the shortest delay at its next exit.",
+    )
     workflow_sandbox: Literal["full", "passthrough", "off"] = Field(
         default="off",
         description="Temporal's workflow sandbox in the control pool: `full`, `passthrough` (crewwork's modules "
