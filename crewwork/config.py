@@ -10,7 +10,7 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from crewwork.limits import OperatorCeilings
@@ -104,6 +104,12 @@ class Settings(BaseSettings):
         "empty none, else comma-separated names. Install plugins on the API and the agent pool.",
     )
     log_level: str = Field(default="INFO", description="Python log level.")
+    outbound_allow_networks: str = Field(
+        default="",
+        description="Comma-separated CIDRs a tenant-named URL (a webhook) may reach although they are not public "
+        "(loopback, private, link-local, ...); empty: public addresses only. Checked at registration and at "
+        "every delivery, connecting to the checked address (docs/security.md).",
+    )
     # ---------------------------------------------------------------- repositories (docs/repositories.md)
     repo_schemes: str = Field(
         default="https,http,ssh,git,file",
@@ -191,6 +197,14 @@ class Settings(BaseSettings):
 
     def resolved_worktree_dir(self) -> Path:
         return (self.worktree_dir or self.data_dir / "worktrees").resolve()
+
+    @field_validator("outbound_allow_networks")
+    @classmethod
+    def _networks(cls, v: str) -> str:
+        from crewwork.outbound import parse_networks
+
+        parse_networks(v)  # a bad entry is a startup error naming it, not a silently closed allowlist
+        return v
 
     def resolved_mirror_dir(self) -> Path:
         return (self.mirror_dir or self.data_dir / "mirrors").resolve()

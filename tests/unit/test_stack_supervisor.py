@@ -21,7 +21,7 @@ def test_restart_backoff_resets_after_a_healthy_interval(tmp_path: Path, monkeyp
     # at once again.
     script = tmp_path / "pool.sh"
     script.write_text(
-        f'n=$(($(cat {runs} 2>/dev/null || echo 0) + 1)); echo $n > {runs}\n'
+        f"n=$(($(cat {runs} 2>/dev/null || echo 0) + 1)); echo $n > {runs}\n"
         'if [ "$n" -eq 6 ]; then sleep 2; fi\nexit 3\n'
     )
     said: list[str] = []
