@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")
     agent_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, agent pool.")
     validate_concurrency: int = Field(default=2, ge=1, description="Max concurrent activities, validate pool.")
+    agent_isolation: Literal["process", "inline"] = Field(
+        default="process",
+        description="Where agent code runs: `process` (a persistent child process per agent slot, killed and "
+        "replaced when its attempt is cancelled or times out, so blocking code cannot hold a slot) or `inline` (in "
+        "the pool's process; only for trusted agents). Agents marked `runs_inline` (the model agent) run inline.",
+    )
     pool_restart_healthy_s: float = Field(
         default=60.0,
         gt=0,
