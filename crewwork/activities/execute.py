@@ -240,9 +240,12 @@ class ExecuteActivities:
                     if agent_cls.runs_inline or self.settings.agent_isolation == "inline":
                         result = await agent_cls().run(ctx)
                     else:
-                        recipe = (spec.sandbox, self.settings) if agent_cls.needs_sandbox else None
-                        call = call_for(chosen, self.settings.agent_plugins, ctx, recipe)
-                        result = await self.agent_processes.run(call, ctx)
+                        call = call_for(
+                            chosen, self.settings.agent_plugins, ctx, allow_unsafe=self.settings.allow_unsafe_sandbox
+                        )
+                        result = await self.agent_processes.run(
+                            call, ctx, deaf=lambda: live.partitioned and live.superseded_because is None
+                        )
                 except AgentError as exc:
                     failed = AgentOutcome(
                         agent=agent_cls.name,

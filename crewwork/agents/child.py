@@ -50,10 +50,10 @@ async def _run(parent: _Parent, call: Any) -> None:
     try:
         sandbox = None
         if call.sandbox_recipe is not None:
-            from crewwork.activities.execute import pick_sandbox
+            from crewwork.sandbox.registry import get_sandbox
 
-            spec, settings = call.sandbox_recipe
-            sandbox = pick_sandbox(spec, settings)
+            name, allow_unsafe, settings = call.sandbox_recipe
+            sandbox = get_sandbox(name, allow_unsafe=allow_unsafe, settings=settings)
 
         def heartbeat(*details: Any) -> None:
             parent.send(("heartbeat", details))
@@ -107,8 +107,8 @@ async def serve(conn: Connection) -> None:
 
     loop.add_signal_handler(signal.SIGTERM, stop)
     # Imports the agents now, so that a task's cost is only its own.
-    import crewwork.activities.execute
-    import crewwork.agents.registry  # noqa: F401
+    import crewwork.agents.registry
+    import crewwork.sandbox.registry  # noqa: F401
 
     parent.send(("ready",))
     while True:

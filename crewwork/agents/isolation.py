@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -42,6 +43,9 @@ log = logging.getLogger("crewwork.agents.isolation")
 KILL_GRACE_S = 1.0
 """Between SIGTERM (the child cancels its agent, so a sandbox container is removed) and SIGKILL of its group."""
 START_TIMEOUT_S = 60.0
+SPARE = 1
+"""Warm children kept beyond one per slot: a slot freed by a kill takes the spare at once instead of waiting for a
+fresh child's imports (~1 s on a busy machine) while the replacement starts in the background."""
 
 # Fields of AgentContext that cross to the child as they are; the callables are replaced by messages.
 _PLAIN_FIELDS = (
@@ -72,9 +76,9 @@ class AgentCall:
     agent: str
     plugins: str
     fields: dict[str, Any]
-    sandbox_recipe: tuple[Any, Any] | None = None
-    """(SandboxSpec | None, Settings): the child picks the same sandbox the parent would (a Docker client does
-    not cross a process boundary)."""
+    sandbox_recipe: tuple[str, bool, Any] | None = None
+    """(backend name, allow_unsafe, SandboxSettings | None) of the sandbox the parent chose: the child makes its
+    own instance of it (a Docker client does not cross a process boundary)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -165,9 +169,13 @@ class AgentProcesses:
         self.started = 0
         self.killed = 0
 
+    @property
+    def capacity(self) -> int:
+        return self.size + SPARE
+
     def prestart(self) -> None:
         """Start children up to the pool's size (at worker start, so the first task does not pay for it)."""
-        while len(self._idle) < self.size:
+        while len(self._idle) < self.capacity:
             self._idle.append(self._spawn())
 
     def _spawn(self) -> AgentChild:
@@ -175,6 +183,8 @@ class AgentProcesses:
         return AgentChild()
 
     async def acquire(self) -> AgentChild:
+        # A child that has said `ready` (or whose `ready` is waiting to be read) first: no wait for imports.
+        self._idle.sort(key=lambda c: c.ready or c.conn.poll())
         while self._idle:
             child = self._idle.pop()
             if child.alive():
@@ -186,7 +196,7 @@ class AgentProcesses:
         return child
 
     async def release(self, child: AgentChild, *, healthy: bool) -> None:
-        if healthy and child.alive() and len(self._idle) < self.size:
+        if healthy and child.alive() and len(self._idle) < self.capacity:
             self._idle.append(child)
             return
         if child.alive():
@@ -195,7 +205,7 @@ class AgentProcesses:
             await asyncio.shield(asyncio.to_thread(child.kill))
         else:
             child.close()
-        if len(self._idle) < self.size:
+        if len(self._idle) < self.capacity:
             self._idle.append(self._spawn())  # warm again before the next task needs it
 
     def close(self) -> None:
@@ -203,12 +213,27 @@ class AgentProcesses:
             child.kill()
         self._idle.clear()
 
-    async def run(self, call: AgentCall, ctx: AgentContext) -> AgentRunResult:
-        """Run `call` in a child; the child's callbacks are served from `ctx`. Cancellation kills the child."""
+    async def run(
+        self, call: AgentCall, ctx: AgentContext, *, deaf: Callable[[], bool] = lambda: False
+    ) -> AgentRunResult:
+        """Run `call` in a child; the child's callbacks are served from `ctx`. Cancellation kills the child, except
+        while `deaf()` says this attempt cannot hear it: the test-only zombie (the scripted agent's `stall_s`),
+        which is cut off from Temporal by construction and is stopped by the platform only once its item has ended
+        (crewwork.activities.common.watch)."""
         child = await self.acquire()
         healthy = False
         try:
-            result = await _serve(child, call, ctx)
+            serving = asyncio.ensure_future(_serve(child, call, ctx))
+            me = asyncio.current_task()
+            while True:
+                try:
+                    result = await asyncio.shield(serving)
+                    break
+                except asyncio.CancelledError:
+                    if serving.done() or not deaf() or me is None:
+                        serving.cancel()
+                        raise
+                    me.uncancel()
             healthy = True
             return result
         finally:
@@ -265,13 +290,16 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def call_for(agent: str, plugins: str, ctx: AgentContext, sandbox_recipe: tuple[Any, Any] | None) -> AgentCall:
+def call_for(agent: str, plugins: str, ctx: AgentContext, *, allow_unsafe: bool = False) -> AgentCall:
+    recipe = None
+    if ctx.sandbox is not None:
+        recipe = (ctx.sandbox.name, allow_unsafe, getattr(ctx.sandbox, "settings", None))
     extra = {k: v for k, v in ctx.extra.items() if not callable(v)}
     return AgentCall(
         agent=agent,
         plugins=plugins,
         fields={f: getattr(ctx, f) for f in _PLAIN_FIELDS},
-        sandbox_recipe=sandbox_recipe,
+        sandbox_recipe=recipe,
         extra=extra,
     )
 
