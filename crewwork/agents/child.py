@@ -48,6 +48,12 @@ async def _run(parent: _Parent, call: Any) -> None:
     from crewwork.agents.registry import get_agent_class
 
     try:
+        if call.env and call.env != dict(os.environ):
+            from crewwork.config import reset_settings_cache
+
+            os.environ.clear()
+            os.environ.update(call.env)
+            reset_settings_cache()
         sandbox = None
         if call.sandbox_recipe is not None:
             from crewwork.sandbox.registry import get_sandbox

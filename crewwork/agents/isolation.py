@@ -80,6 +80,9 @@ class AgentCall:
     """(backend name, allow_unsafe, SandboxSettings | None) of the sandbox the parent chose: the child makes its
     own instance of it (a Docker client does not cross a process boundary)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    """The pool process's environment at the call: agent code sees what it would see inline (the operator's
+    command-agent and plugin settings, provider keys), even if it changed after the child started."""
 
 
 class AgentChild:
@@ -301,6 +304,7 @@ def call_for(agent: str, plugins: str, ctx: AgentContext, *, allow_unsafe: bool 
         fields={f: getattr(ctx, f) for f in _PLAIN_FIELDS},
         sandbox_recipe=recipe,
         extra=extra,
+        env=dict(os.environ),
     )
 
 
