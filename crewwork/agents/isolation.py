@@ -237,14 +237,19 @@ class AgentProcesses:
                         serving.cancel()
                         raise
                     me.uncancel()
+            # The child answered (a result, or the agent's own exception): it is fine and serves the next task.
             healthy = True
+            if isinstance(result, BaseException):
+                raise result
             return result
         finally:
             # Cancelled, or anything unexpected: the child may be in any state, so it is replaced, not reused.
             await self.release(child, healthy=healthy)
 
 
-async def _serve(child: AgentChild, call: AgentCall, ctx: AgentContext) -> AgentRunResult:
+async def _serve(child: AgentChild, call: AgentCall, ctx: AgentContext) -> AgentRunResult | BaseException:
+    """The child's answer: its result, or the exception the agent raised (returned, not raised, so the caller can
+    tell an agent's error from a broken child). Raises when the child itself fails."""
     started = time.monotonic()
     child.send(("run", call))
     child.tasks += 1
@@ -276,7 +281,7 @@ async def _serve(child: AgentChild, call: AgentCall, ctx: AgentContext) -> Agent
             log.debug("agent %s ran in its process in %.3fs", call.agent, time.monotonic() - started)
             return msg[1]  # type: ignore[no-any-return]
         elif kind == "error":
-            raise msg[1]
+            return msg[1]  # type: ignore[no-any-return]
         elif kind == "eof":
             code = child.proc.wait(5)
             raise AgentProcessDied(f"the agent process exited with code {code} before the agent finished")
