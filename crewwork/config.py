@@ -12,7 +12,7 @@ import functools
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from crewwork.api.options import ApiOptions
@@ -149,6 +149,18 @@ class Settings(BaseSettings):
         "writes its result and reports completion (never more than agent_concurrency agents at once; up to as many "
         "more attempts finishing their writes).",
     )
+    agent_isolation: Literal["process", "inline"] = Field(
+        default="process",
+        description="Where agent code runs: `process` (a persistent child process per agent slot, killed and "
+        "replaced when its attempt is cancelled or times out, so blocking code cannot hold a slot) or `inline` (in "
+        "the pool's process; only for trusted agents). Agents marked `runs_inline` (the model agent) run inline.",
+    )
+    pool_restart_healthy_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="`crewwork dev`/`demo` supervisor: a pool process that has run this many seconds is healthy, "
+        "and its restart back-off starts again from the shortest delay at its next exit.",
+    )
     workflow_sandbox: Literal["full", "passthrough", "off"] = Field(
         default="off",
         description="Temporal's workflow sandbox in the control pool: `full`, `passthrough` (crewwork's modules "
@@ -192,6 +204,12 @@ class Settings(BaseSettings):
         description="CLIs the command agent may run (JSON; docs/agents.md). Read by crewwork/agents/command.py.",
     )
     command_agent_enabled: bool = Field(default=True, description="Whether the command agent may run at all.")
+    outbound_allow_networks: str = Field(
+        default="",
+        description="Comma-separated CIDRs a tenant-named URL (a webhook) may reach although they are not public "
+        "(loopback, private, link-local, ...); empty: public addresses only. Checked at registration and at "
+        "every delivery, connecting to the checked address (docs/security.md).",
+    )
     # ---------------------------------------------------------------- repositories (docs/repositories.md)
     repo_schemes: str = Field(
         default="https,http,ssh,git,file",
@@ -279,6 +297,14 @@ class Settings(BaseSettings):
 
     def resolved_worktree_dir(self) -> Path:
         return (self.worktree_dir or self.data_dir / "worktrees").resolve()
+
+    @field_validator("outbound_allow_networks")
+    @classmethod
+    def _networks(cls, v: str) -> str:
+        from crewwork.outbound import parse_networks
+
+        parse_networks(v)  # a bad entry is a startup error naming it, not a silently closed allowlist
+        return v
 
     def resolved_mirror_dir(self) -> Path:
         return (self.mirror_dir or self.data_dir / "mirrors").resolve()

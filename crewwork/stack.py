@@ -24,6 +24,13 @@ from crewwork.temporal.devserver import DevServer, port_open
 from crewwork.workers.pools import POOLS
 
 RESTART_BACKOFF_S = (0.5, 1, 2, 5, 10)
+"""Delays before restarting a pool process that exited: the k-th restart in a row waits the k-th entry (the last
+one repeats). A process that ran for `Stack.healthy_after_s` resets its count, so a pool that crashes once an hour
+comes back in half a second every time, while one that crashes on start settles at one try every 10 s."""
+
+
+def restart_delay(restarts_in_a_row: int) -> float:
+    return RESTART_BACKOFF_S[min(restarts_in_a_row, len(RESTART_BACKOFF_S) - 1)]
 
 
 def crewwork_argv(*args: str) -> list[str]:
@@ -44,11 +51,15 @@ class ManagedProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
+    """Restarts in a row without a healthy run between them (the back-off index)."""
     restart: bool = True
+    started_at: float = 0.0
+    """time.monotonic() of the last start."""
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -85,6 +96,9 @@ class Stack:
     ui: bool = True
     on_event: object = None
     worker_argv: Callable[[str], list[str]] | None = None
+    healthy_after_s: float | None = None
+    """Seconds after which a running process counts as healthy and its back-off resets (default: the setting
+    `pool_restart_healthy_s`)."""
     """The command that runs one pool process (default: this Python's `-m crewwork worker --pool POOL`)."""
     temporal: DevServer | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
@@ -179,11 +193,18 @@ class Stack:
         raise RuntimeError(f"the API did not become ready in {timeout_s}s ({last}); see {self.data_dir}/logs/")
 
     def _supervise(self) -> None:
+        healthy_s = self.healthy_after_s
+        if healthy_s is None:
+            from crewwork.config import get_settings
+
+            healthy_s = get_settings().pool_restart_healthy_s
         while not self._stop.wait(0.5):
             for p in self.processes:
                 if p.restart and not p.alive():
                     code = p.proc.returncode if p.proc else None
-                    delay = RESTART_BACKOFF_S[min(p.restarts, len(RESTART_BACKOFF_S) - 1)]
+                    if p.proc is not None and time.monotonic() - p.started_at >= healthy_s:
+                        p.restarts = 0  # it ran long enough to count as healthy: this exit starts a new series
+                    delay = restart_delay(p.restarts)
                     self._say(f"{p.name} exited (code {code}); restarting in {delay}s")
                     if self._stop.wait(delay):
                         return

@@ -156,7 +156,19 @@ async def watch(
         while True:
             await asyncio.sleep(every_s)
             if w.partitioned:
-                return
+                # The simulated zombie hears nothing from Temporal or the store, so it cannot be cancelled; but
+                # once its item has ended nothing it does can matter, and the platform takes its slot back.
+                with contextlib.suppress(Exception):
+                    found = await writer.store.current_rank(writer.work_item_id)
+                    if found is not None and WorkItemState(found[1]).terminal:
+                        w.superseded_because = f"the work item is already {found[1]}"
+                        log.warning(
+                            "%s of %s (a zombie) is stopped: its item ended", writer.writer, writer.work_item_id
+                        )
+                        if work is not None:
+                            work.cancel("item ended")
+                        return
+                continue
             w.heartbeat()
             try:
                 why = await writer.superseded()

@@ -29,6 +29,7 @@ from crewwork import gitops, safefs
 from crewwork.activities.common import AttemptWriter, artifact_bytes, watch
 from crewwork.activities.errors import AGENT_ERROR, bad_input
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
+from crewwork.agents.isolation import AgentProcesses, call_for
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
 from crewwork.contracts import AgentStepInput, ValidateInput
@@ -119,6 +120,8 @@ class ExecuteActivities:
         self.store = store
         self.settings = settings
         self.repos = Repositories(settings)
+        self.agent_processes = AgentProcesses(settings.agent_concurrency)
+        """The agent slots' child processes (crewwork.agents.isolation)."""
 
     async def _mirror(self, w: AttemptWriter, locator: str, commit: str, attempt: int) -> MirrorHold:
         """This host's mirror of the repository, holding `commit` (fetched when it lacks it), kept from eviction
@@ -252,7 +255,15 @@ class ExecuteActivities:
                     },
                 )
                 try:
-                    result = await agent_cls().run(ctx)
+                    if agent_cls.runs_inline or self.settings.agent_isolation == "inline":
+                        result = await agent_cls().run(ctx)
+                    else:
+                        call = call_for(
+                            chosen, self.settings.agent_plugins, ctx, allow_unsafe=self.settings.allow_unsafe_sandbox
+                        )
+                        result = await self.agent_processes.run(
+                            call, ctx, deaf=lambda: live.partitioned and live.superseded_because is None
+                        )
                 except AgentError as exc:
                     failed = AgentOutcome(
                         agent=agent_cls.name,

@@ -74,9 +74,13 @@ class AgentRunResult:
 class Agent(abc.ABC):
     name: ClassVar[str]
     mock: ClassVar[bool] = False
+    """True for agents whose results are scripted, not produced by a model or a real agent program."""
     needs_sandbox: ClassVar[bool] = True
     """False for agents that never run commands (the platform then skips choosing and probing a sandbox)."""
-    """True for agents whose results are scripted, not produced by a model or a real agent program."""
+    runs_inline: ClassVar[bool] = False
+    """True only for agents whose every wait is cancellable asyncio I/O: they run in the agent pool's own process.
+    Every other agent runs in a child process that the platform kills when the attempt is cancelled or times out
+    (crewwork.agents.isolation), so blocking code cannot hold a slot."""
 
     @classmethod
     def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:

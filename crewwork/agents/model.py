@@ -154,6 +154,11 @@ class ModelAgent(Agent):
     name = "model"
     mock = False
     needs_sandbox = False  # edits files in the worktree itself; runs no commands
+    # Inline, not in a child process: platform code whose waits are all cancellable asyncio I/O (httpx with connect
+    # and read timeouts, heartbeating while a call is in flight) plus bounded work on bounded input (a prompt read
+    # with size limits, SEARCH/REPLACE applied through safefs). Cancelling the attempt stops it at its next await,
+    # and it keeps its resumable session (heartbeat details) without a pickled round trip per model call.
+    runs_inline = True
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._env = os.environ if env is None else env

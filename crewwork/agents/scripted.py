@@ -32,7 +32,11 @@ Temporal activity attempt it fires on (`on_activity_attempt`, default 1; `"all"`
 - `"stall_s": N`       become a zombie: stop heartbeating and renewing the lease for good, block for N seconds
                        ignoring cancellation (as blocking code does), then carry on and try to write normally
                        (the store must reject those writes);
-- `"crash": true`      hard-exit the worker process (`os._exit`), as if it was killed.
+- `"crash": true`      hard-exit the process running the agent (`os._exit`): the agent pool's child process
+                       (crewwork.agents.isolation), as if it was killed; the pool itself carries on;
+- `"block_s": N`       blocking agent code: a synchronous `time.sleep(N)` on the agent's event loop (it heartbeats
+                       nothing, hears no cancellation); the platform must still be able to take the slot back;
+- `"spin_s": N`        the same as a busy loop burning CPU.
 - `"error": "message"` raise a non-retryable agent error (the attempt fails, the loop goes on).
 """
 
@@ -65,6 +69,8 @@ _STEP_KEYS = {
     "fail",
     "stall_s",
     "crash",
+    "block_s",
+    "spin_s",
     "error",
     "on_activity_attempt",
     "tokens",
@@ -120,6 +126,10 @@ class ScriptedAgent(Agent):
                     raise AgentConfigError("scripted agent: `diff` must be a unified diff string")
                 for p in diff_paths(step["diff"]):
                     _safe_rel(p, f"{where}.diff path")
+            for key in ("stall_s", "block_s", "spin_s"):
+                value = step.get(key, 0)
+                if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                    raise AgentConfigError(f"scripted agent: `{key}` must be a number of seconds, at least 0")
             delay = step.get("delay_s", 0)
             if not isinstance(delay, int | float) or delay < 0 or delay > 3600:
                 raise AgentConfigError("scripted agent: `delay_s` must be between 0 and 3600")
@@ -141,6 +151,12 @@ class ScriptedAgent(Agent):
         fires = on == "all" or ctx.activity_attempt == int(on)
         if fires and step.get("crash"):
             os._exit(137)
+        if fires and step.get("block_s"):
+            time.sleep(float(step["block_s"]))  # noqa: ASYNC251 - deliberately blocking: what killable slots are for
+        if fires and step.get("spin_s"):
+            end = time.monotonic() + float(step["spin_s"])
+            while time.monotonic() < end:
+                pass
         if fires and step.get("fail"):
             raise AgentInfraError(f"scripted fault: {step['fail']}")
         if fires and step.get("stall_s"):

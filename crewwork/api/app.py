@@ -37,6 +37,7 @@ from crewwork.observability import (
     configure_logging,
     render,
 )
+from crewwork.outbound import OutboundPolicy
 from crewwork.service import WorkItemService
 from crewwork.store.outbox import DeliveryPolicy, OutboxDeliverer
 from crewwork.store.store import Store
@@ -84,6 +85,7 @@ def create_app(
                     backoff_s=options.webhook_backoff_s,
                     max_backoff_s=options.webhook_max_backoff_s,
                 ),
+                OutboundPolicy.from_settings(settings),
             )
             tasks.append(asyncio.create_task(app.state.deliverer.run(stop)))
         try:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.outbound import OutboundPolicy, OutboundRefused
 from crewwork.store.outbox import DEFAULT_OVERLAP_S, MAX_OVERLAP_S, OutboxStore
 from crewwork.store.tables import OutboxMessage, Webhook
 
@@ -116,7 +117,12 @@ async def _owned(outbox: OutboxStore, tenant_id: str, webhook_id: str) -> Webhoo
 
 
 @router.post("", status_code=201, response_model=WebhookCreated, summary="Register a webhook")
-async def create(body: WebhookCreate, principal: PrincipalDep, store: StoreDep) -> WebhookCreated:
+async def create(body: WebhookCreate, principal: PrincipalDep, store: StoreDep, request: Request) -> WebhookCreated:
+    try:
+        # Checked here and again before every delivery (a name can resolve elsewhere later): crewwork.outbound.
+        await OutboundPolicy.from_settings(request.app.state.settings).check(body.url)
+    except OutboundRefused as exc:
+        raise ProblemError(422, "url_not_allowed", f"webhook url refused: {exc}") from None
     outbox = OutboxStore(store)
     if len(await outbox.list_webhooks(principal.tenant_id)) >= 20:
         raise ProblemError(409, "too_many_webhooks", "a tenant may register at most 20 webhooks")

@@ -43,6 +43,7 @@ from crewwork.client import webhooks as standard
 from crewwork.client.webhooks import ID_HEADER, TIMESTAMP_HEADER
 from crewwork.ids import new_id
 from crewwork.observability.metrics import WEBHOOK_DELIVERIES
+from crewwork.outbound import OutboundPolicy
 from crewwork.store.tables import OutboxMessage, Webhook
 
 if TYPE_CHECKING:
@@ -347,9 +348,15 @@ class DeliveryPolicy:
 class OutboxDeliverer:
     """Delivers due outbox rows. Run one or more per deployment (API processes run one each by default)."""
 
-    def __init__(self, store: Store, policy: DeliveryPolicy | None = None) -> None:
+    def __init__(
+        self, store: Store, policy: DeliveryPolicy | None = None, outbound: OutboundPolicy | None = None
+    ) -> None:
         self.outbox = OutboxStore(store)
         self.policy = policy or DeliveryPolicy()
+        self.outbound = outbound or OutboundPolicy()
+        """Where deliveries may go (crewwork.outbound): checked again before every delivery, which connects to the
+        checked address, so a name that resolved to a public address at registration cannot be rebound to an
+        internal one."""
         self.delivered = 0
         self.failed = 0
         self.dead = 0
@@ -384,7 +391,10 @@ class OutboxDeliverer:
             attributes={"webhook.id": m.webhook_id, "webhook.message_id": m.id, "webhook.event_type": m.event_type},
         ):
             try:
-                resp = await client.post(m.url, content=body, headers=headers, timeout=p.timeout_s)
+                target = await self.outbound.check(m.url)
+                resp = await client.post(
+                    target.pinned_url, content=body, timeout=p.timeout_s, **target.request_kwargs(headers)
+                )
                 if 200 <= resp.status_code < 300:
                     await self.outbox.mark_delivered(m.id)
                     self.delivered += 1

@@ -3,7 +3,8 @@
 An *endpoint* is one OpenAI-compatible server and model (Ollama, vLLM, llama.cpp server, OpenAI, Gemini's
 OpenAI-compatible endpoint, ...). A *route* is the ordered list of endpoints a workload ("edit", "chat",
 "summary") tries. The operator declares endpoints for a worker pool in the environment
-(``CREWWORK_MODEL_ENDPOINTS``, JSON); a work item's agent config may add endpoints and override routes.
+(``CREWWORK_MODEL_ENDPOINTS``, JSON); a work item's agent config may route to them and, only where the operator sets
+``allow_work_item_endpoints`` (off by default), add endpoints of its own.
 
 API keys never appear in configuration: an endpoint names the *environment variable* that holds its key, and
 the key is read on the agent worker at call time. Because a submitter could otherwise name any variable of the
@@ -114,10 +115,11 @@ class TransportConfig(BaseModel):
     """Operator only: key variable names that endpoints declared by a work item may use. Listing a name here
     trusts submitters to send that key to a server of their choosing; leave empty to allow only keyless
     work-item endpoints (local servers)."""
-    allow_work_item_endpoints: bool = True
-    """Operator only: whether work items may declare endpoints of their own. A declared endpoint makes the
-    agent worker POST prompts to a URL the submitter chose (keyless unless allowed above); set false where
-    workers can reach internal services that submitters must not."""
+    allow_work_item_endpoints: bool = False
+    """Operator only: whether work items may declare endpoints of their own (off by default). A declared
+    endpoint makes the agent worker POST prompts, with headers the submitter chose, to a URL the submitter chose
+    (keyless unless allowed above): from inside the operator's network, so set it true only where workers can
+    reach nothing a tenant must not (a single-user setup, a worker network with only model servers in it)."""
     max_retry_after_s: float = Field(default=600.0, gt=0)
     """Upper bound on a provider's ``Retry-After`` before it is handed to Temporal as the next retry delay."""
 
@@ -192,7 +194,7 @@ def merge_configs(operator: TransportConfig, work_item: TransportConfig) -> Tran
                 f"endpoint {name!r} in the work item names key variable {ep.api_key_env!r}, "
                 f"which the operator has not allowed (add it to allowed_key_envs in {ENV_ENDPOINTS})"
             )
-    if work_item.allowed_key_envs or not work_item.allow_work_item_endpoints:
+    if work_item.allowed_key_envs or "allow_work_item_endpoints" in work_item.model_fields_set:
         raise TransportSettingsError("allowed_key_envs and allow_work_item_endpoints are set by the operator only")
     return TransportConfig(
         endpoints={**operator.endpoints, **work_item.endpoints},

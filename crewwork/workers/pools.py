@@ -92,7 +92,11 @@ def pool_activities(pool: str, client: Any, store: Store, settings: Settings) ->
             control.cleanup,
         ]
     execute = ExecuteActivities(store, settings)
-    return [execute.run_agent] if pool == "agent" else [execute.validate_change]
+    if pool == "agent":
+        if settings.agent_isolation == "process":
+            execute.agent_processes.prestart()  # warm children, so the first task does not wait for their imports
+        return [execute.run_agent]
+    return [execute.validate_change]
 
 
 def build_worker(

@@ -29,8 +29,9 @@ def agent_config(server: FakeOpenAIServer, **extra: Any) -> dict[str, Any]:
 
 
 def agent() -> ModelAgent:
-    # The operator lets work items use this key variable (a work item cannot name just any variable).
-    operator = {"allowed_key_envs": ["FAKE_OPENAI_KEY"]}
+    # The operator lets work items declare endpoints (off by default) and use this key variable (a work item cannot
+    # name just any variable).
+    operator = {"allowed_key_envs": ["FAKE_OPENAI_KEY"], "allow_work_item_endpoints": True}
     return ModelAgent(env={"FAKE_OPENAI_KEY": KEY, "CREWWORK_MODEL_ENDPOINTS": json.dumps(operator)})
 
 

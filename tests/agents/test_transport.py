@@ -251,6 +251,7 @@ def test_work_item_cannot_borrow_operator_keys_or_redefine_operator_endpoints():
                 }
             },
             "allowed_key_envs": ["SHARED_KEY"],
+            "allow_work_item_endpoints": True,
         }
     )
     steal = TransportConfig.model_validate(
@@ -297,9 +298,29 @@ def test_redaction_masks_keys_headers_and_token_shapes():
     assert "[REDACTED]" in out and "custom value" in out
 
 
-def test_operator_can_forbid_work_item_endpoints():
-    op = TransportConfig.model_validate({"allow_work_item_endpoints": False})
-    own = TransportConfig.model_validate({"endpoints": {"x": {"base_url": "http://10.0.0.5:9200/v1", "model": "m"}}})
-    with pytest.raises(TransportSettingsError, match="does not allow work items to declare"):
-        merge_configs(op, own)
-    assert merge_configs(op, TransportConfig.model_validate({"routes": {"edit": ["a"]}})).routes == {"edit": ["a"]}
+def test_work_item_endpoints_are_refused_unless_the_operator_allows_them():
+    # The attack of issue 14: a work item names an internal service and a header of its choosing.
+    own = TransportConfig.model_validate(
+        {
+            "endpoints": {
+                "x": {
+                    "base_url": "http://127.0.0.1:9200/internal-service/v1",
+                    "model": "m",
+                    "extra_headers": {"X-Internal": "1"},
+                }
+            }
+        }
+    )
+    for op in (
+        TransportConfig(),
+        operator_config({}),
+        TransportConfig.model_validate({"allow_work_item_endpoints": False}),
+    ):
+        with pytest.raises(TransportSettingsError, match="does not allow work items to declare"):
+            merge_configs(op, own)
+        assert merge_configs(op, TransportConfig.model_validate({"routes": {"edit": ["a"]}})).routes == {"edit": ["a"]}
+    # A work item cannot switch the setting on for itself.
+    with pytest.raises(TransportSettingsError, match="operator only"):
+        merge_configs(TransportConfig(), TransportConfig.model_validate({"allow_work_item_endpoints": True}))
+    allowed = TransportConfig.model_validate({"allow_work_item_endpoints": True})
+    assert "x" in merge_configs(allowed, own).endpoints

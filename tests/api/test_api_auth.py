@@ -6,9 +6,16 @@ import httpx
 import pytest
 
 from crewwork.api.options import ApiOptions
+from crewwork.config import Settings
 from tests.api.conftest import LiveApi, Stack, task_item, wait_state
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+
+@pytest.fixture
+def api_settings(api_settings: Settings) -> Settings:
+    # The receivers here listen on loopback, which a webhook may reach only where the operator allows it.
+    return api_settings.model_copy(update={"outbound_allow_networks": "127.0.0.0/8"})
 
 
 async def test_missing_invalid_and_revoked_keys_are_401_with_a_problem(stack: Stack) -> None:

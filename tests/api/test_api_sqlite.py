@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.temporal]
 
 @pytest.fixture
 async def sqlite_stack(tmp_path: Path, temporal_server: DevServer, sqlite_url: str) -> AsyncIterator[Stack]:
-    settings = make_settings(tmp_path, temporal_server, sqlite_url)
+    settings = make_settings(tmp_path, temporal_server, sqlite_url, outbound_allow_networks="127.0.0.0/8")
     async with running_crew(settings, pools=("control", "agent")) as crew:
         alpha = await make_tenant(crew, "alpha")
         beta = await make_tenant(crew, "beta")

@@ -14,12 +14,19 @@ import pytest
 from sqlalchemy import select
 
 from crewwork.api.options import ApiOptions
+from crewwork.config import Settings
 from crewwork.store.outbox import DELIVERY_HEADER, SIGNATURE_HEADER, verify
 from crewwork.store.tables import Event, OutboxMessage
 from crewwork.temporal.devserver import free_port
 from tests.api.conftest import LiveApi, Stack, task_item, wait_state
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+
+@pytest.fixture
+def api_settings(api_settings: Settings) -> Settings:
+    # The receivers here listen on loopback, which a webhook may reach only where the operator allows it.
+    return api_settings.model_copy(update={"outbound_allow_networks": "127.0.0.0/8"})
 
 
 class Receiver:

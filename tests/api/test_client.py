@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from crewwork.client import ApiError, AsyncClient, Client, WaitTimeout, WebhookVerificationError, verify_webhook
+from crewwork.config import Settings
 from crewwork.demo import RIGHT
 from crewwork.temporal.devserver import free_port
 from tests.api.conftest import Stack, task_item
@@ -21,6 +22,12 @@ from tests.api.test_api_webhooks import Receiver
 from tests.integration.test_lifecycle import code_change
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+
+@pytest.fixture
+def api_settings(api_settings: Settings) -> Settings:
+    # The receivers here listen on loopback, which a webhook may reach only where the operator allows it.
+    return api_settings.model_copy(update={"outbound_allow_networks": "127.0.0.0/8"})
 
 
 def test_the_client_imports_neither_temporalio_nor_sqlalchemy() -> None:

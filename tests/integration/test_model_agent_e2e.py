@@ -29,7 +29,10 @@ FIX = "The sign is wrong.\n\ncalc.py\n<<<<<<< SEARCH\n    return a - b\n=======\
 def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
     # The operator allows work items to use this key variable; the worker has the key in its environment.
     monkeypatch.setenv("FAKE_PROVIDER_KEY", KEY)
-    monkeypatch.setenv("CREWWORK_MODEL_ENDPOINTS", json.dumps({"allowed_key_envs": ["FAKE_PROVIDER_KEY"]}))
+    monkeypatch.setenv(
+        "CREWWORK_MODEL_ENDPOINTS",
+        json.dumps({"allowed_key_envs": ["FAKE_PROVIDER_KEY"], "allow_work_item_endpoints": True}),
+    )
     with FakeOpenAIServer() as server:
         yield server
 

@@ -48,7 +48,10 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 @pytest.fixture
 def provider_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAIServer]:
     monkeypatch.setenv("FAKE_PROVIDER_KEY", KEY)
-    monkeypatch.setenv("CREWWORK_MODEL_ENDPOINTS", json.dumps({"allowed_key_envs": ["FAKE_PROVIDER_KEY"]}))
+    monkeypatch.setenv(
+        "CREWWORK_MODEL_ENDPOINTS",
+        json.dumps({"allowed_key_envs": ["FAKE_PROVIDER_KEY"], "allow_work_item_endpoints": True}),
+    )
     with FakeOpenAIServer() as server:
         yield server
 
@@ -66,7 +69,9 @@ async def test_one_submission_is_one_trace_from_the_api_through_temporal_to_the_
     exporter: InMemorySpanExporter,
     provider_server: FakeOpenAIServer,
 ) -> None:
-    settings: Settings = make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend)
+    settings: Settings = make_settings(
+        tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend, outbound_allow_networks="127.0.0.0/8"
+    )
     provider_server.enqueue(Reply.text("the answer is 42", prompt_tokens=12, completion_tokens=5))
     receiver = Receiver(free_port())
     receiver.start()

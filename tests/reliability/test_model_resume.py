@@ -39,7 +39,9 @@ async def test_worker_killed_between_model_calls_does_not_repeat_the_first(setti
         provider.enqueue(Reply.text(FIX, prompt_tokens=120, completion_tokens=20))
         env = {
             "FAKE_PROVIDER_KEY": KEY,
-            "CREWWORK_MODEL_ENDPOINTS": json.dumps({"allowed_key_envs": ["FAKE_PROVIDER_KEY"]}),
+            "CREWWORK_MODEL_ENDPOINTS": json.dumps(
+                {"allowed_key_envs": ["FAKE_PROVIDER_KEY"], "allow_work_item_endpoints": True}
+            ),
         }
         with pool_processes(settings, **env) as stack:
             async with submitter(settings) as crew:

@@ -136,7 +136,9 @@ async def test_a_model_agent_zombie_frozen_before_its_first_write_makes_no_model
     fix = "calc.py\n<<<<<<< SEARCH\n    return a - b\n=======\n    return a + b\n>>>>>>> REPLACE\n"
     env = {
         "FAKE_PROVIDER_KEY": "sk-zombie-0123456789abcdef",
-        "CREWWORK_MODEL_ENDPOINTS": json.dumps({"allowed_key_envs": ["FAKE_PROVIDER_KEY"]}),
+        "CREWWORK_MODEL_ENDPOINTS": json.dumps(
+            {"allowed_key_envs": ["FAKE_PROVIDER_KEY"], "allow_work_item_endpoints": True}
+        ),
     }
     for k, v in env.items():  # the healthy in-process agent worker reads them too
         monkeypatch.setenv(k, v)
