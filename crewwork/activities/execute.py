@@ -15,6 +15,7 @@ evidence is graded with a pure function.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -133,11 +134,25 @@ class ExecuteActivities:
         except REPO_ERRORS as exc:
             raise repo_failure(exc) from None
         if hold.stats.fetched:
-            await w.event(
+            fetched = await w.event(
                 "repository_fetched",
                 {"attempt": attempt, "cloned": hold.stats.cloned, "seconds": round(hold.stats.seconds, 3)},
             )
+            if fetched.stale:
+                # The item ended (or a later attempt wrote) while this one fetched: it must not make a workspace the
+                # item's cleanup has already been through.
+                hold.release()
+                raise w.stale(fetched, "fetching the repository")
         return hold
+
+    async def _forget_item_dir(self, w: AttemptWriter) -> None:
+        """Remove the item's (now empty) worktree directory if the item has ended: an attempt that outlived the
+        item's cleanup (it was cancelled while it made its workspace) must not leave it behind. Only once the item
+        has ended, so no other attempt can be creating a workspace in it."""
+        found = await self.store.current_rank(w.work_item_id)
+        if found is not None and WorkItemState(found[1]).terminal:
+            with contextlib.suppress(OSError):
+                (self.settings.resolved_worktree_dir() / w.work_item_id).rmdir()
 
     async def _save(self, work_item_id: str, tenant_id: str, name: str, data: bytes, ctype: str) -> ArtifactRef:
         if len(data) > self.settings.max_artifact_bytes:
@@ -328,6 +343,8 @@ class ExecuteActivities:
         finally:
             if ws is not None:
                 await ws.remove()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._forget_item_dir(w))
             if mirror is not None:
                 mirror.release()
 
@@ -566,6 +583,8 @@ class ExecuteActivities:
             return self._judge(inp, evidence, outcome_extra, sandbox_report=rep)
         finally:
             await ws.remove()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._forget_item_dir(w))
             mirror.release()
 
     def _judge(

@@ -191,11 +191,16 @@ class AgentProcesses:
         while self._idle:
             child = self._idle.pop()
             if child.alive():
-                await child.wait_ready()
-                return child
+                return await self._ready(child)
             child.close()
-        child = self._spawn()
-        await child.wait_ready()
+        return await self._ready(self._spawn())
+
+    async def _ready(self, child: AgentChild) -> AgentChild:
+        try:
+            await child.wait_ready()
+        except BaseException:  # cancelled while it started, or it never did: it belongs to no one, so it goes
+            await asyncio.shield(asyncio.to_thread(child.kill))
+            raise
         return child
 
     async def release(self, child: AgentChild, *, healthy: bool) -> None:
