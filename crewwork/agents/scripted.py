@@ -78,7 +78,7 @@ _STEP_KEYS = {
 }
 
 
-FAULT_KEYS = ("crash", "stall_s", "fail", "on_activity_attempt")
+FAULT_KEYS = ("crash", "stall_s", "block_s", "spin_s", "fail", "on_activity_attempt")
 """Test-only fault injection. Refused at submission (crewwork.policy) and ignored here unless the operator runs with
 CREWWORK_TEST_FAULTS (the worker passes it as `extra["test_faults"]`)."""
 

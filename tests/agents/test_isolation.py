@@ -23,6 +23,7 @@ def ctx(config: dict[str, Any], beats: list[Any] | None = None) -> AgentContext:
         kind=WorkItemKind.task,
         config=config,
         heartbeat=(lambda *d: beats.append(d)) if beats is not None else (lambda *d: None),
+        extra={"test_faults": True},  # as the worker passes CREWWORK_TEST_FAULTS (the faults are this test's tools)
     )
 
 

@@ -58,6 +58,8 @@ FAULTS: list[tuple[dict[str, Any], str]] = [
     ({"on_activity_attempt": "all", "output": {}}, "agent.config.on_activity_attempt"),
     ({"attempts": [{"output": {}}, {"crash": True}]}, "agent.config.attempts[1].crash"),
     ({"attempts": [{"stall_s": 5}]}, "agent.config.attempts[0].stall_s"),
+    ({"block_s": 600}, "agent.config.block_s"),
+    ({"attempts": [{"output": {}}, {"spin_s": 600}]}, "agent.config.attempts[1].spin_s"),
 ]
 
 
