@@ -81,6 +81,19 @@ async def http_handler(_req: Request, exc: Exception) -> JSONResponse:
 async def unhandled_handler(_req: Request, exc: Exception) -> JSONResponse:
     import logging
 
+    from sqlalchemy.exc import DBAPIError
+
+    from crewwork.store.engine import unavailable
+
+    if isinstance(exc, ConnectionError) or (isinstance(exc, DBAPIError) and unavailable(exc)):
+        # The store cannot be reached (restart, failover): nothing was done; the client may retry (with the same
+        # idempotency key, for a submission).
+        logging.getLogger("crewwork.api").warning("store unavailable: %s", exc)
+        return problem_response(
+            ProblemError(
+                503, "store_unavailable", "the store is unreachable; retry shortly", headers={"Retry-After": "2"}
+            )
+        )
     logging.getLogger("crewwork.api").exception("unhandled error: %s", exc)
     return problem_response(ProblemError(500, "internal_error", "an internal error occurred; it has been logged"))
 
@@ -98,5 +111,5 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _problem("Request body too large (payload_too_large)"),
     422: _problem("Invalid request (invalid_request, invalid_work_item)"),
     429: _problem("Rate limited (rate_limited); see Retry-After"),
-    503: _problem("Temporal unreachable (temporal_unavailable)"),
+    503: _problem("Temporal or the store unreachable (temporal_unavailable, store_unavailable); see Retry-After"),
 }
