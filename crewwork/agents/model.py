@@ -169,6 +169,13 @@ class ModelAgent(Agent):
             cfg = ModelAgentConfig.from_agent_config(config)
         except ValidationError as e:
             raise AgentConfigError(f"model agent config: {_brief(e)}") from None
+        # Endpoints a work item declares itself are an operator decision (off unless CREWWORK_MODEL_ENDPOINTS says
+        # allow_work_item_endpoints): refused here, at submission, not later at the worker. The API process reads
+        # the same CREWWORK_MODEL_ENDPOINTS as the agent pool (docs/agents.md).
+        try:
+            merge_configs(operator_config(), cfg.transport())
+        except TransportSettingsError as e:
+            raise AgentConfigError(f"model agent config: {e}") from None
         unknown = [n for names in cfg.routes.values() for n in names if n not in cfg.endpoints]
         # Routes may name operator endpoints, which only the agent worker knows; check names' shape only.
         for n in unknown:

@@ -162,3 +162,26 @@ async def test_the_scripted_agent_ignores_faults_unless_the_worker_runs_with_the
     ctx.extra["test_faults"] = True
     with pytest.raises(AgentInfraError):
         await ScriptedAgent().run(ctx)
+
+
+async def test_a_work_item_declaring_its_own_model_endpoint_is_422_unless_the_operator_allows_it(
+    strict: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker would POST wherever the tenant said (an internal service, with a header of the tenant's choosing).
+    item = {
+        "kind": "task",
+        "input": {"question": "hi"},
+        "agent": {
+            "name": "model",
+            "config": {
+                "endpoints": {"mine": {"base_url": "http://127.0.0.1:9/internal-service/", "model": "m"}},
+                "routes": {"chat": ["mine"]},
+            },
+        },
+    }
+    monkeypatch.delenv("CREWWORK_MODEL_ENDPOINTS", raising=False)
+    async with strict.client() as c:
+        r = await c.post("/v1/work-items", json=item)
+        assert r.status_code == 422, r.text
+        assert field_of(r) == "agent" and "allow_work_item_endpoints" in r.json()["detail"]
+        assert (await c.get("/v1/work-items")).json()["items"] == []
