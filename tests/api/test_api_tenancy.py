@@ -26,11 +26,19 @@ from starlette.routing import Mount
 
 from crewwork.api.app import create_app
 from crewwork.api.options import ApiOptions
+from crewwork.config import Settings
 from crewwork.store.tables import OutboxMessage
 from tests.api.conftest import LiveApi, Stack, make_tenant, task_item
 from tests.api.tenant_world import SHARED_IDEMPOTENCY_KEY, Owned, World, build_world, read_sse
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+
+@pytest.fixture
+def api_settings(api_settings: Settings) -> Settings:
+    # Both tenants register loopback webhooks, which the operator must allow (crewwork/outbound.py).
+    return api_settings.model_copy(update={"outbound_allow_networks": "127.0.0.0/8"})
+
 
 PUBLIC_PATHS = {
     "/",

@@ -36,8 +36,8 @@ def pool_env(settings: Settings) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    if settings.sandbox_backend:
-        env["CREWWORK_SANDBOX_BACKEND"] = settings.sandbox_backend
+    if settings.sandbox.backend:
+        env["CREWWORK_SANDBOX_BACKEND"] = settings.sandbox.backend
     return env
 
 

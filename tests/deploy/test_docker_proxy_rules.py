@@ -132,7 +132,7 @@ async def test_a_real_sandbox_run_through_the_proxy_rules_needs_nothing_they_ref
         from crewwork.sandbox import docker as docker_backend
 
         # The availability probe a pool runs before choosing the backend (uncached, through the forwarder).
-        ok, why = await asyncio.to_thread(docker_backend.DockerSandbox._probe)
+        ok, why = await asyncio.to_thread(docker_backend.DockerSandbox.available, settings)
         if not ok:
             pytest.skip(f"docker sandbox unavailable: {why}")
         sandbox = get_sandbox("docker", settings=settings)

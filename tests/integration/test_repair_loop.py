@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from crewwork.demo import RIGHT, WRONG
 from crewwork.models import ReviewDecision
+from crewwork.service import SubmissionRejected
 from crewwork.store.tables import Artifact
 from tests.conftest import Crew, make_repo, running_crew
 from tests.integration.test_lifecycle import VALIDATION, code_change, git
@@ -122,12 +123,11 @@ async def test_cost_budget_ends_the_item(crew: Crew, calc_repo: Path) -> None:
     assert len(result.attempts) == 2
 
 
-async def test_budget_above_operator_ceiling_is_not_admitted(crew: Crew, calc_repo: Path) -> None:
+async def test_budget_above_operator_ceiling_is_refused_at_submission(crew: Crew, calc_repo: Path) -> None:
     crew.settings.max_attempts_ceiling = 5
-    wid = await crew.submit(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], budget={"max_attempts": 50}))
-    result = await crew.result(wid)
-    assert result.state == "failed" and "allows at most 5" in result.reason, result.reason
-    assert result.attempts == []
+    with pytest.raises(SubmissionRejected, match="allows at most 5") as rejected:
+        await crew.submit(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], budget={"max_attempts": 50}))
+    assert rejected.value.field == "budget.max_attempts"
 
 
 async def test_review_comment_reaches_the_agent(crew: Crew, calc_repo: Path) -> None:

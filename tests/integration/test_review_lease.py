@@ -21,6 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 from crewwork.config import Settings
 from crewwork.demo import RIGHT
 from crewwork.models import ReviewDecision, WorkItemResult
+from crewwork.sandbox.config import SandboxSettings
 from crewwork.service import WorkItemService
 from crewwork.store.store import Store
 from crewwork.workers.pools import build_worker
@@ -45,7 +46,7 @@ async def test_workspace_lease_is_renewed_while_a_review_is_pending(
         data_dir=tmp_path,
         database_url=pg_url,
         task_queue_prefix=f"ts{uuid.uuid4().hex[:6]}",
-        sandbox_backend=sandbox_backend,
+        sandbox=SandboxSettings(backend=sandbox_backend),
     )
     store = Store(pg_url)
     try:

@@ -30,8 +30,8 @@ def pool_env(settings: Settings, **extra: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    if settings.sandbox_backend:
-        env["CREWWORK_SANDBOX_BACKEND"] = settings.sandbox_backend
+    if settings.sandbox.backend:
+        env["CREWWORK_SANDBOX_BACKEND"] = settings.sandbox.backend
     env.update(extra)
     return env
 
