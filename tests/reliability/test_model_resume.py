@@ -30,7 +30,9 @@ def settings(tmp_path: Path, temporal_server: Any, pg_url: str, sandbox_backend:
     return make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend)
 
 
-async def test_worker_killed_between_model_calls_does_not_repeat_the_first(settings: Any, tmp_path: Path) -> None:
+async def test_worker_killed_between_model_calls_does_not_repeat_the_first(
+    settings: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = calc(tmp_path / "resume")
     with FakeOpenAIServer() as provider:
         # Call 1 answers at once; call 2 hangs long enough for the worker to be killed while it waits.
@@ -43,6 +45,8 @@ async def test_worker_killed_between_model_calls_does_not_repeat_the_first(setti
                 {"allowed_key_envs": ["FAKE_PROVIDER_KEY"], "allow_work_item_endpoints": True}
             ),
         }
+        # The submitting side checks work-item endpoints against the same operator configuration as the pools.
+        monkeypatch.setenv("CREWWORK_MODEL_ENDPOINTS", env["CREWWORK_MODEL_ENDPOINTS"])
         with pool_processes(settings, **env) as stack:
             async with submitter(settings) as crew:
                 item = code_change(repo, {})
