@@ -52,6 +52,8 @@ class ManagedProcess:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     """Restarts in a row without a healthy run between them (the back-off index)."""
+    restarts_total: int = 0
+    """Every restart of this process since the stack started."""
     restart: bool = True
     started_at: float = 0.0
     """time.monotonic() of the last start."""
@@ -209,6 +211,7 @@ class Stack:
                     if self._stop.wait(delay):
                         return
                     p.restarts += 1
+                    p.restarts_total += 1
                     p.start()
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

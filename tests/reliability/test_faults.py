@@ -208,7 +208,7 @@ async def test_sigkilled_pool_process_is_restarted_and_the_item_completes(
 
             row = await terminal(crew, wid, timeout_s=150)
             assert row.state == "succeeded", row.reason
-            assert victim.restarts >= 1 and victim.proc.pid != killed_pid
+            assert victim.restarts_total >= 1 and victim.proc.pid != killed_pid
             # A killed agent process loses its step, which Temporal retries on the restarted one; a killed control
             # process loses nothing the agent was doing.
             assert await agent_tries(crew.store, wid) == ([1, 2] if pool == "agent" else [1])

@@ -599,7 +599,7 @@ def run_soak(
             "writes_after_terminal_rejected": a["after_terminal"],
             "double_landings": a["double_landings"],
             "recover_by_fault": a["recover"],
-            "pool_restarts": {p.name: p.restarts for p in stack.processes},
+            "pool_restarts": {p.name: p.restarts_total for p in stack.processes},
             "stuck": a.get("stuck", []),
             "dead_items": a["dead_items"],
         },
