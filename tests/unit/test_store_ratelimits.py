@@ -22,8 +22,9 @@ async def test_concurrent_charges_from_two_engines_take_exactly_the_burst(any_st
     refused = [c for c in charges if not c.allowed]
     assert len(allowed) == 5 and len(refused) == 15
     assert all(c.retry_after_s == 0 for c in allowed)
-    # The next token is a whole interval (100 s) away, less what has elapsed; refused charges do not push it further.
-    assert all(90 < c.retry_after_s <= 100 for c in refused)
+    # The next token is a whole interval (100 s) away, less what has elapsed (20 contended SQLite writers on a loaded
+    # machine can take many seconds); refused charges never push it further than the interval.
+    assert all(60 < c.retry_after_s <= 100 for c in refused), [c.retry_after_s for c in refused]
 
 
 async def test_a_bucket_refills_at_its_rate(any_store: Store) -> None:
