@@ -84,6 +84,11 @@ class Settings(BaseSettings):
         "tenant may register local repositories. A tenant not listed gets CREWWORK_REPO_ROOTS, and none at all "
         "when this is set and CREWWORK_REPO_ROOTS is empty. Paths are resolved (symlinks, /proc) before the check.",
     )
+    max_repositories_per_tenant: int = Field(
+        default=200,
+        ge=1,
+        description="Repositories one tenant may register (each is a row and a remote check); more is a 409.",
+    )
     auto_register_repos: bool = Field(
         default=False,
         description="Register a repository for the submitting tenant on first use when its work item names an "

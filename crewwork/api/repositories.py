@@ -20,6 +20,7 @@ from crewwork.repos.tenancy import (
     Registration,
     RegistrationRejected,
     RepositoryRegistry,
+    TooManyRepositories,
     not_found_by_id,
     repository_view,
 )
@@ -139,6 +140,8 @@ async def create(
             str(exc),
             errors=[{"field": "url", "message": str(exc), "id": exc.existing.id}],
         ) from exc
+    except TooManyRepositories as exc:
+        raise ProblemError(409, "too_many_repositories", str(exc)) from exc
     except RepoPolicyError as exc:
         field = exc.field if isinstance(exc, RegistrationRejected) else "url"
         raise ProblemError(422, "invalid_repository", str(exc), errors=[{"field": field, "message": str(exc)}]) from exc

@@ -26,6 +26,10 @@ from crewwork.store.tables import Repository
 PSEUDO_FS = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
+class TooManyRepositories(RepoPolicyError):
+    """The tenant has registered as many repositories as the operator allows (CREWWORK_MAX_REPOSITORIES_PER_TENANT)."""
+
+
 class RegistrationRejected(RepoPolicyError):
     """A registration the operator's policy refuses; `field` names the part of it."""
 
@@ -88,6 +92,9 @@ class RepositoryRegistry:
         from crewwork.repos.credentials import CredentialError
         from crewwork.repos.environment import EnvironmentRejected, check_environment
 
+        cap = self.settings.max_repositories_per_tenant
+        if await self.store.count_repositories(tenant_id) >= cap:
+            raise TooManyRepositories(f"a tenant may register at most {cap} repositories; remove one first")
         url = await self.normalise(reg.url, tenant_id, must_exist=True)
         if reg.credential is not None:
             if url.is_local:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 
 from crewwork.ids import new_id
@@ -76,6 +76,11 @@ class RepositoryStore(Database):
                 q = q.where(Repository.tenant_id == tenant_id)
             q = q.order_by(Repository.created_at, Repository.id).limit(limit)
             return list((await s.scalars(q)).all())
+
+    async def count_repositories(self, tenant_id: str) -> int:
+        async with self.session() as s:
+            q = select(func.count()).select_from(Repository).where(Repository.tenant_id == tenant_id)
+            return int((await s.execute(q)).scalar_one())
 
     async def delete_repository(self, repository_id: str, tenant_id: str | None) -> bool:
         """Unregister. Work items already submitted keep running on the URL they were admitted with."""

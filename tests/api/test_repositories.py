@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from crewwork.config import Settings
@@ -322,3 +323,27 @@ async def test_cli_repos_add_list_remove_and_an_operator_acting_for_a_tenant(ten
     assert rc == 0, err
     rc, rows, err = await asyncio.to_thread(_cli, t, t.stack.alpha, "repos", "list")
     assert rc == 0 and rows == [], err
+
+
+async def test_a_tenant_registers_at_most_the_operators_number_of_repositories(tenancy: Tenancy) -> None:
+    t = tenancy
+    api = LiveApi(t.stack.api.settings.model_copy(update={"max_repositories_per_tenant": 2})).start()
+    try:
+        repos = [make_repo(t.roots.alpha / f"r{i}", CALC) for i in range(3)]
+        headers = {"Authorization": f"Bearer {t.stack.alpha.key}"}
+        async with httpx.AsyncClient(base_url=api.url, headers=headers, timeout=30) as c:
+            first = [await c.post("/v1/repositories", json={"url": str(r)}) for r in repos[:2]]
+            assert [r.status_code for r in first] == [201, 201]
+            over = await c.post("/v1/repositories", json={"url": str(repos[2])})
+            assert over.status_code == 409 and over.json()["code"] == "too_many_repositories", over.text
+            assert len((await c.get("/v1/repositories")).json()["items"]) == 2
+            assert (await c.delete(f"/v1/repositories/{first[0].json()['id']}")).status_code == 204
+            assert (await c.post("/v1/repositories", json={"url": str(repos[2])})).status_code == 201
+        # The cap is per tenant: beta's first registration is not refused for alpha's.
+        beta_repo = make_repo(t.roots.beta / "b", CALC)
+        async with httpx.AsyncClient(
+            base_url=api.url, headers={"Authorization": f"Bearer {t.stack.beta.key}"}, timeout=30
+        ) as c:
+            assert (await c.post("/v1/repositories", json={"url": str(beta_repo)})).status_code == 201
+    finally:
+        api.stop()
