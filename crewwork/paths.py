@@ -72,6 +72,25 @@ def _parts(raw: object, what: str) -> tuple[str, ...]:
     return parts
 
 
+def _parsed_str_schema(cls: Any) -> core_schema.CoreSchema:
+    """A pydantic schema for a str subclass built by `cls.parse` (a refusal is a validation error), serialised as a
+    plain string, at most MAX_PATH_BYTES long in the JSON schema."""
+
+    def validate(value: object) -> Any:
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls.parse(value)
+        except PathRefused as exc:
+            raise ValueError(str(exc)) from None
+
+    return core_schema.no_info_plain_validator_function(
+        validate,
+        json_schema_input_schema=core_schema.str_schema(max_length=MAX_PATH_BYTES),
+        serialization=core_schema.plain_serializer_function_ser_schema(str),
+    )
+
+
 class RelPath(str):
     """A normalised path inside a repository, outside ``.git`` and outside the platform directory."""
 
@@ -99,19 +118,7 @@ class RelPath(str):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, _source: Any, _handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        def validate(value: object) -> RelPath:
-            if isinstance(value, cls):
-                return value
-            try:
-                return cls.parse(value)
-            except PathRefused as exc:
-                raise ValueError(str(exc)) from None
-
-        return core_schema.no_info_plain_validator_function(
-            validate,
-            json_schema_input_schema=core_schema.str_schema(max_length=MAX_PATH_BYTES),
-            serialization=core_schema.plain_serializer_function_ser_schema(str),
-        )
+        return _parsed_str_schema(cls)
 
 
 class ReportPath(RelPath):
@@ -147,19 +154,7 @@ class PathPattern(str):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, _source: Any, _handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        def validate(value: object) -> PathPattern:
-            if isinstance(value, cls):
-                return value
-            try:
-                return cls.parse(value)
-            except PathRefused as exc:
-                raise ValueError(str(exc)) from None
-
-        return core_schema.no_info_plain_validator_function(
-            validate,
-            json_schema_input_schema=core_schema.str_schema(max_length=MAX_PATH_BYTES),
-            serialization=core_schema.plain_serializer_function_ser_schema(str),
-        )
+        return _parsed_str_schema(cls)
 
 
 def refused_component(path: bytes) -> str | None:
