@@ -88,8 +88,10 @@ class StoreProjections(Collector):
                 return
             try:
                 counts = await self.store.store_counts()
-            except Exception as exc:  # a failing projection must not break the scrape: the last snapshot stays
+            except Exception as exc:  # a failing projection must not break the scrape: the last snapshot stays,
+                # and the next try waits the same interval (a store that is down is not asked on every scrape)
                 log.warning("store projections for /metrics failed: %s", exc)
+                self._taken = time.monotonic()
                 return
             with self._read:
                 self._snapshot, self._taken = counts, time.monotonic()

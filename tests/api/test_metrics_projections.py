@@ -12,6 +12,16 @@ from crewwork.observability.metrics import StoreProjections
 from crewwork.store.store import Store
 
 
+class CountingStore(Store):
+    """A real store that counts how often the projections ask it."""
+
+    calls = 0
+
+    async def store_counts(self):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return await super().store_counts()
+
+
 def _count_selects(store: Store) -> list[str]:
     seen: list[str] = []
 
@@ -56,14 +66,20 @@ async def test_a_failing_store_keeps_the_last_snapshot(pg_url: str) -> None:
     await projections.refresh()
     before = generate_latest(registry).decode()
     await store.close()
-    broken = Store(make_url(pg_url).set(port=1).render_as_string(hide_password=False))  # nothing listens there
+    broken = CountingStore(make_url(pg_url).set(port=1).render_as_string(hide_password=False))  # nothing listens
     projections.store = broken
     await projections.refresh()  # logs and keeps the last snapshot
     assert generate_latest(registry).decode() == before
+    tries = broken.calls
+    projections.refresh_s = 3600
+    await projections.refresh()  # a failed try counts as the interval's: no retry on every scrape
+    assert broken.calls == tries == 1
     await broken.close()
 
 
-def test_nothing_is_exported_before_the_first_snapshot(sqlite_url: str) -> None:
+async def test_nothing_is_exported_before_the_first_snapshot(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
     registry = CollectorRegistry()
-    registry.register(StoreProjections(Store(sqlite_url), refresh_s=60))
+    registry.register(StoreProjections(store, refresh_s=60))
     assert "crewwork_work_items" not in generate_latest(registry).decode()
+    await store.close()
