@@ -4,6 +4,7 @@ admission transaction each)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,16 @@ async def test_one_free_place_wakes_one_queued_item_first_come_first_served(
             "input": {},
             "agent": {"name": "scripted", "config": {"output": {"ok": True}, "delay_s": 0.5}},
         }
-        ids = [await crew.submit(spec) for _ in range(5)]
+        ids = []
+        for _ in range(5):
+            # Each item asks for admission before the next is submitted: two back-to-back submissions may otherwise
+            # reach admission in either order (their first workflow tasks race), and the queue is first come first
+            # served among the items that asked.
+            ids.append(await crew.submit(spec))
+            for _poll in range(200):
+                if any(e.type == "state_changed" for e in await crew.store.list_events(ids[-1])):
+                    break
+                await asyncio.sleep(0.05)
         for wid in ids:
             assert (await crew.result(wid)).state == "succeeded"
         signals = 0
