@@ -40,12 +40,25 @@ class Settings(BaseSettings):
             "Default: sqlite+aiosqlite in the data directory."
         ),
     )
-    db_pool_size: int = Field(default=10, ge=1, description="Connections kept per process (PostgreSQL).")
+    db_pool_size: int = Field(
+        default=20,
+        ge=1,
+        description=(
+            "The most PostgreSQL connections one process holds: opened as needed, then kept (a transaction waits for "
+            "a free one, up to 30 s, rather than opening and closing an extra connection)."
+        ),
+    )
     store_unavailable_wait_s: float = Field(
         default=60.0,
         ge=0,
         description="Worker pools: how long a store call waits for PostgreSQL to accept connections again (restart, "
         "failover) before failing into its activity's retry policy. 0: fail at once.",
+    )
+    store_server_writes: bool = Field(
+        default=True,
+        description="PostgreSQL: each fenced write is one call of the server-side function crewwork_fenced_write "
+        "(migration 0008), one round trip instead of one per statement. false: the Python path (what SQLite always "
+        "runs; the same statements in the same order), for comparison.",
     )
     temporal_address: str = Field(default="127.0.0.1:7233", description="host:port of the Temporal frontend.")
     temporal_namespace: str = Field(default="default", description="Temporal namespace.")
@@ -82,7 +95,9 @@ class Settings(BaseSettings):
         default={},
         description="Repository roots per tenant (JSON: tenant name or id -> directories): the only places that "
         "tenant may register local repositories. A tenant not listed gets CREWWORK_REPO_ROOTS, and none at all "
-        "when this is set and CREWWORK_REPO_ROOTS is empty. Paths are resolved (symlinks, /proc) before the check.",
+        "when this is set and CREWWORK_REPO_ROOTS is empty. Paths are resolved (symlinks, /proc) before the check, "
+        "and a repository whose git directory sends git elsewhere (alternates, a `gitdir:`/`commondir` redirect, a "
+        "symlink out of it) is refused (docs/repositories.md).",
     )
     max_repositories_per_tenant: int = Field(
         default=200,
@@ -213,12 +228,20 @@ class Settings(BaseSettings):
         default="",
         description="Comma-separated CIDRs a tenant-named URL (a webhook) may reach although they are not public "
         "(loopback, private, link-local, ...); empty: public addresses only. Checked at registration and at "
-        "every delivery, connecting to the checked address (docs/security.md).",
+        'every delivery, connecting to the checked address (docs/operations.md, "Outbound requests").',
     )
     # ---------------------------------------------------------------- repositories (docs/repositories.md)
     repo_schemes: str = Field(
         default="https,http,ssh,git,file",
         description="Comma-separated URL schemes submissions may use for repo.url (`file` covers local paths).",
+    )
+    repo_allow_networks: str = Field(
+        default="",
+        description="Comma-separated CIDRs a repository remote (https, http, ssh, git) may be reached at although "
+        "they are not public (loopback, private, link-local, ...); empty: public addresses only. Checked at "
+        "registration, at submission and before every fetch, ls-remote and push, connecting to the checked address "
+        '(docs/repositories.md, "Addresses"). Separate from CREWWORK_OUTBOUND_ALLOW_NETWORKS: allowing an internal '
+        "git server should not let webhooks reach it. Local paths are governed by the repository roots instead.",
     )
     repo_check_timeout_s: float = Field(
         default=20.0, gt=0, description="Timeout of the submission-time check that the remote and its ref exist."
@@ -303,7 +326,7 @@ class Settings(BaseSettings):
     def resolved_worktree_dir(self) -> Path:
         return (self.worktree_dir or self.data_dir / "worktrees").resolve()
 
-    @field_validator("outbound_allow_networks")
+    @field_validator("outbound_allow_networks", "repo_allow_networks")
     @classmethod
     def _networks(cls, v: str) -> str:
         from crewwork.outbound import parse_networks

@@ -15,7 +15,7 @@ from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.models import EnvironmentSpec, _check_ref_name
 from crewwork.paths import PathPattern
-from crewwork.repos.service import RepoPolicyError
+from crewwork.repos.service import RepoAddressRefused, RepoPolicyError
 from crewwork.repos.tenancy import (
     Registration,
     RegistrationRejected,
@@ -111,8 +111,11 @@ TenantQuery = Annotated[
     response_model=RepositoryView,
     summary="Register a repository for the tenant",
     description="Checked before it is stored: allowed scheme, a local path resolved and under the tenant's "
-    "repository roots, the credential scoped to it and available to the tenant, the remote reachable with the "
-    "default ref. 409 `repository_exists` if the tenant already registered the URL.",
+    "repository roots with a git directory that sends git nowhere else (no alternates, `gitdir:`/`commondir` "
+    "redirect or symlink out of it; else 422 `invalid_repository` naming the entry), a remote's host at an address the operator allows (public, or in "
+    "CREWWORK_REPO_ALLOW_NETWORKS; else 422 `url_not_allowed`), the credential scoped to it and available to the "
+    "tenant, the remote reachable with the default ref. 409 `repository_exists` if the tenant already registered "
+    "the URL.",
 )
 async def create(
     request: Request,
@@ -142,6 +145,9 @@ async def create(
         ) from exc
     except TooManyRepositories as exc:
         raise ProblemError(409, "too_many_repositories", str(exc)) from exc
+    except RepoAddressRefused as exc:
+        # Before anything is stored or any git process runs (crewwork.repos.address).
+        raise ProblemError(422, "url_not_allowed", str(exc), errors=[{"field": "url", "message": str(exc)}]) from exc
     except RepoPolicyError as exc:
         field = exc.field if isinstance(exc, RegistrationRejected) else "url"
         raise ProblemError(422, "invalid_repository", str(exc), errors=[{"field": field, "message": str(exc)}]) from exc

@@ -25,17 +25,9 @@ from crewwork.repos.urls import RepoURL, redact_url
 
 # Environment variables host git may inherit from the worker; everything else is dropped (GIT_TRACE_CURL would
 # log headers, GIT_SSH/GIT_ASKPASS/SSH_AUTH_SOCK would bring the operator's own identity, GIT_DIR would redirect).
-_INHERIT = (
-    "PATH",
-    "TMPDIR",
-    "SYSTEMROOT",
-    "http_proxy",
-    "https_proxy",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "no_proxy",
-    "NO_PROXY",
-)
+# No proxy variables (http_proxy, HTTPS_PROXY, ALL_PROXY, no_proxy): a proxy resolves and connects on its own, so
+# the address crewwork checked and pinned (crewwork.repos.address) would not be the one connected to.
+_INHERIT = ("PATH", "TMPDIR", "SYSTEMROOT")
 _EMPTY_HOME = Path(tempfile.gettempdir()) / "crewwork-git-home"
 
 IDENTITY = {
@@ -74,6 +66,23 @@ class PushRejected(RemoteError):
     """The remote refused a push (compare-and-swap lost, hook or protection rule); carries its message."""
 
 
+class LocalRepositoryRefused(RemoteError):
+    """A local repository makes git read outside its own git directory (alternates, a `gitdir:` or `commondir`
+    redirect, a symlink out of it: crewwork.repos.local). Nothing was run in it. Not retried: it is policy."""
+
+
+class RemoteAddressRefused(RemoteError):
+    """The remote's host is, or resolves to, an address the operator does not let host git connect to (loopback,
+    private, link-local, ...; CREWWORK_REPO_ALLOW_NETWORKS). Nothing was sent to it. Not retried: it is policy."""
+
+
+# Without an ssh credential: no config, no agent, and no host is known, so every ssh server is refused.
+DEFAULT_SSH_COMMAND = (
+    "ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes "
+    "-o UserKnownHostsFile=/dev/null -o GlobalKnownHostsFile=/dev/null"
+)
+
+
 @dataclass
 class GitOutput:
     code: int
@@ -94,8 +103,9 @@ def git_env(auth: GitAuth | None = None, extra: Mapping[str, str] | None = None)
             "GIT_ASKPASS": "/bin/false",
             "SSH_ASKPASS": "/bin/false",
             "GIT_PROTOCOL_FROM_USER": "0",
-            "GIT_SSH_COMMAND": "ssh -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes "
-            "-o UserKnownHostsFile=/dev/null -o GlobalKnownHostsFile=/dev/null",
+            # No on-demand fetch from a repository's promisor remote (a local repository's config names it).
+            "GIT_NO_LAZY_FETCH": "1",
+            "GIT_SSH_COMMAND": DEFAULT_SSH_COMMAND,
             "LC_ALL": "C",
             **IDENTITY,
         }
@@ -150,12 +160,18 @@ async def run_git(
     fsck: bool = True,
     env: Mapping[str, str] | None = None,
     git_dir: Path | None = None,
+    config: Sequence[str] = (),
+    pass_fds: Sequence[int] = (),
+    wrap: Sequence[str] = (),
 ) -> GitOutput:
-    """Run git with the hardening options (on `git_dir` when given); output is returned redacted. Never raises for
-    a non-zero exit."""
+    """Run git with the hardening options (on `git_dir` when given) and `config` (more `key=value` settings, given
+    as `-c`), started through `wrap` (a confinement's argv) with `pass_fds` inherited; output is returned redacted.
+    Never raises for a non-zero exit."""
     proc = await asyncio.create_subprocess_exec(
+        *wrap,
         "git",
         *hardening(scheme, fsck=fsck),
+        *(arg for kv in config for arg in ("-c", kv)),
         *([f"--git-dir={git_dir}"] if git_dir is not None else []),
         *args,
         cwd=str(cwd),
@@ -164,6 +180,7 @@ async def run_git(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        pass_fds=tuple(pass_fds),
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(input_bytes), timeout_s)

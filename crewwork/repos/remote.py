@@ -1,6 +1,8 @@
 """Talking to one remote: list refs, resolve a ref, fetch into a mirror, push a branch with compare-and-swap.
 
-A `Remote` is a parsed URL plus the `GitAuth` the operator's credentials give it. Nothing here keeps state.
+A `Remote` is a parsed URL plus the `GitAuth` the operator's credentials give it and the address policy its host
+must pass (`crewwork.repos.address`): every command here checks the host again and pins git to the checked
+address. Nothing here keeps state.
 """
 
 from __future__ import annotations
@@ -8,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crewwork.repos.address import RemoteAddressPolicy, pinned_invocation
 from crewwork.repos.credentials import GitAuth
 from crewwork.repos.git import (
     GitOutput,
+    LocalRepositoryRefused,
     PushRejected,
     RemoteError,
     RemoteNotFound,
@@ -19,6 +23,7 @@ from crewwork.repos.git import (
     protocol_of,
     run_git,
 )
+from crewwork.repos.local import Confined, UnsafeLocalRepository, local_git_dir, local_server
 from crewwork.repos.urls import RepoURL
 
 HEADS_AND_TAGS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
@@ -30,30 +35,58 @@ class Remote:
     auth: GitAuth = field(default_factory=GitAuth)
     timeout_s: float = 600.0
     fsck: bool = True
+    address: RemoteAddressPolicy = field(default_factory=RemoteAddressPolicy)
+    """Where the host may be reached: public addresses only unless the operator's allowlist says otherwise."""
 
     @property
     def name(self) -> str:
         """How messages name the remote (normalised, credential-free)."""
         return self.url.url
 
-    def _push_args(self) -> list[str]:
-        if self.url.is_local:
-            # A local repository's own hooks must not run on the host (`receive-pack` would run them).
-            return ["--receive-pack=git -c core.hooksPath=/dev/null receive-pack"]
-        return []
+    def _local(self, args: tuple[str, ...]) -> tuple[tuple[str, ...], Confined | None]:
+        """`args` for a local repository: its URL replaced by its checked git directory (crewwork.repos.local,
+        checked again now: the tenant may have changed it since the submission), and the git server command that
+        runs in it (upload-pack, receive-pack) started with the repository's config switched off where it could
+        make the host run something (its hooks, fsmonitor, filters of a work-tree update), confined to the git
+        directory where the host can."""
+        try:
+            git_dir = local_git_dir(self.url.local_path)
+            args = tuple(str(git_dir) if a == self.url.url else a for a in args)
+            name = {"fetch": "upload-pack", "ls-remote": "upload-pack", "push": "receive-pack"}.get(args[0])
+            if name is None:
+                return args, None
+            command, confined = local_server(name, git_dir, writable=name == "receive-pack")
+        except UnsafeLocalRepository as exc:
+            raise LocalRepositoryRefused(f"repository {self.name}: {exc}", self.name) from None
+        return (args[0], f"--{name}={command}", *args[1:]), confined
 
     async def git(
         self, *args: str, cwd: Path | str, timeout_s: float | None = None, git_dir: Path | None = None
     ) -> GitOutput:
-        return await run_git(
-            args,
-            cwd=cwd,
-            git_dir=git_dir,
-            auth=self.auth,
-            scheme=protocol_of(self.url),
-            timeout_s=timeout_s or self.timeout_s,
-            fsck=self.fsck,
-        )
+        """Run a git command that talks to this remote (its URL among `args` as `self.url.url`). The host is checked
+        first, each time (RemoteAddressRefused, before any process starts), and git connects to the checked
+        address only. A local repository is checked again, each time, and git is given its git directory."""
+        confined = None
+        if self.url.is_local:
+            args, confined = self._local(args)
+        try:
+            pin = await self.address.pin(self.url)
+            argv, config, env = pinned_invocation(pin, self.url, self.auth, args)
+            return await run_git(
+                argv,
+                cwd=cwd,
+                git_dir=git_dir,
+                auth=self.auth,
+                scheme=protocol_of(self.url),
+                timeout_s=timeout_s or self.timeout_s,
+                fsck=self.fsck,
+                config=config,
+                env=env,
+                pass_fds=confined.fds if confined is not None else (),
+            )
+        finally:
+            if confined is not None:
+                confined.close()
 
     async def ls_remote(self, *patterns: str, cwd: Path | str = "/", timeout_s: float | None = None) -> dict[str, str]:
         """ref -> object id of the remote's refs matching `patterns` (all refs when none)."""
@@ -104,7 +137,6 @@ class Remote:
             "push",
             "--porcelain",
             "--no-verify",
-            *self._push_args(),
             lease,
             "--",
             self.url.url,

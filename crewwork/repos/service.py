@@ -14,9 +14,12 @@ from crewwork.activities.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.config import Settings
 from crewwork.forge.github import PullRequest
 from crewwork.models import PullRequestSpec
+from crewwork.outbound import Resolver
+from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.repos.credentials import CredentialError, Credentials, GitAuth, read_secret
-from crewwork.repos.git import RemoteError, RemoteNotFound, is_sha, run_git
+from crewwork.repos.git import RemoteAddressRefused, RemoteError, RemoteNotFound, is_sha, run_git
 from crewwork.repos.landing import Landed, land_by_push
+from crewwork.repos.local import UnsafeLocalRepository, confine, local_git_dir
 from crewwork.repos.mirror import MirrorCache, MirrorHold
 from crewwork.repos.remote import Remote
 from crewwork.repos.settings import ForgeConfig
@@ -36,9 +39,14 @@ class RepoPolicyError(ValueError):
     """A submitted repository or ref is unusable; the message is safe to show the submitter."""
 
 
+class RepoAddressRefused(RepoPolicyError):
+    """The repository's host is, or resolves to, an address the operator does not allow (CREWWORK_REPO_ALLOW_NETWORKS)."""
+
+
 class Repositories:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, resolver: Resolver | None = None) -> None:
         self.settings = settings
+        self.address = RemoteAddressPolicy.from_settings(settings, resolver)
         exposed = [settings.data_dir.resolve(), settings.resolved_worktree_dir(), settings.resolved_mirror_dir()]
         self.credentials = Credentials(settings.repo_credentials, known_hosts=settings.ssh_known_hosts, exposed=exposed)
 
@@ -82,6 +90,7 @@ class Repositories:
             auth=self.auth(url, tenant_id, credential),
             timeout_s=self.settings.git_timeout_s,
             fsck=self.settings.mirror_fsck,
+            address=self.address,
         )
 
     def auth(self, url: RepoURL, tenant_id: str | None = None, credential: str | None = None) -> GitAuth:
@@ -113,25 +122,36 @@ class Repositories:
         if url.is_local:
             return url, await self._resolve_local(url, ref)
         try:
+            # The address first, so a refused one is what the tenant is told (and is checked again, and pinned,
+            # by every git command the remote runs).
+            await self.address.pin(url)
             remote = self.remote(url, tenant_id, credential)
             return url, await remote.resolve(ref, timeout_s=self.settings.repo_check_timeout_s)
         except CredentialError as exc:
             raise RepoPolicyError(f"repository {url.url}: {exc}") from None
         except RemoteNotFound as exc:
             raise RepoPolicyError(f"repo.ref {ref!r} does not exist in {url.url} ({exc})") from None
+        except RemoteAddressRefused as exc:
+            raise RepoAddressRefused(str(exc)) from None
         except RemoteError as exc:
             raise RepoPolicyError(str(exc)) from None
 
     async def _resolve_local(self, url: RepoURL, ref: str) -> str:
-        from crewwork.gitops import GitError, git_dir_of
-
+        git_dir = checked_local_git_dir(url)
         try:
-            git_dir = git_dir_of(url.local_path)
-        except GitError as exc:
+            confined = confine(git_dir, writable=False)
+        except UnsafeLocalRepository as exc:
             raise RepoPolicyError(f"repository {url.url}: {exc}") from None
-        res = await run_git(
-            ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"], cwd="/", git_dir=git_dir
-        )
+        try:
+            res = await run_git(
+                ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
+                cwd="/",
+                git_dir=git_dir,
+                wrap=confined.argv,
+                pass_fds=confined.fds,
+            )
+        finally:
+            confined.close()
         sha = res.out.strip()
         if res.code != 0 or len(sha) not in (40, 64):
             raise RepoPolicyError(f"repo.ref {ref!r} does not exist in {url.url}")
@@ -240,6 +260,15 @@ class Repositories:
         except RepoURLError:
             return
         await self.mirrors.prune(url)
+
+
+def checked_local_git_dir(url: RepoURL) -> Path:
+    """The git directory of a local repository, once it is known to make git read nothing outside it
+    (crewwork.repos.local); RepoPolicyError naming the redirect otherwise."""
+    try:
+        return local_git_dir(url.local_path)
+    except UnsafeLocalRepository as exc:
+        raise RepoPolicyError(f"repository {url.url}: {exc}") from None
 
 
 def _branch_of(ref: str | None) -> str | None:

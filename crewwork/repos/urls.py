@@ -13,7 +13,8 @@ Accepted, and nothing else:
 
 Refused with a reason: credentials in the URL (any user info in http(s) URLs, a password anywhere; the message shows
 the URL redacted), query strings and fragments, control characters and whitespace, a host or path that starts with
-`-` (an option smuggled into ssh or git), transport helpers (`ext::`, `fd::`, `foo::url`) and every other scheme.
+`-` (an option smuggled into ssh or git), a path git would read into the host (`@[` anywhere, or a `%` left after
+decoding, which git decodes again), transport helpers (`ext::`, `fd::`, `foo::url`) and every other scheme.
 
 The normalised form is the repository's identity (mirror cache key, workspace lease key, stored `repo_url`) and
 is what host-side git is given; it never holds a secret.
@@ -21,6 +22,7 @@ is what host-side git is given; it never holds a secret.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +170,12 @@ def _parse_scheme_url(raw: str, shown: str, roots: list[Path] | None, must_exist
         user = _check_user(unquote(info), shown)
     host, port = _split_host_port(netloc, shown)
     path = unquote(parts.path)
+    if "%" in path:
+        # git decodes the %-escapes of ssh:// and git:// URLs again, after ours: `%2540%255B` would be `@[` to it.
+        raise RepoURLError(
+            f"repository URL {shown!r}: the path holds a '%' after decoding, which git would decode again (and "
+            "could read as the host)"
+        )
     if not path or path == "/":
         raise RepoURLError(f"repository URL {shown!r} names no repository path")
     path = _check_path(path, shown)
@@ -219,6 +227,14 @@ def _check_host(host: str, shown: str) -> str:
         raise RepoURLError(f"repository URL {shown!r}: the host must not start with '-'")
     if not (_HOST.match(host) or _IPV6.match(host)) or ".." in host:
         raise RepoURLError(f"repository URL {shown!r}: {host!r} is not a valid host name")
+    if host.startswith("["):
+        # Only an IPv6 address between brackets: git reads `[host:port]` in scp-style URLs as a host and a port.
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise RepoURLError(
+                f"repository URL {shown!r}: {host!r} is not a valid host (brackets hold an IPv6 address only)"
+            ) from None
     return host.lower()
 
 
@@ -231,6 +247,10 @@ def _check_user(user: str, shown: str) -> str:
 def _check_path(path: str, shown: str, *, absolute: bool = True) -> str:
     if _CONTROL.search(path) or "\\" in path:
         raise RepoURLError(f"repository URL {shown!r}: the path contains control characters or backslashes")
+    # git's URL parser reads past the host: it takes `@[...]` anywhere after the scheme as the host (an IPv6
+    # literal after a login), so git would dial a host that was never judged (crewwork.repos.address).
+    if "@[" in path:
+        raise RepoURLError(f"repository URL {shown!r}: '@[' in the path would be read by git as the host")
     segments = path.split("/")
     if any(s == ".." for s in segments):
         raise RepoURLError(f"repository URL {shown!r}: the path must not contain '..'")

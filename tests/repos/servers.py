@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from crewwork.outbound import parse_networks
+from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.temporal.devserver import free_port
+
+# The servers here listen on loopback, which the address policy refuses unless the operator allows it.
+LOOPBACK = RemoteAddressPolicy(parse_networks("127.0.0.0/8,::1/128"))
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",
@@ -49,15 +54,17 @@ def bare_from(work: Path, bare: Path) -> Path:
     return bare
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 20) -> None:
+def _wait_port(
+    port: int, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 20, host: str = "127.0.0.1"
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
             return
         time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+    raise RuntimeError(f"nothing listens on {host}:{port}")
 
 
 class GitDaemon:
@@ -119,10 +126,13 @@ class SmartHttp:
     password: str = ""
     port: int = field(default_factory=free_port)
     requests: list[HttpRequestLog] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    """The loopback address it listens on (`::1` for IPv6)."""
     _server: ThreadingHTTPServer | None = None
 
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{name}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/{name}"
 
     def __enter__(self) -> SmartHttp:
         backend = Path(subprocess.run(["git", "--exec-path"], capture_output=True, text=True).stdout.strip())
@@ -199,10 +209,17 @@ class SmartHttp:
             do_GET = _serve
             do_POST = _serve
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server_class = ThreadingHTTPServer
+        if ":" in self.host:
+
+            class V6(ThreadingHTTPServer):
+                address_family = socket.AF_INET6
+
+            server_class = V6
+        self._server = server_class((self.host, self.port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        _wait_port(self.port)
+        _wait_port(self.port, host=self.host)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -289,3 +306,35 @@ class Sshd:
 def all_servers(root: Path, logs: Path, password: str) -> Iterator[tuple[GitDaemon, SmartHttp]]:
     with GitDaemon(root, logs / "git-daemon.log") as daemon, SmartHttp(root, password=password) as http:
         yield daemon, http
+
+
+class Listener:
+    """A TCP port that accepts connections and counts them (and closes each at once): proof that nothing dialled
+    an address, or that something did."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.create_server((host, 0), family=family)
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def __enter__(self) -> Listener:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()

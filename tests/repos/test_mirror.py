@@ -14,13 +14,13 @@ from crewwork.repos.remote import Remote
 from crewwork.repos.urls import parse_repo_url
 from tests.conftest import make_repo
 from tests.repos.conftest import Served
-from tests.repos.servers import GitDaemon, bare_from, git
+from tests.repos.servers import LOOPBACK, GitDaemon, bare_from, git
 
 
 def _worker(root: str, url: str, commit: str, q: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     async def go() -> tuple[bool, str]:
         cache = MirrorCache(Path(root))
-        hold = await cache.hold(Remote(url=parse_repo_url(url)), commit)
+        hold = await cache.hold(Remote(address=LOOPBACK, url=parse_repo_url(url)), commit)
         try:
             return hold.stats.cloned, git(hold.gitdir, "rev-parse", f"{commit}^{{commit}}") + " " + str(hold.gitdir)
         finally:
@@ -58,7 +58,7 @@ async def test_fetches_only_when_the_wanted_commit_is_missing(
     daemon: GitDaemon, served: Served, tmp_path: Path
 ) -> None:
     cache = MirrorCache(tmp_path / "mirrors")
-    remote = Remote(url=parse_repo_url(daemon.url(served.name)))
+    remote = Remote(address=LOOPBACK, url=parse_repo_url(daemon.url(served.name)))
     first = git(served.bare, "rev-parse", "main")
     gitdir, stats = await cache.ensure(remote, first)
     assert stats.cloned
@@ -84,14 +84,14 @@ async def test_lru_eviction_keeps_the_bound_and_spares_mirrors_in_use(daemon: Gi
     cache = MirrorCache(tmp_path / "mirrors", max_bytes=10**9)
     gitdirs = []
     for i, url in enumerate(urls):
-        remote = Remote(url=parse_repo_url(url))
+        remote = Remote(address=LOOPBACK, url=parse_repo_url(url))
         gitdir, _ = await cache.ensure(remote, None)
         os.utime(gitdir / "crewwork-last-use", (time.time() - 1000 + i, time.time() - 1000 + i))
         gitdirs.append(gitdir)
     one = sum(size for _, _, size in cache.entries()) // 3
     # The oldest mirror ("a") is held (a workspace is reading it): eviction must skip it and take "b" instead.
     commit = git(gitdirs[0], "rev-parse", "HEAD")
-    hold = await cache.hold(Remote(url=parse_repo_url(urls[0])), commit)
+    hold = await cache.hold(Remote(address=LOOPBACK, url=parse_repo_url(urls[0])), commit)
     os.utime(gitdirs[0] / "crewwork-last-use", (time.time() - 2000, time.time() - 2000))
     cache.max_bytes = one * 2 + one // 2
     removed = cache.evict()

@@ -17,7 +17,7 @@ from crewwork.repos.settings import RepoCredential
 from crewwork.repos.urls import parse_repo_url
 from crewwork.temporal.devserver import free_port
 from tests.repos.conftest import Served
-from tests.repos.servers import GitDaemon, SmartHttp, Sshd, git
+from tests.repos.servers import LOOPBACK, GitDaemon, SmartHttp, Sshd, git
 
 RIGHT_DIFF = (
     "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
@@ -36,7 +36,7 @@ def _http_remote(smart_http: SmartHttp, secret_dir: Path, password: str, name: s
             )
         }
     )
-    return Remote(url=url, auth=creds.auth_for(url))
+    return Remote(address=LOOPBACK, url=url, auth=creds.auth_for(url))
 
 
 def _ssh_remote(sshd: Sshd, bare: Path) -> Remote:
@@ -49,7 +49,7 @@ def _ssh_remote(sshd: Sshd, bare: Path) -> Remote:
         },
         known_hosts=sshd.known_hosts,
     )
-    return Remote(url=url, auth=creds.auth_for(url))
+    return Remote(address=LOOPBACK, url=url, auth=creds.auth_for(url))
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ async def _roundtrip(remote: Remote, served: Served, cache: MirrorCache, tmp_pat
 async def test_git_daemon_fetch_and_push_with_cas(
     daemon: GitDaemon, served: Served, cache: MirrorCache, tmp_path: Path
 ):
-    await _roundtrip(Remote(url=parse_repo_url(daemon.url(served.name))), served, cache, tmp_path)
+    await _roundtrip(Remote(address=LOOPBACK, url=parse_repo_url(daemon.url(served.name))), served, cache, tmp_path)
 
 
 async def test_smart_http_with_basic_auth(
@@ -117,7 +117,7 @@ async def test_scp_style_url_reaches_the_same_repository(sshd: Sshd, served: Ser
     url = parse_repo_url(f"root@127.0.0.1:{served.bare}")
     assert url.scp
     remote = _ssh_remote(sshd, served.bare)
-    scp = Remote(url=url, auth=remote.auth)
+    scp = Remote(address=LOOPBACK, url=url, auth=remote.auth)
     # The port is not expressible in scp-style syntax: reach the test server through ssh's own -p.
     env = dict(scp.auth.env)
     env["GIT_SSH_COMMAND"] += f" -p {sshd.port}"
@@ -125,14 +125,14 @@ async def test_scp_style_url_reaches_the_same_repository(sshd: Sshd, served: Ser
     sshd.known_hosts.write_text(kh)
     from crewwork.repos.credentials import GitAuth
 
-    scp = Remote(url=url, auth=GitAuth(env=env, secrets=remote.auth.secrets))
+    scp = Remote(address=LOOPBACK, url=url, auth=GitAuth(env=env, secrets=remote.auth.secrets))
     assert await scp.resolve("main") == git(served.bare, "rev-parse", "main")
 
 
 async def test_concurrent_writer_is_detected_never_overwritten(
     daemon: GitDaemon, served: Served, cache: MirrorCache, tmp_path: Path
 ):
-    remote = Remote(url=parse_repo_url(daemon.url(served.name)))
+    remote = Remote(address=LOOPBACK, url=parse_repo_url(daemon.url(served.name)))
     main = git(served.bare, "rev-parse", "main")
     gitdir, _ = await cache.ensure(remote, main)
     # Someone else pushes the delivery branch between our look and our push: CAS against "absent" must lose.
@@ -167,7 +167,7 @@ async def test_concurrent_writer_is_detected_never_overwritten(
 
 async def test_unreachable_remote_is_a_retryable_error_naming_it(cache: MirrorCache):
     port = free_port()
-    remote = Remote(url=parse_repo_url(f"git://127.0.0.1:{port}/calc.git"), timeout_s=20)
+    remote = Remote(address=LOOPBACK, url=parse_repo_url(f"git://127.0.0.1:{port}/calc.git"), timeout_s=20)
     with pytest.raises(RemoteUnavailable, match=f"git://127.0.0.1:{port}/calc.git"):
         await remote.resolve("main")
     with pytest.raises(RemoteUnavailable):
@@ -176,12 +176,12 @@ async def test_unreachable_remote_is_a_retryable_error_naming_it(cache: MirrorCa
 
 
 async def test_missing_ref_and_missing_commit_are_not_found(daemon: GitDaemon, served: Served, cache: MirrorCache):
-    remote = Remote(url=parse_repo_url(daemon.url(served.name)))
+    remote = Remote(address=LOOPBACK, url=parse_repo_url(daemon.url(served.name)))
     with pytest.raises(RemoteNotFound, match="no-such-branch"):
         await remote.resolve("no-such-branch")
     with pytest.raises(RemoteNotFound, match="is not in"):
         await cache.ensure(remote, "b" * 40)
-    missing = Remote(url=parse_repo_url(daemon.url("acme/nope.git")))
+    missing = Remote(address=LOOPBACK, url=parse_repo_url(daemon.url("acme/nope.git")))
     with pytest.raises(RemoteNotFound):
         await missing.resolve("main")
 
@@ -194,7 +194,7 @@ async def test_bad_credential_is_access_denied_and_redacted(
     with pytest.raises(RemoteAccessDenied) as err:
         await remote.resolve("main")
     assert wrong not in str(err.value) and http_password not in str(err.value)
-    none = Remote(url=parse_repo_url(smart_http.url("acme/calc.git")))
+    none = Remote(address=LOOPBACK, url=parse_repo_url(smart_http.url("acme/calc.git")))
     with pytest.raises(RemoteAccessDenied):
         await none.resolve("main")
 

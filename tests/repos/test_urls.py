@@ -62,6 +62,8 @@ def test_accepted_urls_normalise(raw: str, normalised: str, scheme: str) -> None
         ("https://host/x\n.git", "control"),
         ("file://otherhost/x.git", "local path"),
         ("https://bad_host!/x.git", "not a valid host"),
+        ("git@host:x@[::1]:y.git", "read by git as the host"),
+        ("ssh://git@host/x%2540%255B10.0.0.1%255D/y.git", "decode again"),
     ],
 )
 def test_refused_urls_say_why(raw: str, why: str) -> None:

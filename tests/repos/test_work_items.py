@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from crewwork.demo import RIGHT, WRONG
@@ -151,8 +150,8 @@ async def test_work_item_over_smart_http_opens_a_pull_request_and_never_leaks_th
     succeeded = [d.payload for d in deliveries if d.payload.get("state") == "succeeded"]
     assert succeeded and succeeded[0]["pull_request_url"] == prs[0]["html_url"]
     assert succeeded[0]["delivery_branch"] == branch and succeeded[0]["landed_commit"] == result.landed_commit
-    with ApiServer(remote_crew.settings) as api:
-        view = httpx.get(f"{api.url}/v1/work-items/{wid}", headers={"Authorization": f"Bearer {key}"}).json()
+    async with ApiServer(remote_crew.settings) as api, api.client(key) as c:
+        view = (await c.get(f"/v1/work-items/{wid}")).json()
     assert view["pull_request_url"] == prs[0]["html_url"]
     # Every HTTP request to the git server carried the credential; nothing else did.
     assert any(r.authorization for r in smart_http.requests)
@@ -193,12 +192,8 @@ async def test_credentials_pasted_into_the_url_are_refused_and_never_echoed(
 ) -> None:
     _kid, key = await remote_crew.store.create_api_key("paster")
     pasted = smart_http.url(served.name).replace("http://", f"http://crew:{http_password}@")
-    with ApiServer(remote_crew.settings) as api:
-        r = httpx.post(
-            f"{api.url}/v1/work-items",
-            headers={"Authorization": f"Bearer {key}"},
-            json=item(pasted, [{"files": {"calc.py": RIGHT}}]),
-        )
+    async with ApiServer(remote_crew.settings) as api, api.client(key) as c:
+        r = await c.post("/v1/work-items", json=item(pasted, [{"files": {"calc.py": RIGHT}}]))
     assert r.status_code == 422, r.text
     assert http_password not in r.text and "credentials" in r.text
     assert "***@" in r.text, "the message shows the URL with its user info masked"
