@@ -160,8 +160,10 @@ async def run_git(
             t.cancel()
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
+        # Bounded: in CI this wait once never returned after the kill (the child's exit was not seen), and the
+        # capture hung until its test's timeout instead of raising; a killed git exits at once.
         with contextlib.suppress(BaseException):
-            await asyncio.shield(proc.wait())
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 10)
         raise
     raw = bytes(out)
     res = GitResult(proc.returncode or 0, raw.decode(errors="replace"), err.decode(errors="replace"), raw)

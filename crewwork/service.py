@@ -40,9 +40,10 @@ log = logging.getLogger("crewwork.service")
 class SubmissionRejected(ValueError):
     """The submission is invalid; nothing was stored and no workflow started."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(self, message: str, field: str | None = None, code: str = "invalid_work_item") -> None:
         super().__init__(message)
         self.field = field
+        self.code = code
 
 
 class ReviewRejected(ValueError):
@@ -102,7 +103,7 @@ class WorkItemService:
         """The tenant's registered repository exists and has the ref; its environment and pull request are allowed
         (crewwork.repos: docs/repositories.md)."""
         from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
-        from crewwork.repos.service import RepoPolicyError, Repositories
+        from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
         from crewwork.repos.tenancy import RepositoryRegistry
 
         assert spec.repo is not None
@@ -114,6 +115,8 @@ class WorkItemService:
             url, commit = await repos.check(
                 reg.url, ref, tenant_id, credential=reg.credential, roots=await registry.roots(tenant_id)
             )
+        except RepoAddressRefused as exc:
+            raise SubmissionRejected(str(exc), "repo", code="url_not_allowed") from exc
         except RepoPolicyError as exc:
             raise SubmissionRejected(str(exc), "repo") from exc
         try:

@@ -112,9 +112,7 @@ async def submit_spec(
         # Another tenant's repository is indistinguishable from a missing one.
         raise ProblemError(404, "not_found", str(exc)) from exc
     except SubmissionRejected as exc:
-        raise ProblemError(
-            422, "invalid_work_item", str(exc), errors=[{"field": exc.field or "", "message": str(exc)}]
-        ) from exc
+        raise ProblemError(422, exc.code, str(exc), errors=[{"field": exc.field or "", "message": str(exc)}]) from exc
     except IdempotencyConflict as exc:
         raise ProblemError(
             409,

@@ -10,8 +10,8 @@ which the server checks under its own ref lock. So:
   on the same parent, recognises it as its own, and returns it (idempotent; `created` is False);
 - the target branch and every other ref are never touched.
 
-Local repositories are just another remote (a path); their hooks do not run (`receive-pack` is started with
-`core.hooksPath=/dev/null`).
+Local repositories are just another remote (a path); nothing their config names runs (`receive-pack` is started
+with `crewwork.repos.local.LOCAL_SERVER_CONFIG`, confined to the git directory where the host can).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from crewwork.config import Settings
 from crewwork.models import EnvironmentSpec, RepoSpec
-from crewwork.repos.service import RepoPolicyError, Repositories
+from crewwork.repos.service import RepoPolicyError, Repositories, checked_local_git_dir
 from crewwork.repos.urls import RepoURL
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Store
@@ -76,12 +76,16 @@ class RepositoryRegistry:
 
     async def normalise(self, raw: str, tenant_id: str, *, must_exist: bool) -> RepoURL:
         """`raw` as the tenant may name it: an allowed scheme; a local path resolved (symlinks, `..`, `/proc`) and
-        inside the tenant's roots. RepoPolicyError otherwise."""
+        inside the tenant's roots, and (`must_exist`) a repository whose git directory sends git nowhere else
+        (crewwork.repos.local). RepoPolicyError otherwise."""
         if _through_pseudo_fs(raw):
             raise RepoPolicyError(f"repository {raw[:200]!r}: /proc, /sys and /dev paths are not repositories")
         url = self.repos.parse(raw, must_exist=must_exist, roots=await self.roots(tenant_id))
         if url.is_local and any(url.local_path.is_relative_to(p) for p in PSEUDO_FS):
             raise RepoPolicyError(f"repository {raw[:200]!r}: /proc, /sys and /dev paths are not repositories")
+        if url.is_local and must_exist:
+            # Its git directory must not send git elsewhere (alternates, gitdir:/commondir, symlinks out of it).
+            checked_local_git_dir(url)
         return url
 
     # ------------------------------------------------------------------ registration

@@ -299,6 +299,33 @@ async def test_filling_the_workspace_hits_its_disk_cap_not_the_hosts(
     assert free_before - shutil.disk_usage(tmp_path).free < 512 * 1024 * 1024
 
 
+async def test_setup_filling_its_prepared_environment_hits_the_prepare_disk_cap_not_the_hosts(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, backend: str, calc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from crewwork.sandbox.disk import loop_available
+
+    if not loop_available()[0]:
+        pytest.skip(f"loop images cannot be made here: {loop_available()[1]}")
+    monkeypatch.setenv("CREWWORK_SANDBOX_PREPARE_DISK_MB", "48")
+    fill = 'dd if=/dev/zero of="$CREWWORK_ENV/filler.bin" bs=64k count=16384'  # 1 GiB
+    validation = {**VALIDATION, "setup": [["sh", "-c", fill]]}
+    free_before = shutil.disk_usage(tmp_path).free
+    async with crew_on(tmp_path, temporal_server, pg_url, backend) as crew:
+        wid = await crew.submit(code_change(calc, scripted({"files": {"calc.py": RIGHT}}), validation))
+        result = await crew.result(wid, timeout_s=300)
+        prepared = crew.settings.data_dir / "prepared"
+        leftovers = [p.name for p in prepared.iterdir() if not p.name.endswith(".lock")] if prepared.exists() else []
+    v = result.attempts[0].validation
+    assert v is not None and v.sandbox is not None and v.sandbox.disk_limited, v
+    assert v.cause == "disk" and "CREWWORK_SANDBOX_PREPARE_DISK_MB" in v.reason, v
+    assert v.sandbox.workspace_disk == "loop-48m"
+    assert "CREWWORK_SANDBOX_PREPARE_DISK_MB" in v.sandbox.stderr_tail
+    assert free_before - shutil.disk_usage(tmp_path).free < 512 * 1024 * 1024
+    assert leftovers == []
+
+
 async def test_filling_tmp_hits_the_scratch_cap(
     tmp_path: Path, temporal_server: DevServer, pg_url: str, backend: str, calc: Path
 ) -> None:
