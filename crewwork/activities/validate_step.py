@@ -101,8 +101,11 @@ class ValidateStep(StepBase):
                     except EnvironmentRejected as exc:
                         raise bad_input(str(exc)) from exc
                     setup_limits = dataclasses.replace(limits, timeout_s=environment.setup_timeout_s)
+                cache = PreparedEnvCache(
+                    self.settings.data_dir.resolve() / "prepared", disk_mb=self.settings.sandbox.prepare_disk_cap_mb()
+                )
                 try:
-                    prepared = await PreparedEnvCache(self.settings.data_dir.resolve() / "prepared").get_or_prepare(
+                    prepared = await cache.get_or_prepare(
                         sandbox=sandbox,
                         repo=inp.repo_path,
                         base_commit=inp.base_commit,
@@ -120,7 +123,7 @@ class ValidateStep(StepBase):
                         exc.log or (setup.stdout + b"\n--- stderr ---\n" + setup.stderr),
                         "text/plain",
                     )
-                    setup_report = setup.report(4000)
+                    setup_report = setup.report(4000).model_copy(update={"workspace_disk": cache.disk_enforcement})
                     # The setup's own exit code says why; the test command never ran.
                     evidence = ValidationEvidence.from_sandbox(
                         setup_report.model_copy(update={"exit_code": None, "command_not_found": False}),

@@ -97,6 +97,12 @@ class SandboxSettings(BaseSettings):
     )
     disk_mb: int = Field(default=4096, gt=0, description="Default size of a workspace's disk, in MiB.")
     max_disk_mb: int = Field(default=65536, gt=0, description="Largest workspace disk a work item may request.")
+    prepare_disk_mb: int = Field(
+        default=8192,
+        gt=0,
+        description="Disk cap of one prepared environment (a repository's venv plus what its setup commands "
+        "write), in MiB: each entry is its own ext4 image while the workspace disk cap is on; off with it.",
+    )
     bwrap_stage_dir: Path = Field(
         default=Path("/run/crewwork/bwrap-stage"),
         description="Empty directory over which each bwrap run (as root) mounts its private staging tmpfs, so "
@@ -159,6 +165,11 @@ class SandboxSettings(BaseSettings):
             if not loop_available()[0]:
                 return None
         return limits.disk_mb
+
+    def prepare_disk_cap_mb(self) -> int | None:
+        """The disk size of a prepared environment entry, or None when workspace disk caps are off (`none`, or
+        `auto` where loop images cannot be made): both caps are the same mechanism, on or off together."""
+        return self.workspace_disk_mb(SandboxLimits(disk_mb=self.prepare_disk_mb))
 
 
 def resolve_limits(

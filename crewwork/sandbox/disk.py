@@ -126,6 +126,18 @@ async def unmount(path: Path) -> None:
             raise DiskError(f"could not unmount {path}: {out}")
 
 
+def unmount_blocking(path: Path) -> None:
+    """`unmount` for synchronous callers (lazily if something still holds it)."""
+    import subprocess
+
+    for argv in ([_tool("umount"), str(path)], [_tool("umount"), "-l", str(path)]):
+        if not is_mountpoint(path):
+            return
+        out = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if is_mountpoint(path):
+        raise DiskError(f"could not unmount {path}: {(out.stdout + out.stderr).strip()}")
+
+
 def _mountpoints() -> list[str]:
     out = []
     try:

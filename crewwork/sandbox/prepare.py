@@ -11,6 +11,14 @@ Invalidation is by construction: the key hashes the repository, the base commit 
 new commit or a changed setup is a different entry. `evict()` removes least-recently-used entries beyond
 a byte budget. Entries are built under a per-key file lock, so concurrent attempts on one host build once.
 
+Disk cap: setup commands are the tenant's, so with `disk_mb` set each entry is its own ext4 loop image
+(`<root>/.<key>.img`, sparse, see crewwork.sandbox.disk) mounted at the entry directory itself before anything is
+written (the venv's absolute paths stay valid) and kept mounted while the entry is cached. Filling it fails the
+setup with a reason naming the cap and CREWWORK_SANDBOX_PREPARE_DISK_MB; the host disk holds only the image.
+A failed or cancelled build, eviction, and a later build over a crashed worker's leftover unmount the entry and
+delete its image. After a reboot the mount is gone, the empty mountpoint has no READY marker, and the entry is
+rebuilt. For the LRU budget an imaged entry counts the blocks its image really holds on the host.
+
 A repository's environment (`SetupPlan`, from `EnvironmentSpec`) adds three things to a build:
 - `python`: first create a virtual environment `env/venv` from that interpreter (inside the sandbox); its `bin`
   leads PATH for the setup commands and for every later run, and PYTHONPATH is not set, so tests run with the
@@ -28,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -35,11 +44,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from crewwork.sandbox.base import Sandbox, SandboxLimits, SandboxRunResult
+from crewwork.sandbox.disk import WorkspaceDisk, is_mountpoint, unmount_blocking
 
 # Run with the environment's interpreter inside the sandbox: `python -m venv`, and where the interpreter has no
 # ensurepip (slimmed images, Debian's python3 without python3-venv) a venv without pip plus a copy of the
@@ -179,6 +189,7 @@ class PreparedEnv:
             "steps": self.meta.get("steps", []),
             "network": self.meta.get("network", []),
             "venv": bool(self.meta.get("venv")),
+            "disk": self.meta.get("disk", "none"),
         }
 
 
@@ -207,12 +218,43 @@ def _meta(entry: Path) -> dict[str, Any]:
 
 
 class PreparedEnvCache:
-    """Prepared environments on local disk, bounded by `max_bytes` with least-recently-used eviction."""
+    """Prepared environments on local disk, bounded by `max_bytes` with least-recently-used eviction; with
+    `disk_mb`, each entry is its own file system of that many MiB (None: no per-entry cap)."""
 
-    def __init__(self, root: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        *,
+        disk_mb: int | None = None,
+    ) -> None:
         self.root = Path(root).resolve()
         self.max_bytes = max_bytes
+        self.disk_mb = disk_mb
         self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def disk_enforcement(self) -> str:
+        return f"loop-{self.disk_mb}m" if self.disk_mb else "none"
+
+    def image(self, key: str) -> Path:
+        """Where the loop image of entry `key` lives (beside the entry, never inside what it mounts)."""
+        return self.root / f".{key}.img"
+
+    def _discard(self, key: str) -> None:
+        """Remove entry `key` whatever state it is in: unmount its image, delete the image and the directory."""
+        entry = self.root / key
+        if is_mountpoint(entry):
+            unmount_blocking(entry)
+        with contextlib.suppress(FileNotFoundError):
+            self.image(key).unlink()
+        shutil.rmtree(entry, ignore_errors=True)
+
+    def _disk_full(self, what: str) -> str:
+        return (
+            f"{what} filled the prepared environment's disk cap of {self.disk_mb} MiB "
+            "(raise CREWWORK_SANDBOX_PREPARE_DISK_MB, or make the setup write less)"
+        )
 
     def lookup(self, key: str) -> Path | None:
         entry = self.root / key
@@ -264,16 +306,28 @@ class PreparedEnvCache:
         plan: SetupPlan,
     ) -> list[SandboxRunResult]:
         entry = self.root / key
-        await asyncio.to_thread(shutil.rmtree, entry, True)  # a half-built leftover of a crashed worker
-        entry.mkdir()
+        await asyncio.to_thread(self._discard, key)  # a half-built leftover of a crashed worker, mounted or not
         build_started = time.monotonic()
         log: list[bytes] = []
         steps: list[dict[str, Any]] = []
         proxy = None
         try:
-            await asyncio.to_thread(
-                shutil.copytree, source, entry / "src", symlinks=True, ignore=shutil.ignore_patterns(".git")
-            )
+            if self.disk_mb:
+                # Mounted at the entry itself, so everything the build writes (and the paths baked into it) is
+                # inside the cap. Owned by the worker like a plain directory; the sandbox run hands it over.
+                await WorkspaceDisk.create(self.image(key), entry, self.disk_mb, (os.geteuid(), os.getegid()))
+            else:
+                entry.mkdir()
+            try:
+                await asyncio.to_thread(
+                    shutil.copytree, source, entry / "src", symlinks=True, ignore=shutil.ignore_patterns(".git")
+                )
+            except (OSError, shutil.Error) as exc:
+                if not self.disk_mb or not _no_space(exc):
+                    raise
+                raise SetupFailed(
+                    self._disk_full("copying the repository"), [_disk_result(sandbox.name, str(exc))]
+                ) from exc
             env_dir = entry / "env"
             env_dir.mkdir()
             run_env = {**(env or {}), "CREWWORK_ENV": str(env_dir)}
@@ -322,9 +376,15 @@ class PreparedEnvCache:
                         )
                         for x in results
                     ]
+                    reason = f"{kind} command {shown} failed ({r.cause}, exit {r.exit_code})"
+                    if r.disk_limited and self.disk_mb:
+                        # Said where the submitter reads it too: the setup log and the evidence's stderr tail.
+                        reason = self._disk_full(f"{kind} command {shown}")
+                        note = f"\ncrewwork: {reason}\n".encode()
+                        masked[-1] = dataclasses.replace(masked[-1], stderr=masked[-1].stderr + note)
+                        log.append(note)
                     raise SetupFailed(
-                        f"{kind} command {shown} failed ({r.cause}, exit {r.exit_code}): "
-                        f"{masked[-1].stderr[-2000:].decode(errors='replace')}",
+                        f"{reason}: {masked[-1].stderr[-2000:].decode(errors='replace')}",
                         masked,
                         log=b"".join(log),
                         network=proxy.summary() if proxy is not None else [],
@@ -332,7 +392,6 @@ class PreparedEnvCache:
             if proxy is not None:
                 await proxy.__aexit__(None, None, None)
                 log.append(f"--- setup network: {json.dumps(proxy.summary())}\n".encode())
-            (entry / SETUP_LOG).write_bytes(b"".join(log))
             meta = {
                 "key": key,
                 "setup": [list(c) for c in setup],
@@ -342,13 +401,22 @@ class PreparedEnvCache:
                 "venv": bool(plan.python),
                 "steps": steps,
                 "network": proxy.summary() if proxy is not None else [],
+                "disk": self.disk_enforcement,
             }
-            tmp = entry / (READY + ".tmp")
-            tmp.write_text(json.dumps(meta))
-            tmp.rename(entry / READY)  # atomic: an entry without the marker is never used
+            try:
+                (entry / SETUP_LOG).write_bytes(b"".join(log))
+                tmp = entry / (READY + ".tmp")
+                tmp.write_text(json.dumps(meta))
+                tmp.rename(entry / READY)  # atomic: an entry without the marker is never used
+            except OSError as exc:
+                if not self.disk_mb or not _no_space(exc):
+                    raise
+                raise SetupFailed(
+                    self._disk_full("the setup's log"), [_disk_result(sandbox.name, str(exc))], log=b"".join(log)
+                ) from exc
             return results
         except BaseException:
-            await asyncio.shield(asyncio.to_thread(shutil.rmtree, entry, True))
+            await asyncio.shield(asyncio.to_thread(self._discard, key))
             raise
         finally:
             if proxy is not None:
@@ -377,12 +445,21 @@ class PreparedEnvCache:
         for d in self.root.iterdir():
             ready = d / READY
             if d.is_dir() and ready.exists():
-                out.append((d.name, ready.stat().st_mtime, _du(d)))
+                out.append((d.name, ready.stat().st_mtime, self._size(d.name)))
         return out
+
+    def _size(self, key: str) -> int:
+        """Host disk an entry costs: the blocks its (sparse) image holds, file system overhead included, or the
+        files of a plain directory."""
+        try:
+            return self.image(key).stat().st_blocks * 512
+        except FileNotFoundError:
+            return _du(self.root / key)
 
     def evict(self, keep: set[str] | None = None) -> list[str]:
         """Remove least-recently-used entries until the cache fits in `max_bytes`. Returns removed keys."""
         keep = keep or set()
+        self._sweep_half_built()
         entries = sorted(self.entries(), key=lambda e: e[1])
         total = sum(size for _, _, size in entries)
         removed = []
@@ -391,21 +468,56 @@ class PreparedEnvCache:
                 break
             if key in keep:
                 continue
-            lock_fd = os.open(self.root / f".{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                try:
-                    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+            with self._try_lock(key) as locked:
+                if not locked:
                     continue  # being built or rebuilt right now
                 # Remove the marker first so no new user picks the entry up mid-removal.
                 with contextlib.suppress(FileNotFoundError):
                     (self.root / key / READY).unlink()
-                shutil.rmtree(self.root / key, ignore_errors=True)
-            finally:
-                os.close(lock_fd)
+                self._discard(key)
             total -= size
             removed.append(key)
         return removed
+
+    def _sweep_half_built(self) -> None:
+        """Unmount and delete the images of entries a killed worker left half-built (no READY marker, nobody
+        building them): their key may never be asked for again, and they would hold host disk forever."""
+        for image in self.root.glob(".*.img"):
+            key = image.name[1 : -len(".img")]
+            if (self.root / key / READY).exists():
+                continue
+            with self._try_lock(key) as locked:
+                if locked and not (self.root / key / READY).exists():  # not locked: being built right now
+                    self._discard(key)
+
+    @contextlib.contextmanager
+    def _try_lock(self, key: str) -> Iterator[bool]:
+        """The entry's build lock without waiting: yields whether it was taken (no build of `key` is running)."""
+        lock_fd = os.open(self.root / f".{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(lock_fd)
+
+
+def _no_space(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    # shutil.copytree gathers per-file errors as (src, dst, why) tuples.
+    return isinstance(exc, shutil.Error) and any("No space left" in str(e) for e in exc.args[0])
+
+
+def _disk_result(backend: str, why: str) -> SandboxRunResult:
+    """What a cap hit outside any setup command (copying the tree, writing the log) is reported as."""
+    return SandboxRunResult(
+        backend=backend, isolated=True, exit_code=None, duration_s=0.0, stdout=b"", stderr=why.encode(),
+        disk_limited=True,
+    )  # fmt: skip
 
 
 def _du(path: Path) -> int:

@@ -241,6 +241,12 @@ def _decide(ev: ValidationEvidence) -> Verdict:
         return _fail(Cause.oom, "The test run exceeded its memory limit and was killed.", exit_code=ev.exit_code)
     if ev.pids_limited:
         return _fail(Cause.pids, "The test run hit the sandbox's process limit.", exit_code=ev.exit_code)
+    if ev.disk_limited and ev.setup_exit_code not in (None, 0):
+        return _fail(
+            Cause.disk,
+            "A setup command filled the prepared environment's disk before the tests ran (its cap is "
+            "CREWWORK_SANDBOX_PREPARE_DISK_MB; the setup log says how much was written).",
+        )
     if ev.disk_limited:
         return _fail(
             Cause.disk,

@@ -118,3 +118,149 @@ def test_key_depends_on_every_input() -> None:
         )
         == 4
     )
+
+
+# ---------------------------------------------------------------- the disk cap of an entry (setup is the tenant's)
+
+
+@pytest.fixture
+async def capped(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A cache whose entries are loop images (32 MiB); whatever a failing test leaves mounted is unmounted."""
+    from crewwork.sandbox.disk import loop_available, unmount_all_under
+
+    ok, why = loop_available()
+    if not ok:
+        pytest.skip(f"loop images cannot be made here: {why} (see docs/sandbox.md, disk caps)")
+    cache = PreparedEnvCache(tmp_path / "cache", disk_mb=32)
+    yield cache
+    await unmount_all_under(cache.root)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    from crewwork.sandbox.disk import _mountpoints
+
+    return [m for m in _mountpoints() if m == str(root) or m.startswith(f"{root}/")]
+
+
+def _host_bytes(root: Path) -> int:
+    """What the cache directory holds on the host disk (allocated blocks, images included)."""
+    import os
+
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["fails", "ignores-enospc"])
+async def test_setup_writing_past_the_disk_cap_fails_naming_the_cap_and_leaves_nothing_on_the_host(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, capped: PreparedEnvCache, swallow: bool
+) -> None:
+    cache = capped
+    fill = 'dd if=/dev/zero of="$CREWWORK_ENV/big" bs=64k count=1024' + ("; true" if swallow else "")
+    with pytest.raises(SetupFailed, match=r"disk cap of 32 MiB.*CREWWORK_SANDBOX_PREPARE_DISK_MB") as info:
+        await cache.get_or_prepare(
+            sandbox=sandbox, repo="r", base_commit="abc", setup=[["sh", "-c", fill]], source=repo, limits=LIMITS
+        )
+    last = info.value.results[-1]
+    assert last.disk_limited and b"CREWWORK_SANDBOX_PREPARE_DISK_MB" in last.stderr
+    assert b"CREWWORK_SANDBOX_PREPARE_DISK_MB" in info.value.log
+    assert cache.entries() == [] and _mounts_under(cache.root) == []
+    assert sorted(p.name for p in cache.root.iterdir() if not p.name.endswith(".lock")) == []
+    assert _host_bytes(cache.root) < 1024 * 1024
+
+
+async def test_repository_larger_than_the_cap_fails_setup_naming_the_cap(
+    sandbox: Sandbox, tmp_path: Path, capped: PreparedEnvCache
+) -> None:
+    big = tmp_path / "big-repo"
+    big.mkdir()
+    (big / "blob.bin").write_bytes(b"\x01" * (40 << 20))
+    with pytest.raises(SetupFailed, match=r"copying the repository filled .* 32 MiB") as info:
+        await capped.get_or_prepare(
+            sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=big, limits=LIMITS
+        )
+    assert info.value.results[-1].disk_limited
+    assert _mounts_under(capped.root) == [] and [p for p in capped.root.iterdir() if p.suffix != ".lock"] == []
+
+
+async def test_environment_on_its_own_disk_is_used_and_eviction_unmounts_and_deletes_it(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, capped: PreparedEnvCache
+) -> None:
+    from crewwork.sandbox.disk import is_mountpoint
+
+    cache = capped
+    args = dict(sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS)
+    first = await cache.get_or_prepare(**args)  # type: ignore[arg-type]
+    assert first.cold and first.evidence()["disk"] == "loop-32m"
+    assert is_mountpoint(first.root) and cache.image(first.key).is_file()
+    # The budget counts what the sparse image really holds on the host, not its nominal 32 MiB.
+    [(key, _, size)] = cache.entries()
+    assert key == first.key and 0 < size < 8 * 1024 * 1024
+    again = await cache.get_or_prepare(**args)  # type: ignore[arg-type]
+    assert not again.cold
+    ws = tmp_path / "attempt"
+    ws.mkdir()
+    r = await sandbox.run(
+        ["python", "-c", "import prepared_mod; print(prepared_mod.VALUE)"],
+        workspace=ws, limits=LIMITS, env=again.env(), ro_mounts=again.mounts(),
+    )  # fmt: skip
+    assert r.stdout.split() == [b"42"], r.stderr
+    cache.max_bytes = 0
+    assert cache.evict() == [first.key]
+    assert _mounts_under(cache.root) == [] and not cache.image(first.key).exists() and not first.root.exists()
+
+
+async def test_cancelled_build_leaves_no_mount_or_image_behind(
+    sandbox: Sandbox, repo: Path, tmp_path: Path, capped: PreparedEnvCache
+) -> None:
+    import asyncio
+
+    cache = capped
+    slow = [["sh", "-c", 'touch "$CREWWORK_ENV/started"; sleep 60']]
+    task = asyncio.create_task(
+        cache.get_or_prepare(sandbox=sandbox, repo="r", base_commit="abc", setup=slow, source=repo, limits=LIMITS)
+    )
+    key = prepare_key("r", "abc", slow)
+    for _ in range(300):
+        if (cache.root / key / "env" / "started").exists():
+            break
+        await asyncio.sleep(0.1)
+    assert _mounts_under(cache.root) == [str(cache.root / key)]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert _mounts_under(cache.root) == [] and not cache.image(key).exists() and not (cache.root / key).exists()
+
+
+async def test_a_killed_workers_half_built_entry_is_cleaned_up_and_rebuilt(
+    sandbox: Sandbox, repo: Path, capped: PreparedEnvCache
+) -> None:
+    import os
+
+    from crewwork.sandbox.disk import WorkspaceDisk
+
+    cache = capped
+    key = prepare_key("r", "abc", SETUP)
+    owner = (os.geteuid(), os.getegid())
+    # What a worker killed mid-build leaves: the entry's image still mounted, no READY marker.
+    await WorkspaceDisk.create(cache.image(key), cache.root / key, 32, owner)
+    await WorkspaceDisk.create(cache.image("orphan"), cache.root / "orphan", 32, owner)
+    (cache.root / key / "junk").write_bytes(b"x" * 4096)
+    assert cache.lookup(key) is None
+    built = await cache.get_or_prepare(
+        sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS
+    )
+    assert built.cold and not (built.root / "junk").exists()
+    # The orphan's key is never asked for again: eviction's sweep removes it, the ready entry stays.
+    assert cache.evict() == []
+    assert _mounts_under(cache.root) == [str(built.root)] and not cache.image("orphan").exists()
+    cache.max_bytes = 0
+    cache.evict()
+    assert _mounts_under(cache.root) == []
+
+
+def test_prepare_disk_cap_is_on_and_off_with_the_workspace_disk_cap() -> None:
+    assert SandboxSettings(workspace_disk="none", prepare_disk_mb=100).prepare_disk_cap_mb() is None
+    assert SandboxSettings(workspace_disk="loop", prepare_disk_mb=100).prepare_disk_cap_mb() == 100

@@ -470,6 +470,11 @@ def test_failed_setup_fails() -> None:
     assert grade(evidence(setup_exit_code=1)).cause == Cause.setup_failed
 
 
+def test_setup_that_filled_its_disk_names_the_prepare_cap() -> None:
+    verdict = grade(evidence(setup_exit_code=1, disk_limited=True))
+    assert verdict.cause == Cause.disk and "CREWWORK_SANDBOX_PREPARE_DISK_MB" in verdict.reason
+
+
 def test_infrastructure_error_and_missing_exit_code_are_infrastructure() -> None:
     assert grade(evidence(infrastructure_error="sandbox image not found")).cause == Cause.infrastructure
     assert grade(evidence(exit_code=None)).cause == Cause.infrastructure
