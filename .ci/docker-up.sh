@@ -15,6 +15,8 @@ fail() { echo "docker-up: $*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "must run as root (it installs packages and starts dockerd)"
 [ -x "$PYTHON" ] || command -v "$PYTHON" >/dev/null || fail "python interpreter '$PYTHON' not found (pass it as \$1)"
+# An absolute path from here on, so that nothing below depends on the working directory.
+case "$PYTHON" in /*) ;; */*) PYTHON="$PWD/$PYTHON" ;; *) PYTHON="$(command -v "$PYTHON")" ;; esac
 
 if ! command -v dockerd >/dev/null || ! command -v runsc >/dev/null; then
     echo "docker-up: installing docker.io and runsc"

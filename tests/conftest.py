@@ -28,9 +28,11 @@ from crewwork.store.store import Store
 from crewwork.temporal.devserver import DevServer, free_port
 
 # The test suite's operator switches (docs/operations.md): repositories are registered for the submitting tenant
-# on first use, and the scripted agent's fault injection is on. Tests of the production defaults pass them as False.
+# on first use, the scripted agent's fault injection is on, and repository remotes may be on loopback (the real git
+# servers of the tests listen there). Tests of the production defaults pass them as False / "".
 os.environ.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
 os.environ.setdefault("CREWWORK_TEST_FAULTS", "true")
+os.environ.setdefault("CREWWORK_REPO_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")
 
 PG_ADMIN = os.environ.get("CREWWORK_TEST_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -234,7 +236,12 @@ async def crew(tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_
 
 
 class ApiServer:
-    """The real API (uvicorn) on a free port in a background thread."""
+    """The real API (uvicorn) on a free port in a background thread, for `async with` and `client()` requests.
+
+    Never a blocking call (`httpx.get`) from an async test: it freezes the test's event loop, and with it the
+    in-process crew's worker pools, for as long as it waits. A request the API can only answer with the crew's help
+    (a live status query, a review, anything waiting on a transaction the crew has open) is then not answered before
+    the client gives up: a sync review of an item awaiting review ends in httpx.ReadTimeout after 5 s every time."""
 
     def __init__(self, settings: Settings) -> None:
         import uvicorn
@@ -244,26 +251,38 @@ class ApiServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            create_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            # A request still open at exit (a stream, a call waiting on the crew) must not keep the server, and its
+            # webhook deliverer, running into the next tests.
+            timeout_graceful_shutdown=3,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> ApiServer:
+    async def __aenter__(self) -> ApiServer:
         self.thread.start()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).json().get("ok"):
-                    return self
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.1)
+        async with httpx.AsyncClient(timeout=1) as c:
+            while time.monotonic() < deadline:
+                try:
+                    if (await c.get(f"{self.url}/healthz")).json().get("ok"):
+                        return self
+                except (httpx.HTTPError, ValueError):
+                    pass
+                await asyncio.sleep(0.1)
         raise RuntimeError("API did not become ready")
 
-    def __exit__(self, *exc: object) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.server.should_exit = True
-        self.thread.join(10)
+        await asyncio.to_thread(self.thread.join, 10)
+
+    def client(self, key: str, headers: dict[str, str] | None = None, **kw: Any) -> httpx.AsyncClient:
+        """An async client of this API authenticated with `key` (and sending `headers` on every request)."""
+        return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {key}", **(headers or {})}, **kw)
 
 
 # ------------------------------------------------------------------------------------------------ repositories

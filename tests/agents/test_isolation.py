@@ -51,7 +51,9 @@ async def test_results_and_agent_errors_come_back_and_the_child_is_reused() -> N
 async def test_cancel_kills_blocking_agent_code_within_the_grace(fault: dict[str, Any]) -> None:
     pool = AgentProcesses(1)
     try:
-        pool.prestart()
+        # A first call waits for the child to have started (its imports take seconds on a loaded machine: a cancel
+        # before it is ready kills it as never started, which is another case), then it is reused.
+        assert (await run(pool, {"output": {"warm": True}})).output == {"warm": True}
         running = asyncio.create_task(run(pool, fault))
         await asyncio.sleep(2.0)  # in its blocking code by now
         assert not running.done()

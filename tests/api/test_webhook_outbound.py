@@ -122,13 +122,15 @@ async def test_delivery_checks_again_and_connects_to_the_checked_address(stack: 
     try:
         # `hook.test` exists only in the attacker's DNS: the system resolver (what httpx would use if it resolved
         # the name itself) cannot find it, so the receiver is reached only through the checked, pinned address.
-        assert await one_message("wi_pinned") == 1
+        # (`>= 1`: the deliverer claims every due row of the shared database, and another test's retry may fall due
+        # in the same batch; what this test checks is its own hook's rows and its receiver.)
+        assert await one_message("wi_pinned") >= 1
         assert len(receiver.received) == 1
         headers, _body = receiver.received[0]
         assert headers["host"] == f"hook.test:{receiver.port}"
         # Rebinding: the name now answers with an internal address. The delivery is checked again and refused.
         answers["hook.test"] = ["10.0.0.1"]
-        assert await one_message("wi_rebound") == 1
+        assert await one_message("wi_rebound") >= 1
         await asyncio.sleep(0)
         assert len(receiver.received) == 1
         async with store.session() as s:

@@ -32,6 +32,7 @@ def pool_env(settings: Settings) -> dict[str, str]:
             "CREWWORK_TEMPORAL_NAMESPACE": settings.temporal_namespace,
             "CREWWORK_TASK_QUEUE_PREFIX": settings.task_queue_prefix,
             "CREWWORK_LEASE_TTL_S": str(settings.lease_ttl_s),
+            "CREWWORK_REPO_ALLOW_NETWORKS": settings.repo_allow_networks,
             "CREWWORK_LOG_LEVEL": "WARNING",
             "PYTHONUNBUFFERED": "1",
         }

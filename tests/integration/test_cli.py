@@ -37,7 +37,7 @@ async def test_submit_wait_status_and_list(crew: Crew, calc_repo: Path, tmp_path
     _kid, key = await crew.store.create_api_key("cli")
     item = tmp_path / "item.json"
     item.write_text(json.dumps(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}])))
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api:
         res = await cli(api, key, "submit", str(item), "--wait")
         assert res.returncode == 0, res.stdout + res.stderr
         wid = res.stdout.split()[0]
@@ -54,7 +54,7 @@ async def test_cli_errors_are_clear_and_nonzero(crew: Crew, tmp_path: Path) -> N
     _kid, key = await crew.store.create_api_key("cli-errors")
     bad = tmp_path / "bad.json"
     bad.write_text('{"kind": "task"}')
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api:
         res = await cli(api, key, "submit", str(bad))
         assert res.returncode != 0 and "needs `input`" in res.stderr
         res = await cli(api, key, "submit", str(tmp_path / "missing.json"))
@@ -80,7 +80,7 @@ async def test_review_from_the_cli(crew: Crew, calc_repo: Path) -> None:
     async with crew.store.session() as s:
         tenant_name = await s.scalar(select(Tenant.name).where(Tenant.id == row.tenant_id))
     _kid, key = await crew.store.create_api_key(str(tenant_name))
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api:
         await crew.wait_state(wid, "awaiting_review")
         res = await cli(api, key, "review", wid, "--approve")
         assert res.returncode == 0, res.stderr
@@ -99,7 +99,7 @@ async def test_hotfix_from_the_cli(crew: Crew, calc_repo: Path, tmp_path: Path) 
     )
     agent = tmp_path / "agent.json"
     agent.write_text(json.dumps({"name": "scripted", "config": {"files": {"calc.py": RIGHT}}}))
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api:
         res = await cli(
             api,
             key,

@@ -45,7 +45,7 @@ async def test_a_shell_script_drives_the_whole_lifecycle_with_json_and_jq(
     good.write_text(json.dumps(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], review={"required": True})))
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(code_change(calc_repo, [{"files": {"calc.py": WRONG}}], budget={"max_attempts": 1})))
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api:
         env = {
             **os.environ,
             "CREWWORK_API_URL": api.url,
@@ -75,7 +75,7 @@ async def test_json_output_is_only_json_and_progress_goes_to_stderr(
     key = await _tenant_key(crew)
     item = tmp_path / "item.json"
     item.write_text(json.dumps(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}])))
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api:
         res = await cli(api, key, "submit", str(item), "--wait", "--json")
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)  # the whole of stdout is one JSON document

@@ -71,8 +71,15 @@ async def test_workspace_lease_is_renewed_while_a_review_is_pending(
                     await asyncio.sleep(0.1)
                 else:
                     raise AssertionError("never reached awaiting_review")
-            await env.sleep(timedelta(hours=2))  # longer than the 600 s workspace lease and its 1 h review renewals
-            await handle.execute_update("review", ReviewDecision(action="approve"))
+            # Longer than the 600 s workspace lease and its 1 h review renewals. Not a multiple of the 20-minute
+            # renewal timer: a skip that ends as that timer falls due has the review's workflow task cancel a timer
+            # that fires while the task is with the worker, and the time-skipping test server refuses that
+            # completion ("invalid history builder state for action", temporalio/sdk-java#3088), stranding the run
+            # (this test hung until its timeout in CI). The review is sent with time standing still for the same
+            # reason.
+            await env.sleep(timedelta(hours=2, minutes=10))
+            with env.auto_time_skipping_disabled():
+                await handle.execute_update("review", ReviewDecision(action="approve"))
             result = await handle.result()
         assert result.state == "succeeded", result.reason
         history = await handle.fetch_history()

@@ -325,11 +325,20 @@ async function renderItem(signal, id) {
         h("dt", { text: "Workflow" }), h("dd", {}, h("a", { href: cur.links.temporal_ui, target: "_blank", rel: "noopener", id: "temporal-workflow-link", text: `${cur.workflow_id} in the Temporal UI` })),
         h("dt", { text: "Created / updated" }), h("dd", { text: `${fmtTime(cur.created_at)} / ${fmtTime(cur.updated_at)}` })));
     renderReview(cur);
-    evidence = await api(`/v1/work-items/${id}/evidence`);
-    timeline.replaceChildren(...evidence.map((e) => h("li", {}, h("button", { type: "button", "data-n": String(e.number), "aria-pressed": "false", onclick: () => showAttempt(e.number) },
-      h("strong", { text: `Attempt ${e.number}` }), h("span", { class: `verdict-${e.verdict}`, text: e.verdict }),
-      h("span", { class: "muted", text: e.cause || "" })))));
-    if (!evidence.length) timeline.replaceChildren(h("li", { class: "muted", text: "No attempts recorded yet." }));
+    const fresh = await api(`/v1/work-items/${id}/evidence`);
+    // Re-render the timeline only when the evidence changed, and keep the keyboard focus on the same attempt's
+    // button when it is rebuilt: a live refresh must never swallow a key press aimed at the old button.
+    const changed = JSON.stringify(fresh) !== JSON.stringify(evidence) || !timeline.childElementCount;
+    evidence = fresh;
+    if (changed) {
+      const focused = document.activeElement && timeline.contains(document.activeElement) ? document.activeElement.dataset.n : null;
+      timeline.replaceChildren(...evidence.map((e) => h("li", {}, h("button", { type: "button", "data-n": String(e.number), "aria-pressed": "false", onclick: () => showAttempt(e.number) },
+        h("strong", { text: `Attempt ${e.number}` }), h("span", { class: `verdict-${e.verdict}`, text: e.verdict }),
+        h("span", { class: "muted", text: e.cause || "" })))));
+      if (!evidence.length) timeline.replaceChildren(h("li", { class: "muted", text: "No attempts recorded yet." }));
+      const again = focused && timeline.querySelector(`button[data-n="${focused}"]`);
+      if (again) again.focus();
+    }
     const n = selected && evidence.some((e) => e.number === selected) ? selected : evidence.length ? evidence[evidence.length - 1].number : null;
     if (n !== null) await showAttempt(n);
   }
