@@ -24,9 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# Benchmarks run as the test suite does: repositories registered on first use, fault injection on (chaos runs).
+# Benchmarks run as the test suite does: repositories registered on first use, fault injection on (chaos runs),
+# remotes on loopback allowed.
 os.environ.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
 os.environ.setdefault("CREWWORK_TEST_FAULTS", "true")
+os.environ.setdefault("CREWWORK_REPO_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")  # the benchmarks' git servers
 
 from crewwork.config import Settings  # noqa: E402
 from crewwork.store.db import upgrade_sync  # noqa: E402
@@ -114,7 +116,12 @@ async def in_process_pools(
     from crewwork.temporal.client import connect
     from crewwork.workers.pools import build_worker
 
-    store = Store(settings.resolved_database_url(), pool_size=settings.db_pool_size, pre_ping=False)  # as the pools
+    store = Store(
+        settings.resolved_database_url(),
+        pool_size=settings.db_pool_size,
+        pre_ping=False,
+        server_writes=settings.store_server_writes,
+    )  # as the pools
     client = await connect(settings)
     workers = [build_worker(p, client, store, settings) for p in pools]
     service = WorkItemService(store, client, settings)
@@ -279,21 +286,44 @@ def postgres_cpu_s() -> float:
     return total
 
 
+def children_cpu_s(parent: int | None = None) -> dict[int, float]:
+    """CPU seconds so far of each live child process of `parent` (default: this one), by pid: the agent slots'
+    child processes (crewwork.agents.isolation) run the agent code of in-process pools."""
+    parent = os.getpid() if parent is None else parent
+    out: dict[int, float] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            out[int(d.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 class CpuMeter:
-    """CPU seconds used during a block by: this process, the Temporal server, PostgreSQL."""
+    """CPU seconds used during a block by: this process, its child processes (agent slots' children), the Temporal
+    server, PostgreSQL."""
 
     def __init__(self, temporal_pid: int) -> None:
         self.temporal_pid = temporal_pid
         self.used: dict[str, float] = {}
 
     def __enter__(self) -> CpuMeter:
+        self._children = children_cpu_s()
         self._start = (time.process_time(), proc_cpu_s(self.temporal_pid), postgres_cpu_s())
         return self
 
     def __exit__(self, *exc: object) -> None:
         me, t, pg = self._start
+        after = children_cpu_s()
+        # A child started during the block counts from zero; one that ended during it is lost (they are persistent).
+        kids = sum(v - self._children.get(pid, 0.0) for pid, v in after.items() if pid != self.temporal_pid)
         self.used = {
             "bench_process": time.process_time() - me,
+            "children": kids,
             "temporal": proc_cpu_s(self.temporal_pid) - t,
             "postgres": postgres_cpu_s() - pg,
         }

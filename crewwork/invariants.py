@@ -8,8 +8,9 @@ accepted a late write would show it here. What is checked (docs/reliability.md s
 - `terminal`: every work item is in a terminal state (pass `require_terminal=False` while work is in flight).
 - `monotonic_writes`: the accepted fenced writes of an item (events carrying a rank), in commit order, never go
   down in rank: no write of an older (step, attempt) was accepted after a newer one.
-- `fence_mark`: the item's mark (`fence_rank`) is the highest accepted rank, and the stored state and result carry
-  it: once the result is stored, nothing was accepted after it.
+- `fence_mark`: the item's mark (`fence_rank`) is the highest accepted rank (while in flight it may be higher: a
+  queued item's admission that changes nothing raises it without an event), and the stored final state and result
+  carry it: once the result is stored, nothing was accepted after it.
 - `rejections_justified`: every `stale_write_rejected` presented a rank below the one current at the time.
 - `state_forward`: the stored state only moves forward: (attempt, phase) of successive accepted state changes never
   decreases (a reviewer's request for changes starts the next attempt, so it moves forward too), and nothing
@@ -20,7 +21,8 @@ accepted a late write would show it here. What is checked (docs/reliability.md s
 - `lease_exclusive`: workspace lease grants of a key never overlap on the database clock.
 - `no_lease_held`: a terminal work item holds no workspace lease.
 - `one_landing`: a succeeded code change has exactly one `landed` event, whose commit is the stored landed commit
-  (and, with `check_git`, what its delivery branch points to); every other item has none.
+  (and, with `check_git`, what its delivery branch points to, read as the workers read a remote: hardened host
+  git, the address policy of crewwork.repos.address); every other item has none.
 - `temporal_agreement` (only with `histories`): the last accepted outcome of each agent, validation and landing step
   comes from the attempt Temporal recorded as completing that step.
 
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ from typing import Any
 from sqlalchemy import select
 
 from crewwork.models import WorkItemKind, WorkItemState
+from crewwork.repos.address import RemoteAddressPolicy
+from crewwork.repos.git import RemoteError
+from crewwork.repos.remote import Remote
+from crewwork.repos.urls import RepoURLError, parse_repo_url
 from crewwork.store.fencing import Rank
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
@@ -129,9 +134,17 @@ async def check_invariants(
     require_terminal: bool = True,
     check_git: bool = False,
     histories: Mapping[str, list[CompletedStep]] | None = None,
+    address: RemoteAddressPolicy | None = None,
 ) -> InvariantReport:
     """Check every invariant over `work_item_ids` (default: every work item in the store). `histories` maps work
-    item ids to their completed steps (`completed_steps` of their Temporal histories)."""
+    item ids to their completed steps (`completed_steps` of their Temporal histories). With `check_git`, each
+    delivery branch is read from its remote as the workers read it, host git hardened and the remote's host held to
+    `address` (default: the operator's CREWWORK_REPO_ALLOW_NETWORKS, crewwork.repos.address): the URL is a
+    tenant's."""
+    if check_git and address is None:
+        from crewwork.config import Settings
+
+        address = RemoteAddressPolicy.from_settings(Settings())
     results = {n: InvariantResult(n) for n in INVARIANTS}
     async with store.session() as s:
         q = select(WorkItem)
@@ -182,7 +195,9 @@ async def check_invariants(
         _check_forward(results["state_forward"], wid, accepted, counts)
         _check_outcomes(results["outcome_agreement"], wid, accepted, attempts_by_item.get(wid, []))
         _check_unique_attempts(results["unique_attempts"], wid, attempts_by_item.get(wid, []))
-        _check_landing(results["one_landing"], item, evs, check_git)
+        _check_landing(results["one_landing"], item, evs)
+        if check_git and address is not None:
+            await _check_delivery_branch(results["one_landing"], item, address)
         if histories is not None and wid in histories:
             _check_temporal(results["temporal_agreement"], wid, accepted, histories[wid])
 
@@ -219,7 +234,11 @@ def _check_mark(r: InvariantResult, item: WorkItem, accepted: list[Event]) -> No
     if not accepted:
         return
     top = max(int(e.rank or 0) for e in accepted)
-    if item.fence_rank != top:
+    # An accepted write that changes nothing leaves no event but raises the mark: a queued item's admission that
+    # keeps it queued, or finds it admitted by a hand-off. So, while in flight, the mark may be above every event;
+    # never below one, and a terminal item's last write (its final state) is the mark.
+    terminal = WorkItemState(item.state).terminal
+    if item.fence_rank < top or (terminal and item.fence_rank != top):
         r.fail(
             f"{item.id}: fence mark is {Rank.decode(item.fence_rank)} but the highest accepted write is "
             f"{Rank.decode(top)}"
@@ -229,7 +248,7 @@ def _check_mark(r: InvariantResult, item: WorkItem, accepted: list[Event]) -> No
             f"{item.id}: the result was stored at {_fmt(item.result_rank)}, yet a write at {Rank.decode(top)} "
             "was accepted"
         )
-    if WorkItemState(item.state).terminal and item.state_rank != top:
+    if terminal and item.state_rank != top:
         r.fail(
             f"{item.id}: the final state was stored at {_fmt(item.state_rank)}, yet a write at "
             f"{Rank.decode(top)} was accepted"
@@ -302,7 +321,7 @@ def _check_unique_attempts(r: InvariantResult, wid: str, attempts: list[Attempt]
         seen.add(a.number)
 
 
-def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event], check_git: bool) -> None:
+def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event]) -> None:
     landed = [e for e in events if e.type == "landed"]
     should = item.state == WorkItemState.succeeded.value and item.kind == WorkItemKind.code_change.value
     if not should:
@@ -314,17 +333,24 @@ def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event], chec
     commits = {e.data.get("commit") for e in landed}
     if landed and commits != {item.landed_commit}:
         r.fail(f"{item.id}: landed commits {sorted(map(str, commits))} != stored {item.landed_commit}")
-    if check_git and item.repo_url and item.delivery_branch:
-        # ls-remote reads a local path and a (credential-free) remote URL alike.
-        res = subprocess.run(
-            ["git", "ls-remote", "--", item.repo_url, f"refs/heads/{item.delivery_branch}"],
-            cwd="/",
-            capture_output=True,
-            text=True,
-        )
-        at = res.stdout.split()[0] if res.stdout.split() else ""
-        if at != item.landed_commit:
-            r.fail(f"{item.id}: {item.delivery_branch} is at {at or 'nothing'}, not the landed commit")
+
+
+async def _check_delivery_branch(r: InvariantResult, item: WorkItem, address: RemoteAddressPolicy) -> None:
+    """The delivery branch of a succeeded code change points at the landed commit (a local path or a remote, read
+    through crewwork.repos.remote like every network git command: checked address, pinned, no credential)."""
+    if not (item.state == WorkItemState.succeeded.value and item.kind == WorkItemKind.code_change.value):
+        return
+    if not (item.repo_url and item.delivery_branch):
+        return
+    ref = f"refs/heads/{item.delivery_branch}"
+    try:
+        remote = Remote(url=parse_repo_url(item.repo_url), address=address, timeout_s=120)
+        at = (await remote.ls_remote(ref)).get(ref, "")
+    except (RepoURLError, RemoteError) as exc:
+        r.fail(f"{item.id}: cannot read {item.delivery_branch} of {item.repo_url}: {exc}")
+        return
+    if at != item.landed_commit:
+        r.fail(f"{item.id}: {item.delivery_branch} is at {at or 'nothing'}, not the landed commit")
 
 
 def _check_temporal(r: InvariantResult, wid: str, accepted: list[Event], completed: list[CompletedStep]) -> None:

@@ -27,3 +27,21 @@ def mask_secrets(value: Any) -> Any:
     if isinstance(value, list):
         return [mask_secrets(v) for v in value]
     return value
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL character and every lone surrogate of every string in it (dict keys included) replaced
+    by U+FFFD. PostgreSQL can store no NUL in a text column nor in `jsonb` (only in `json`), no text column can hold a
+    surrogate (it is not UTF-8), and `jsonb` refuses one; what reaches a record is often untrusted (a test's failure
+    message, an agent's claim, a review comment, a file name of non-UTF-8 bytes decoded with `surrogateescape`):
+    written as it came, such a character failed the write, and with it the attempt, every time it was retried."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub("\ufffd", value) if _UNSTORABLE.search(value) else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nul(v) for v in value]
+    return value

@@ -128,8 +128,10 @@ class Stack:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        # The embedded single-user stack: local repositories are registered for the tenant on first use.
+        # The embedded single-user stack: local repositories are registered for the tenant on first use, and a
+        # remote on this machine (a local Gitea, `git daemon`) may be used. Production keeps both off.
         env.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
+        env.setdefault("CREWWORK_REPO_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")
         if self.database_url:
             env["CREWWORK_DATABASE_URL"] = self.database_url
         env.update(self.extra_env)

@@ -25,7 +25,7 @@ from temporalio.exceptions import ApplicationError
 
 from crewwork.activities.errors import STALE_ATTEMPT, bad_input
 from crewwork.models import WorkItemState
-from crewwork.store.fencing import Accepted, Rank, WriteResult
+from crewwork.store.fencing import Accepted, AttemptRecord, HandedOff, Rank, WriteResult
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
 
@@ -67,7 +67,12 @@ class AttemptWriter:
         fields: dict[str, Any] | None = None,
         event_data: dict[str, Any] | None = None,
         before: Callable[[AsyncSession, Accepted], Awaitable[None]] | None = None,
-    ) -> WriteResult[None]:
+        max_in_flight: int | None = None,
+        hand_off_cap: int = 0,
+        attempt: AttemptRecord | None = None,
+    ) -> WriteResult[list[HandedOff]]:
+        """A fenced state change at this attempt's rank (`FencingStore.set_state`: with `max_in_flight`, a change
+        that frees the item's place hands it to the tenant's first queued items)."""
         return await self.store.set_state(
             work_item_id=self.work_item_id,
             tenant_id=self.tenant_id,
@@ -78,6 +83,9 @@ class AttemptWriter:
             fields=fields,
             event_data=event_data,
             before=before,
+            max_in_flight=max_in_flight,
+            hand_off_cap=hand_off_cap,
+            attempt=attempt,
         )
 
     async def event(

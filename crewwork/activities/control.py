@@ -10,7 +10,6 @@ import contextlib
 import logging
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -37,16 +36,15 @@ from crewwork.limits import check_within_ceilings, effective_budget
 from crewwork.models import ArtifactRef, WorkItemState
 from crewwork.repos.landing import LandingConflictError
 from crewwork.repos.service import REPO_ERRORS, Repositories, repo_failure
-from crewwork.store.fencing import IN_FLIGHT_STATES, Accepted
+from crewwork.store.fencing import HandedOff
 from crewwork.store.store import AttemptRecord, Store
 from crewwork.workspace import remove_tree
 
 log = logging.getLogger("crewwork.activities.control")
 
-WAKE_QUEUED = 3
-"""At most this many queued items of the tenant are woken when one of its items ends: the first in line, as many as
-there are free places (two items ending at once each see both places free). Waking three for every place made two
-of them re-run admission only to be queued again: two workflow tasks and admission transactions per ending item."""
+HAND_OFF_CAP = 3
+"""At most this many of the tenant's queued items are admitted by one item leaving its place (more than one only when
+the in-flight limit was raised, or places were freed without a hand-off: an item ended some other way)."""
 
 
 def attempt_record(inp: RecordInput) -> AttemptRecord:
@@ -63,8 +61,8 @@ def attempt_record(inp: RecordInput) -> AttemptRecord:
 
 class ControlActivities:
     def __init__(self, store: Store, settings: Settings, client: Any = None) -> None:
-        """`client` (a Temporal client) lets `finish` wake the tenant's queued items at once instead of at their
-        next poll."""
+        """`client` (a Temporal client) lets a write that hands a freed place on tell the queued items it admitted
+        at once, instead of at their next poll."""
         self.store = store
         self.settings = settings
         self.client = client
@@ -96,31 +94,40 @@ class ControlActivities:
         if res.value is None:
             raise w.stale(res, "admit")
         adm = res.value
+        review = inp.spec.review.timeout_s
+        ceiling = self.settings.max_review_timeout_s_ceiling
+        # What the item runs under, also when it is queued: a queued item that a freed place is handed to
+        # (`FencingStore.hand_off`) goes on with these, without asking again.
+        budget = effective_budget(inp.spec.budget, ceilings)
+        review_timeout_s = min(review, ceiling) if review is not None else ceiling
         if not adm.admitted:
             return AdmitResult(
                 admitted=False,
                 reason=f"queued behind the tenant's in-flight limit ({self.settings.tenant_max_in_flight})",
                 queued_position=adm.queued_position,
+                budget=budget,
+                review_timeout_s=review_timeout_s,
             )
-        review = inp.spec.review.timeout_s
-        ceiling = self.settings.max_review_timeout_s_ceiling
         return AdmitResult(
             admitted=True,
             past_fingerprints=adm.fingerprints,
             attempts_recorded=len(adm.fingerprints),
-            budget=effective_budget(inp.spec.budget, ceilings),
-            review_timeout_s=min(review, ceiling) if review is not None else ceiling,
+            budget=budget,
+            review_timeout_s=review_timeout_s,
         )
 
     @activity.defn(name="set_state")
     async def set_state(self, inp: SetStateInput) -> WriteOutcome:
         w = AttemptWriter.of(self.store, inp)
+        # Awaiting review holds no place: it goes to the first queued item, in this write.
         res = await w.set_state(
-            inp.state, inp.reason, event_data={"attempt": inp.attempt} if inp.attempt is not None else None
+            inp.state,
+            inp.reason,
+            event_data={"attempt": inp.attempt} if inp.attempt is not None else None,
+            max_in_flight=self.settings.tenant_max_in_flight,
+            hand_off_cap=HAND_OFF_CAP,
         )
-        if res.ok and res.state in IN_FLIGHT_STATES and inp.state.value not in IN_FLIGHT_STATES:
-            # Awaiting review holds no place: the queued items need not wait for their timers.
-            await self._wake_queued(inp.tenant_id)
+        await self._tell_admitted(res.value)
         return WriteOutcome(ok=res.ok, stale=res.stale)
 
     @activity.defn(name="acquire_workspace")
@@ -255,37 +262,33 @@ class ControlActivities:
         w = AttemptWriter.of(self.store, inp)
         r = inp.result
         record = attempt_record(inp.record) if inp.record is not None else None
-
-        async def _record(s: AsyncSession, acc: Accepted) -> None:
-            if record is not None:
-                await self.store.write_attempt(s, acc, inp.work_item_id, inp.tenant_id, record)
-
+        fields: dict[str, Any] = {
+            "result": r.model_dump(mode="json"),
+            "delivery_branch": r.delivery_branch,
+            "landed_commit": r.landed_commit,
+            "mock": r.mock,
+        }
         res = await w.set_state(
             r.state,
             r.reason,
-            fields={
-                "result": r.model_dump(mode="json"),
-                "delivery_branch": r.delivery_branch,
-                "landed_commit": r.landed_commit,
-                "mock": r.mock,
-            },
-            before=_record if record is not None else None,
+            fields=fields,
+            attempt=record,
+            max_in_flight=self.settings.tenant_max_in_flight,
+            hand_off_cap=HAND_OFF_CAP,
         )
-        if res.ok and res.state in IN_FLIGHT_STATES:
-            await self._wake_queued(inp.tenant_id)
+        await self._tell_admitted(res.value)
         # Already terminal (a retried finish whose first write landed): nothing left to do.
         return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed))
 
-    async def _wake_queued(self, tenant_id: str) -> None:
-        """Tell the tenant's first queued items, as many as places are free, that they may be admitted (they re-run
-        admission at once). Best effort: a queued item also retries on its own timer."""
-        if self.client is None:
+    async def _tell_admitted(self, handed: list[HandedOff] | None) -> None:
+        """Tell the workflows of the queued items this write admitted (`FencingStore.hand_off`) that they may go on.
+        Best effort: the admission is in the store already, and a queued item that misses the signal finds it there
+        at its next admission poll (crewwork.workflows.policies.QUEUE_POLL)."""
+        if not handed or self.client is None:
             return
-        with contextlib.suppress(Exception):
-            rows = await self.store.queued_to_wake(tenant_id, self.settings.tenant_max_in_flight, WAKE_QUEUED)
-            for row in rows:
-                with contextlib.suppress(Exception):
-                    await self.client.get_workflow_handle(row.workflow_id).signal("slot_freed")
+        for item in handed:
+            with contextlib.suppress(Exception):
+                await self.client.get_workflow_handle(item.workflow_id).signal("admitted")
 
     @activity.defn(name="cleanup")
     async def cleanup(self, inp: CleanupInput) -> None:

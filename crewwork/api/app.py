@@ -60,7 +60,11 @@ def create_app(
         if settings.log_format == "json":
             configure_logging(settings.log_level, json_logs=True)
         own_store = store is None
-        app.state.store = store or Store(settings.resolved_database_url(), pool_size=settings.db_pool_size)
+        app.state.store = store or Store(
+            settings.resolved_database_url(),
+            pool_size=settings.db_pool_size,
+            server_writes=settings.store_server_writes,
+        )
         app.state.service = WorkItemService(app.state.store, None, settings)
         app.state.rate_limits = ApiRateLimits(
             app.state.store,

@@ -24,7 +24,7 @@ class ArtifactTooLarge(StoreError):
     pass
 
 
-_ARTIFACT_INSERT = insert(Artifact)
+ARTIFACT_INSERT = insert(Artifact)
 
 
 def artifact_row(
@@ -49,7 +49,7 @@ async def insert_artifacts(s: AsyncSession, rows: Sequence[dict[str, Any]], now:
     """Insert rows made by `artifact_row` in the caller's transaction (a Core INSERT, no ORM flush)."""
     if rows:
         conn = await s.connection()
-        await conn.execute(_ARTIFACT_INSERT, [{**r, "created_at": now} for r in rows])
+        await conn.execute(ARTIFACT_INSERT, [{**r, "created_at": now} for r in rows])
 
 
 class ArtifactStore(Database):

@@ -5,29 +5,13 @@ record of the same attempt replaces its own row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crewwork.masking import mask_secrets
-from crewwork.store.fencing import Accepted, FencingStore, Rank, WriteResult
-from crewwork.store.tables import Attempt, WorkItem
+from crewwork.store.fencing import Accepted, AttemptRecord, FencingStore, Rank, WriteResult
+from crewwork.store.tables import Attempt
 
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """What `record_attempt` stores for one attempt (agent and validation as JSON-ready dicts)."""
-
-    number: int
-    verdict: str
-    reason: str
-    cause: str | None = None
-    fingerprint: str | None = None
-    agent: dict[str, Any] | None = None
-    validation: dict[str, Any] | None = None
+__all__ = ["AttemptRecord", "AttemptStore"]
 
 
 class AttemptStore(FencingStore):
@@ -37,6 +21,16 @@ class AttemptStore(FencingStore):
         """Insert or replace attempt `record.number`'s record. The accepted write's value is the item's failure
         fingerprints in attempt order (None for a passed attempt), read in the same transaction: what the workflow's
         same-cause breaker needs."""
+        record = record.clean()
+        if self.server_writes:
+            res = await self._server_write(
+                rank=rank,
+                work_item_id=work_item_id,
+                tenant_id=tenant_id,
+                writer=writer,
+                ops=[record.server_op(count=True), {"op": "fingerprints"}],
+            )
+            return res.carrying(list((res.value or {}).get("fingerprints", [])) if res.ok else None)
 
         async def _apply(s: AsyncSession, w: Accepted) -> list[str | None]:
             await self.write_attempt(s, w, work_item_id, tenant_id, record)
@@ -59,43 +53,6 @@ class AttemptStore(FencingStore):
             .order_by(Attempt.number)
         )
         return [fp if verdict != "passed" else None for verdict, fp in rows.all()]
-
-    async def write_attempt(
-        self, s: AsyncSession, w: Accepted, work_item_id: str, tenant_id: str, r: AttemptRecord
-    ) -> None:
-        """The attempt row, the item's attempt count and an `attempt_recorded` event, in an accepted write."""
-        conn = await s.connection()
-        rank = w.rank.encode()
-        row = {
-            "rank": rank,
-            "verdict": r.verdict,
-            "reason": r.reason,
-            "cause": r.cause,
-            "fingerprint": r.fingerprint,
-            "agent": mask_secrets(r.agent) if r.agent else None,
-            "validation": mask_secrets(r.validation) if r.validation else None,
-            "updated_at": w.now,
-        }
-        ins = (sqlite.insert if self.is_sqlite else postgresql.insert)(Attempt).values(
-            work_item_id=work_item_id, number=r.number, created_at=w.now, **row
-        )
-        await conn.execute(ins.on_conflict_do_update(index_elements=[Attempt.work_item_id, Attempt.number], set_=row))
-        greatest = func.max if self.is_sqlite else func.greatest
-        await conn.execute(
-            update(WorkItem)
-            .where(WorkItem.id == work_item_id)
-            .values(attempt_count=greatest(WorkItem.attempt_count, r.number), updated_at=w.now)
-        )
-        diff_ref = ((r.agent or {}).get("diff_ref") or {}).get("id")
-        await self.insert_event(
-            s,
-            work_item_id=work_item_id,
-            tenant_id=tenant_id,
-            type="attempt_recorded",
-            data={"number": r.number, "verdict": r.verdict, "reason": r.reason, "cause": r.cause, "diff_ref": diff_ref},
-            rank=rank,
-            created_at=w.now,
-        )
 
     async def list_attempts(self, work_item_id: str) -> list[Attempt]:
         async with self.session() as s:

@@ -21,6 +21,11 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+_UNAVAILABLE_ERRORS = frozenset({"CannotConnectNowError", "ConnectionDoesNotExistError", "AdminShutdownError"})
+_UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+"""admin_shutdown, crash_shutdown, cannot_connect_now (the server is starting up, in recovery or shutting down)."""
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether `exc`, raised while opening a connection, says the database cannot be reached right now (refused,
     reset, starting up or shutting down): a connection that was never established cannot have done anything."""
@@ -29,10 +34,17 @@ def unavailable(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True
-        orig = type(exc.orig).__name__ if exc.orig is not None else ""
-        return orig in {"CannotConnectNowError", "ConnectionDoesNotExistError", "AdminShutdownError"} or isinstance(
-            exc.orig, OSError
-        )
+        # SQLAlchemy's asyncpg adapter wraps the driver's error in its own generic `Error` class (so its name says
+        # nothing): the driver's error is its cause, and the SQLSTATE is on both. A server that is still starting up
+        # or recovering answers 57P03 ("the database system is starting up" / "not yet accepting connections") for
+        # a moment after it listens again: that is a restart still under way, not a failure.
+        for err in (exc.orig, getattr(exc.orig, "__cause__", None)):
+            if err is None:
+                continue
+            if isinstance(err, OSError) or type(err).__name__ in _UNAVAILABLE_ERRORS:
+                return True
+            if getattr(err, "sqlstate", None) in _UNAVAILABLE_SQLSTATES:
+                return True
     return False
 
 
@@ -51,10 +63,11 @@ class Database:
         self,
         url: str,
         *,
-        pool_size: int = 10,
+        pool_size: int = 20,
         echo: bool = False,
         pre_ping: bool = True,
         unavailable_wait_s: float = 0.0,
+        server_writes: bool = True,
     ) -> None:
         """`pre_ping=False` (the worker pools) skips the round trip that tests each pooled connection before use; a
         transaction whose first statement finds its connection dead is then run once more on a fresh connection
@@ -71,11 +84,22 @@ class Database:
         if self.is_sqlite:
             kwargs["connect_args"] = {"timeout": 30}
         else:
-            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=pre_ping, pool_recycle=1800)
+            # No overflow: an overflow connection is closed when it is returned to a full pool, so a burst of
+            # concurrent writes (a hundred admissions at once) opened and closed one per transaction - a backend
+            # started, a handshake and every statement prepared again: 35 connections per 100 task items in
+            # bench/overhead.py. Connections are opened lazily up to `pool_size` and then kept; the most a process
+            # holds (20 by default) is what pool_size + overflow allowed before.
+            kwargs.update(pool_size=pool_size, max_overflow=0, pool_pre_ping=pre_ping, pool_recycle=1800)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
         if self.is_sqlite:
             _configure_sqlite(self.engine)
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+        self._autocommit_engine = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.server_writes = server_writes and not self.is_sqlite
+        """PostgreSQL: fenced writes run as one call of a server-side function (migration 0008) instead of one round
+        trip per statement (crewwork/store/fencing.py). `server_writes=False` (the setting
+        `CREWWORK_STORE_SERVER_WRITES`) runs the Python path, which SQLite always runs (docs/performance.md, "Fourth
+        round")."""
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -134,6 +158,46 @@ class Database:
                     continue
                 raise
         raise AssertionError("unreachable")
+
+    async def autocommit_scalar(self, stmt: Any, params: dict[str, Any]) -> Any:
+        """Execute one statement outside an explicit transaction (a single statement is its own, atomic one) and
+        return its scalar: one round trip, no `BEGIN`/`COMMIT`. Waits for an unreachable database like `session`.
+
+        A pooled connection found dead on first use (`connection_invalidated`) runs the statement once more on a
+        fresh connection. The statement can only have run already if the server committed it and died before its
+        answer; for a fenced write that is the same scheduled attempt writing twice at one rank, which the fence
+        accepts as it accepts a local activity re-run (crewwork/store/fencing.py)."""
+        for attempt in (1, 2):
+            try:
+                async with self._autocommit_connection() as conn:
+                    return (await conn.execute(stmt, params)).scalar_one()
+            except DBAPIError as exc:
+                if attempt == 1 and exc.connection_invalidated:
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    @asynccontextmanager
+    async def _autocommit_connection(self) -> AsyncIterator[Any]:
+        deadline = time.monotonic() + self.unavailable_wait_s
+        delay = 0.1
+        while True:
+            conn = self._autocommit_engine.connect()
+            try:
+                await conn.start()
+                break
+            except (OSError, DBAPIError) as exc:
+                remaining = deadline - time.monotonic()
+                if self.unavailable_wait_s <= 0 or not unavailable(exc) or remaining <= 0:
+                    raise
+                pause = min(delay, remaining)
+                log.warning("the store is unreachable (%s); retrying in %.1fs", type(exc).__name__, pause)
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 2.0)
+        try:
+            yield conn
+        finally:
+            await conn.close()
 
     # ------------------------------------------------------------------ clock
 

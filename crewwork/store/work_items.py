@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, cast, func, or_, select, tuple_
+from typing import Any
+
+from sqlalchemy import JSON, Float, Table, bindparam, cast, func, insert, literal_column, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
 
@@ -10,7 +12,7 @@ from crewwork.ids import new_id
 from crewwork.masking import mask_secrets
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.engine import Database, StoreError
-from crewwork.store.fencing import IN_FLIGHT_STATES, SUBMISSION
+from crewwork.store.fencing import SUBMISSION
 from crewwork.store.tables import Event, WorkItem
 
 
@@ -52,46 +54,98 @@ class WorkItemStore(Database):
             if found is not None:
                 return _replay(found, submission_hash), False
         wid = new_id("wi")
+        values: dict[str, Any] = {
+            "id": wid,
+            "tenant_id": tenant_id,
+            "kind": spec.kind.value,
+            "state": WorkItemState.submitted.value,
+            "spec": spec.model_dump(mode="json"),
+            "idempotency_key": spec.idempotency_key,
+            "submission_hash": submission_hash,
+            "labels": dict(spec.labels),
+            "repo_url": repo_path,
+            "base_commit": base_commit,
+            "workflow_id": f"work-item-{wid}",
+            "reason": "",
+            # No "result": None bound to the JSON column is written as the JSON value `null`, not SQL NULL (the ORM
+            # insert left the column out; `result IS NULL` must find a fresh item). The returned row sets it below.
+            "result_rank": None,
+            "state_rank": None,
+            "attempt_count": 0,
+            "delivery_branch": None,
+            "landed_commit": None,
+            "mock": False,
+            "fence_rank": SUBMISSION.encode(),
+        }
+        event = {
+            "work_item_id": wid,
+            "tenant_id": tenant_id,
+            "type": "submitted",
+            "data": mask_secrets({"kind": spec.kind.value, "base_commit": base_commit}),
+            "rank": SUBMISSION.encode(),
+        }
         try:
-            async with self.session() as s:
-                now = await self.now(s)
-                row = WorkItem(
-                    id=wid,
-                    tenant_id=tenant_id,
-                    kind=spec.kind.value,
-                    state=WorkItemState.submitted.value,
-                    spec=spec.model_dump(mode="json"),
-                    idempotency_key=spec.idempotency_key,
-                    submission_hash=submission_hash,
-                    labels=dict(spec.labels),
-                    repo_url=repo_path,
-                    base_commit=base_commit,
-                    workflow_id=f"work-item-{wid}",
-                    reason="",
-                    attempt_count=0,
-                    mock=False,
-                    fence_rank=SUBMISSION.encode(),
-                    created_at=now,
-                    updated_at=now,
-                )
-                s.add(row)
-                s.add(
-                    Event(
-                        work_item_id=wid,
-                        tenant_id=tenant_id,
-                        type="submitted",
-                        data=mask_secrets({"kind": spec.kind.value, "base_commit": base_commit}),
-                        rank=SUBMISSION.encode(),
-                        created_at=now,
-                    )
-                )
-            return row, True
+            if self.is_sqlite:
+                async with self.session() as s:
+                    now = await self.now(s)
+                    conn = await s.connection()
+                    await conn.execute(insert(WorkItem).values(**values, created_at=now, updated_at=now))
+                    await conn.execute(insert(Event).values(**event, created_at=now))
+            else:
+                # One statement, outside an explicit transaction (a single statement is atomic): the row and its
+                # `submitted` event at one reading of the database clock. It was five round trips (BEGIN, the
+                # clock, two INSERTs, COMMIT), each ~0.3 ms of the API process's CPU.
+                stmt = self._submission_statement(tuple(values))
+                params = {**{f"v_{k}": v for k, v in values.items()}, **{f"ev_{k}": v for k, v in event.items()}}
+                async with self.engine.connect() as c:
+                    conn = await c.execution_options(isolation_level="AUTOCOMMIT")
+                    now = float((await conn.execute(stmt, params)).scalar_one())
+            return WorkItem(**values, result=None, created_at=now, updated_at=now), True
         except IntegrityError:
             if spec.idempotency_key:
                 found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
                 if found is not None:
                     return _replay(found, submission_hash), False
             raise
+
+    def _submission_statement(self, keys: tuple[str, ...]) -> Any:
+        """PostgreSQL: the submitted row and its event in one statement at one reading of the database clock, every
+        value a bound parameter (`v_<column>`, `ev_<column>`): built once (its construction and cache key cost
+        more CPU than the round trips it saves when built per call)."""
+        cached = self.__dict__.get("_submission_stmt")
+        if cached is not None and cached[0] == keys:
+            return cached[1]
+        wi: Table = WorkItem.__table__  # type: ignore[assignment]
+        ev_t: Table = Event.__table__  # type: ignore[assignment]
+        clock = select(literal_column(self.now_sql().text, Float).label("now")).cte("clock")
+        now_sql = select(clock.c.now).scalar_subquery()
+        ev = (
+            insert(ev_t)
+            .values(
+                {
+                    **{
+                        k: bindparam(f"ev_{k}", type_=ev_t.c[k].type)
+                        for k in ("work_item_id", "tenant_id", "type", "data", "rank")
+                    },
+                    "created_at": now_sql,
+                }
+            )
+            .cte("submitted_event")
+        )
+        stmt = (
+            insert(wi)
+            .values(
+                {
+                    **{k: bindparam(f"v_{k}", type_=wi.c[k].type) for k in keys},
+                    "created_at": now_sql,
+                    "updated_at": now_sql,
+                }
+            )
+            .returning(wi.c.created_at)
+            .add_cte(ev)
+        )
+        self.__dict__["_submission_stmt"] = (keys, stmt)
+        return stmt
 
     async def work_item_by_idempotency_key(self, tenant_id: str, key: str) -> WorkItem | None:
         async with self.session() as s:
@@ -159,28 +213,5 @@ class WorkItemStore(Database):
                 .where(WorkItem.tenant_id == tenant_id, WorkItem.state == WorkItemState.queued.value)
                 .order_by(WorkItem.created_at, WorkItem.id)
                 .limit(limit)
-            )
-            return list((await s.scalars(q)).all())
-
-    async def queued_to_wake(self, tenant_id: str, max_in_flight: int, cap: int) -> list[WorkItem]:
-        """The tenant's first queued items, as many as there are free in-flight places (at most `cap`): the ones
-        admission would take now. Waking more only makes them re-run admission to be queued again."""
-        async with self.session() as s:
-            in_flight = int(
-                await s.scalar(
-                    select(func.count())
-                    .select_from(WorkItem)
-                    .where(WorkItem.tenant_id == tenant_id, WorkItem.state.in_(IN_FLIGHT_STATES))
-                )
-                or 0
-            )
-            free = min(cap, max_in_flight - in_flight)
-            if free <= 0:
-                return []
-            q = (
-                select(WorkItem)
-                .where(WorkItem.tenant_id == tenant_id, WorkItem.state == WorkItemState.queued.value)
-                .order_by(WorkItem.created_at, WorkItem.id)
-                .limit(free)
             )
             return list((await s.scalars(q)).all())

@@ -166,6 +166,7 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
         pool_size=settings.db_pool_size,
         pre_ping=False,
         unavailable_wait_s=settings.store_unavailable_wait_s,
+        server_writes=settings.store_server_writes,
     )
     metrics_server = start_pool_observability(pool, settings.task_queue(pool))
     tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor

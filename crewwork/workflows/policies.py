@@ -31,12 +31,13 @@ EXECUTION_RETRY = RetryPolicy(
 AGENT_START_TO_CLOSE = timedelta(minutes=30)
 EXECUTION_HEARTBEAT = timedelta(seconds=10)
 VALIDATE_MARGIN = timedelta(minutes=2)
-QUEUE_POLL = timedelta(seconds=5)
-QUEUE_POLL_MAX = timedelta(seconds=30)
-"""A queued item re-runs admission at once when signalled `slot_freed`, and on this backoff timer otherwise. Every
-item that leaves the in-flight states wakes as many queued items as there are free places, counted afresh each time,
-so a lost signal is made up by the next one: the timer is only the fallback for a tenant none of whose items end.
-(At 1 s doubling to 10 s the timers were most of a queued item's workflow tasks: bench/trace.py.)"""
+QUEUE_POLL = timedelta(seconds=20)
+QUEUE_POLL_MAX = timedelta(seconds=120)
+"""A queued item is admitted by the write of the item whose place it takes (`FencingStore.hand_off`) and told so by
+the `admitted` signal; it re-runs admission on this backoff timer only as a fallback: for a signal that was lost
+(the control process died between the write and the signal), or places freed without a hand-off (the operator
+raised the limit). So it is long: at 5 s doubling to 30 s, on a loaded machine where a queue wait is half a minute,
+the timers still gave a queued item 1.2 extra workflow tasks and admission transactions (bench/trace.py)."""
 WORKSPACE_POLL = timedelta(seconds=2)
 WORKSPACE_POLL_MAX = timedelta(seconds=30)
 WORKSPACE_LEASE_TTL_S = 600.0

@@ -75,6 +75,7 @@ class WorkItemWorkflow(StepCalls):
         self._review: ReviewDecision | None = None
         self._awaiting_review = False
         self._slot_freed = False
+        self._handed_off = False
         self._continuing = False
         self._sa_state: str | None = None
 
@@ -99,8 +100,15 @@ class WorkItemWorkflow(StepCalls):
 
     @workflow.signal
     def slot_freed(self) -> None:
-        """One of the tenant's items ended: a queued item re-runs admission now instead of at its next poll."""
+        """One of the tenant's items ended: a queued item re-runs admission now instead of at its next poll. (What
+        control pools before the hand-off sent; still honoured during a rolling upgrade.)"""
         self._slot_freed = True
+
+    @workflow.signal
+    def admitted(self) -> None:
+        """The place of one of the tenant's items that ended was handed to this queued item, in that item's write
+        (`FencingStore.hand_off`): it is admitted in the store already and goes on without asking again."""
+        self._handed_off = True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -145,10 +153,15 @@ class WorkItemWorkflow(StepCalls):
                 return res
             self._set(WorkItemState.queued, f"queued: place {res.queued_position} in the tenant's queue")
             try:
-                await workflow.wait_condition(lambda: self._slot_freed, timeout=delay)
+                await workflow.wait_condition(lambda: self._slot_freed or self._handed_off, timeout=delay)
                 delay = QUEUE_POLL
             except TimeoutError:
                 delay = min(delay * 2, QUEUE_POLL_MAX)
+            if self._handed_off and res.budget is not None:
+                # Admitted by the write that freed the place; the terms were decided by this item's admission (a
+                # control pool from before the hand-off decided none: then it asks again, and finds itself admitted).
+                self._set(WorkItemState.admitted, "admitted", upsert=False)
+                return res.model_copy(update={"admitted": True, "reason": "", "queued_position": None})
             if workflow.info().is_continue_as_new_suggested():
                 self._continue_as_new(self._carry)
 

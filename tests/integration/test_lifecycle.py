@@ -146,11 +146,9 @@ async def test_review_sent_at_the_wrong_time_is_rejected(crew: Crew, calc_repo: 
 
 async def test_task_round_trips_its_output_through_the_api(crew: Crew) -> None:
     _kid, key = await crew.store.create_api_key("api-tenant")
-    with ApiServer(crew.settings) as api:
-        h = {"Authorization": f"Bearer {key}"}
-        r = httpx.post(
-            f"{api.url}/v1/work-items",
-            headers=h,
+    async with ApiServer(crew.settings) as api, api.client(key) as c:
+        r = await c.post(
+            "/v1/work-items",
             json={
                 "kind": "task",
                 "input": {"question": "6*7"},
@@ -161,11 +159,11 @@ async def test_task_round_trips_its_output_through_the_api(crew: Crew) -> None:
         wid = r.json()["id"]
         result = await crew.result(wid)
         assert result.state == "succeeded" and result.output == {"answer": 42} and result.mock
-        item = httpx.get(f"{api.url}/v1/work-items/{wid}", headers=h).json()
+        item = (await c.get(f"/v1/work-items/{wid}")).json()
         assert item["state"] == "succeeded" and item["result"]["output"] == {"answer": 42} and item["mock"]
-        listed = httpx.get(f"{api.url}/v1/work-items", headers=h).json()
+        listed = (await c.get("/v1/work-items")).json()
         assert [i["id"] for i in listed["items"]] == [wid]
-        events = httpx.get(f"{api.url}/v1/work-items/{wid}/events", headers=h).json()
+        events = (await c.get(f"/v1/work-items/{wid}/events")).json()
         assert events[0]["type"] == "submitted" and events[-1]["data"]["state"] == "succeeded"
 
 
@@ -176,7 +174,6 @@ async def test_bad_submissions_are_rejected_before_any_workflow_starts(
     other_root = tmp_path / "roots"
     other_root.mkdir()
     crew.settings.repo_roots = str(other_root)
-    h = {"Authorization": f"Bearer {key}"}
     good = code_change(calc_repo, [{"files": {"calc.py": RIGHT}}])
     cases = {
         "unknown field": {**good, "colour": "red"},
@@ -190,17 +187,13 @@ async def test_bad_submissions_are_rejected_before_any_workflow_starts(
         "not an object": ["a", "list"],
     }
     (other_root / "repo").symlink_to(calc_repo)
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api, api.client(key) as c:
         for name, body in cases.items():
-            r = httpx.post(f"{api.url}/v1/work-items", headers=h, json=body)
+            r = await c.post("/v1/work-items", json=body)
             assert r.status_code == 422, (name, r.status_code, r.text)
             problem = r.json()
             assert problem["code"] in ("invalid_work_item", "invalid_request") and problem["detail"], name
-        r = httpx.post(
-            f"{api.url}/v1/work-items",
-            headers={**h, "Content-Type": "application/json"},
-            content=b"{not json",
-        )
+        r = await c.post("/v1/work-items", headers={"Content-Type": "application/json"}, content=b"{not json")
         assert r.status_code == 422
     principal = await crew.store.authenticate(key)
     assert principal is not None
@@ -210,39 +203,38 @@ async def test_bad_submissions_are_rejected_before_any_workflow_starts(
 async def test_auth_and_tenant_isolation(crew: Crew) -> None:
     _k1, key_a = await crew.store.create_api_key("tenant-a")
     kid_b, key_b = await crew.store.create_api_key("tenant-b")
-    with ApiServer(crew.settings) as api:
+    async with ApiServer(crew.settings) as api, httpx.AsyncClient(base_url=api.url) as c:
         a = {"Authorization": f"Bearer {key_a}"}
         b = {"Authorization": f"Bearer {key_b}"}
-        assert httpx.get(f"{api.url}/v1/work-items").status_code == 401
-        assert httpx.get(f"{api.url}/v1/work-items", headers={"Authorization": "Bearer cw_wrong"}).status_code == 401
-        r = httpx.post(
-            f"{api.url}/v1/work-items",
+        assert (await c.get("/v1/work-items")).status_code == 401
+        assert (await c.get("/v1/work-items", headers={"Authorization": "Bearer cw_wrong"})).status_code == 401
+        r = await c.post(
+            "/v1/work-items",
             headers=a,
             json={"kind": "task", "input": {}, "agent": {"config": {"output": {"x": 1}}}},
         )
         wid = r.json()["id"]
         for path in ("", "/events", "/cancel", "/review"):
             method = "POST" if path in ("/cancel", "/review") else "GET"
-            rr = httpx.request(
+            rr = await c.request(
                 method,
-                f"{api.url}/v1/work-items/{wid}{path}",
+                f"/v1/work-items/{wid}{path}",
                 headers=b,
                 json={"action": "approve"} if path == "/review" else None,
             )
             assert rr.status_code == 404, (path, rr.status_code)
-        assert httpx.get(f"{api.url}/v1/work-items", headers=b).json()["items"] == []
+        assert (await c.get("/v1/work-items", headers=b)).json()["items"] == []
         await crew.store.revoke_api_key(kid_b)
-        assert httpx.get(f"{api.url}/v1/work-items", headers=b).status_code == 401
+        assert (await c.get("/v1/work-items", headers=b)).status_code == 401
         await crew.result(wid)
 
 
 async def test_same_idempotency_key_returns_the_same_work_item(crew: Crew) -> None:
     _kid, key = await crew.store.create_api_key("idempotent")
     body = {"kind": "task", "input": {}, "agent": {"config": {"output": {}}}}
-    with ApiServer(crew.settings) as api:
-        h = {"Authorization": f"Bearer {key}", "Idempotency-Key": "order-17"}
-        r1 = httpx.post(f"{api.url}/v1/work-items", headers=h, json=body)
-        r2 = httpx.post(f"{api.url}/v1/work-items", headers=h, json=body)
+    async with ApiServer(crew.settings) as api, api.client(key, headers={"Idempotency-Key": "order-17"}) as c:
+        r1 = await c.post("/v1/work-items", json=body)
+        r2 = await c.post("/v1/work-items", json=body)
         assert (r1.status_code, r2.status_code) == (202, 200)
         assert r1.json()["id"] == r2.json()["id"] and r2.json()["created"] is False
         await crew.result(r1.json()["id"])

@@ -86,7 +86,9 @@ async def _record_histories(crew: Crew, calc_repo: Path) -> None:  # pragma: no 
 
 
 async def _record_queued(settings: Settings) -> None:  # pragma: no cover - a tool, not a check
-    # A task that waits in `queued` behind its tenant's in-flight limit of 1, then runs.
+    # A task that waits in `queued` behind its tenant's in-flight limit of 1, then runs: the ending item hands it its
+    # place and signals `admitted` (task_handed_off). task_queued_v1.json was recorded before the hand-off: it was
+    # woken by `slot_freed` and re-ran admission; it stays, since such executions may be in flight at an upgrade.
     own = {"tenant_max_in_flight": 1, "task_queue_prefix": settings.task_queue_prefix + "q"}
     async with running_crew(settings.model_copy(update=own)) as crew:
         first = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"delay_s": 2}}})
@@ -94,7 +96,7 @@ async def _record_queued(settings: Settings) -> None:  # pragma: no cover - a to
         second = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"output": {"a": 2}}}})
         await crew.wait_state(second, "queued")
         await crew.result(second)
-        await _save(crew, second, "task_queued")
+        await _save(crew, second, "task_handed_off")
 
 
 if os.environ.get("CREWWORK_RECORD_HISTORY"):  # defined only on request, so normal runs skip nothing

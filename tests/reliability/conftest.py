@@ -26,6 +26,7 @@ def pool_env(settings: Settings, **extra: str) -> dict[str, str]:
             "CREWWORK_TEMPORAL_ADDRESS": settings.temporal_address,
             "CREWWORK_TASK_QUEUE_PREFIX": settings.task_queue_prefix,
             "CREWWORK_LEASE_TTL_S": str(settings.lease_ttl_s),
+            "CREWWORK_REPO_ALLOW_NETWORKS": settings.repo_allow_networks,
             "CREWWORK_DB_POOL_SIZE": "4",
             "PYTHONUNBUFFERED": "1",
         }

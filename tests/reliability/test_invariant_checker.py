@@ -12,6 +12,7 @@ from crewwork.invariants import CompletedStep, check_invariants
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.store import AttemptRecord, Rank, Store
 from crewwork.store.tables import Event, Lease, LeaseHistory, WorkItem
+from tests.repos.servers import Listener
 
 pytestmark = [pytest.mark.postgres]
 
@@ -122,6 +123,36 @@ async def test_a_result_stored_below_the_mark_fails_fence_mark(pg_store: Store) 
     assert (await check_invariants(pg_store, [wid])).failed() == ["fence_mark"]
 
 
+async def test_queued_items_that_asked_again_pass_while_in_flight(pg_store: Store, tmp_path: Any) -> None:
+    """A queued item's admission that keeps it queued, or finds it admitted already (a place was handed to it and
+    the signal was lost), is an accepted write that raises the mark and changes nothing else: no event. Checked
+    while work is in flight, that is not a violation (it failed `fence_mark`); a mark below an accepted write is."""
+    from crewwork.activities.control import ControlActivities
+    from crewwork.config import Settings
+    from crewwork.contracts import AdmitInput, FinishInput
+    from crewwork.models import WorkItemResult
+
+    control = ControlActivities(pg_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    spec = WorkItemSpec.model_validate({"kind": "task", "input": {}})
+    tid = await pg_store.ensure_tenant("invariants-queue")  # its own tenant: the others' items stay in flight
+    items = [
+        (tid, (await pg_store.create_work_item(tenant_id=tid, spec=spec, base_commit=None, repo_path=None))[0].id)
+        for _ in range(3)
+    ]
+    for _t, w in items:
+        await control.admit(AdmitInput(work_item_id=w, tenant_id=tid, step=1, spec=spec))
+    first, second, third = (w for _t, w in items)
+    await control.admit(AdmitInput(work_item_id=third, tenant_id=tid, step=2, spec=spec))  # a poll: still queued
+    result = WorkItemResult(work_item_id=first, state=WorkItemState.succeeded, reason="done")
+    await control.finish(FinishInput(work_item_id=first, tenant_id=tid, step=2, result=result))
+    assert (await control.admit(AdmitInput(work_item_id=second, tenant_id=tid, step=2, spec=spec))).admitted
+    report = await check_invariants(pg_store, [first, second, third], require_terminal=False)
+    report.assert_ok()
+    async with pg_store.session() as s:
+        await s.execute(update(WorkItem).where(WorkItem.id == second).values(fence_rank=Rank(0, 5).encode()))
+    assert (await check_invariants(pg_store, [second], require_terminal=False)).failed() == ["fence_mark"]
+
+
 async def test_an_unjustified_rejection_fails_rejections_justified(pg_store: Store) -> None:
     wid = await _clean_history(pg_store)
     async with pg_store.session() as s:
@@ -172,3 +203,26 @@ async def test_landing_counts_fail_one_landing(pg_store: Store) -> None:
     assert "one_landing" in report.failed()
     assert any(twice in d for d in report.results["one_landing"].details)
     assert any(never in d for d in report.results["one_landing"].details)
+
+
+async def test_check_git_reads_a_remote_as_host_git_does_under_the_address_policy(
+    pg_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`check_git` lists the delivery branch of a tenant-named remote: it is a network git command like the
+    workers', so the remote's host passes the operator's address policy first (CREWWORK_REPO_ALLOW_NETWORKS) and
+    nothing is dialled when it does not. Here the stored URL names this host's loopback, and the policy is the
+    production default (public addresses only): the checker says it cannot read the branch, and the listener on
+    that address sees no connection."""
+    monkeypatch.setenv("CREWWORK_REPO_ALLOW_NETWORKS", "")
+    wid = await _clean_history(pg_store, "code_change")
+    with Listener("127.0.0.1") as internal:
+        async with pg_store.session() as s:
+            await s.execute(
+                update(WorkItem)
+                .where(WorkItem.id == wid)
+                .values(repo_url=f"git://127.0.0.1:{internal.port}/acme/calc.git", delivery_branch=f"crewwork/{wid}")
+            )
+        report = await check_invariants(pg_store, [wid], check_git=True)
+        assert internal.connections == 0, "the checker's git dialled an address the operator did not allow"
+    assert report.failed() == ["one_landing"]
+    assert any("loopback" in d and "CREWWORK_REPO_ALLOW_NETWORKS" in d for d in report.results["one_landing"].details)

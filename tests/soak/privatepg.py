@@ -49,7 +49,20 @@ class PrivatePostgres:
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=120)
 
-    def start(self) -> None:
+    def start(self, *settings: str) -> None:
+        """Start the server (`settings`: more `-c name=value` options) and wait until pg_ctl sees it up."""
+        # A start that fails says why (the server's own log), so that a rare failure can be told apart from the code.
+        try:
+            self._start(*settings)
+        except subprocess.CalledProcessError as exc:
+            log = self.data / "server.log"
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no server.log)"
+            raise RuntimeError(
+                f"pg_ctl start failed ({exc.returncode}): {exc.stderr}\n--- server.log ---\n{tail}"
+            ) from exc
+
+    def _start(self, *settings: str) -> None:
+        extra = "".join(f" -c {c}" for c in settings)
         self._run(
             str(self.bin / "pg_ctl"),
             "-D",
@@ -58,9 +71,19 @@ class PrivatePostgres:
             "-l",
             str(self.data / "server.log"),
             "-o",
-            f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200{extra}",
             "start",
         )
+
+    def start_in_recovery(self) -> None:
+        """Start the (stopped) server as a standby with hot_standby off and no primary: it listens, and answers
+        every connection with SQLSTATE 57P03 ("the database system is not accepting connections") until
+        `promote()`, the state a restarting server is in for a moment while it replays its WAL."""
+        self._run("touch", str(self.data / "standby.signal"))
+        self.start("hot_standby=off")
+
+    def promote(self) -> None:
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "promote")
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "-m", mode, "stop", check=False)

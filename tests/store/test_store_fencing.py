@@ -14,7 +14,7 @@ from sqlalchemy import select
 from crewwork.activities.common import AttemptWriter, watch
 from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput
+from crewwork.contracts import AdmitInput, FinishInput, SetStateInput
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
 from crewwork.store.store import AttemptRecord, Rank, Store
 from crewwork.store.tables import ApiKey
@@ -210,6 +210,39 @@ async def test_workspace_lease_is_exclusive_until_released(any_store: Store) -> 
     await any_store.release_lease(key, grant=g3)
 
 
+@pytest.mark.postgres
+async def test_a_grant_that_waited_for_a_release_starts_after_that_release_ended(pg_store: Store) -> None:
+    """An acquirer held up behind the key's counter lock while the holder releases: its grant must start after the
+    release's end on the database clock (read before the wait, it started earlier, and lease_history overlapped:
+    the chaos soak's lease_exclusive check failed on it)."""
+    from sqlalchemy import text
+
+    from crewwork.store.tables import LeaseHistory
+
+    key = "ws:/repo#waited"
+    g1, _ = await pg_store.acquire_lease(key, "item-a", 60)
+    assert g1 is not None
+    blocker = await pg_store.engine.connect()
+    try:
+        await blocker.begin()
+        # Hold the key's grant counter row: the next acquirer waits on it, inside its transaction.
+        await blocker.execute(text("SELECT token FROM fences WHERE key = :k FOR UPDATE"), {"k": key})
+        acquiring = asyncio.create_task(pg_store.acquire_lease(key, "item-b", 60))
+        await asyncio.sleep(0.3)
+        assert not acquiring.done()
+        assert await pg_store.release_lease(key, grant=g1)
+        await blocker.rollback()
+        g2, holder = await acquiring
+    finally:
+        await blocker.close()
+    assert g2 is not None and holder is None
+    async with pg_store.session() as s:
+        rows = (await s.scalars(select(LeaseHistory).where(LeaseHistory.key == key))).all()
+    first, second = sorted(rows, key=lambda h: h.token)
+    assert first.ended_at is not None and second.acquired_at >= first.ended_at, (first.ended_at, second.acquired_at)
+    await pg_store.release_lease(key, grant=g2)
+
+
 async def test_expired_lease_can_be_taken_over(any_store: Store) -> None:
     key = "ws:/repo#expiring"
     g1, _ = await any_store.acquire_lease(key, "item-a", 0.2)
@@ -307,5 +340,139 @@ async def test_concurrent_writers_of_one_item_never_accept_a_lower_rank_after_a_
         assert accepted == sorted(accepted) and accepted[-1] == Rank(8, 3)
         row = await store.get_work_item(wid)
         assert row is not None and row.fence_rank == Rank(8, 3).encode()
+    finally:
+        await store.close()
+
+
+async def _finish(control: ControlActivities, item: tuple[str, str], step: int) -> Any:
+    tid, wid = item
+    result = WorkItemResult(work_item_id=wid, state=WorkItemState.succeeded, reason="done")
+    return await control.finish(FinishInput(work_item_id=wid, tenant_id=tid, step=step, result=result))
+
+
+async def test_an_ending_item_hands_its_place_to_the_first_queued_item_in_its_own_write(
+    any_store: Store, tmp_path: Any
+) -> None:
+    """The place goes to the oldest queued item in the ending item's transaction, at the queued item's own mark: it
+    needs no second admission, and the queue stays first come, first served."""
+    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    spec = WorkItemSpec.model_validate(TASK)
+    items = [await _item(any_store, tenant="handoff") for _ in range(3)]
+    got = [await control.admit(AdmitInput(work_item_id=w, tenant_id=t, step=1, spec=spec)) for t, w in items]
+    assert [g.admitted for g in got] == [True, False, False]
+    assert all(g.budget is not None for g in got), "a queued item learns the terms it will run under"
+    marks = {w: (await any_store.get_work_item(w)).fence_rank for _t, w in items}  # type: ignore[union-attr]
+
+    assert (await _finish(control, items[0], 2)).ok
+    states = [(await any_store.get_work_item(w)).state for _t, w in items]  # type: ignore[union-attr]
+    assert states == ["succeeded", "admitted", "queued"], "one place, to the first in line"
+    second = items[1][1]
+    handed = [e for e in await any_store.list_events(second) if e.data.get("state") == "admitted"]
+    assert len(handed) == 1 and handed[0].rank == marks[second]
+    assert handed[0].data["writer"].startswith(f"hand_off from {items[0][1]}")
+    assert (await any_store.get_work_item(second)).fence_rank == marks[second]  # type: ignore[union-attr]
+    # Its own admission, when it asks again (a lost signal), finds it admitted and changes nothing.
+    again = await control.admit(AdmitInput(work_item_id=second, tenant_id=items[1][0], step=2, spec=spec))
+    assert again.admitted
+    assert len([e for e in await any_store.list_events(second) if e.type == "state_changed"]) == 2
+
+    # An item that ends while queued holds no place and hands nothing on; awaiting review frees one.
+    await control.set_state(
+        SetStateInput(work_item_id=second, tenant_id=items[1][0], step=3, state=WorkItemState.awaiting_review)
+    )
+    assert (await any_store.get_work_item(items[2][1])).state == "admitted"  # type: ignore[union-attr]
+
+
+async def test_a_write_that_keeps_its_place_or_had_none_hands_nothing_on(any_store: Store, tmp_path: Any) -> None:
+    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    spec = WorkItemSpec.model_validate(TASK)
+    items = [await _item(any_store, tenant="keeps") for _ in range(3)]
+    for t, w in items:
+        await control.admit(AdmitInput(work_item_id=w, tenant_id=t, step=1, spec=spec))
+    # running -> validating: still in flight.
+    await control.set_state(
+        SetStateInput(work_item_id=items[0][1], tenant_id=items[0][0], step=2, state=WorkItemState.validating)
+    )
+    # A queued item cancelled: it held no place.
+    await _finish(control, items[2], 2)
+    assert [(await any_store.get_work_item(w)).state for _t, w in items] == [  # type: ignore[union-attr]
+        "validating",
+        "queued",
+        "succeeded",
+    ]
+    # A stale finish of the admitted item is refused, and refused writes hand nothing on either.
+    await control.set_state(
+        SetStateInput(work_item_id=items[0][1], tenant_id=items[0][0], step=5, state=WorkItemState.running)
+    )
+    stale = await _finish(control, items[0], 4)
+    assert not stale.ok
+    assert (await any_store.get_work_item(items[1][1])).state == "queued"  # type: ignore[union-attr]
+
+
+async def test_items_ending_and_admitting_at_once_never_exceed_the_limit_nor_deadlock(
+    pg_url: str, tmp_path: Any
+) -> None:
+    """On PostgreSQL, with real concurrency: the admitted items of one tenant end at once (each handing its place
+    on) while the queued ones ask for admission again. No transaction deadlocks (two ending items each hold the key
+    share lock of their event's foreign key on the tenant row when they lock it), the tenant never has more than its
+    limit in flight, and the queue drains oldest first."""
+    limit = 4
+    store = Store(pg_url, pool_size=30)
+    try:
+        control = ControlActivities(store, Settings(data_dir=tmp_path, tenant_max_in_flight=limit))
+        spec = WorkItemSpec.model_validate(TASK)
+        items = [await _item(store, tenant="race") for _ in range(40)]
+        tid = items[0][0]
+        steps = dict.fromkeys((w for _t, w in items), 1)
+        order: list[str] = []
+
+        async def admit(wid: str) -> None:
+            steps[wid] += 1
+            await control.admit(AdmitInput(work_item_id=wid, tenant_id=tid, step=steps[wid], spec=spec))
+
+        async def finish(wid: str) -> None:
+            steps[wid] += 1
+            assert (await _finish(control, (tid, wid), steps[wid])).ok
+
+        for _t, w in items:  # in submission order: the queue is first come, first served among items that asked
+            await admit(w)
+        peak = 0
+        for _round in range(60):
+            rows = await store.list_work_items(tid, limit=100)
+            flying = [r.id for r in rows if r.state in ("admitted", "running", "validating", "landing")]
+            waiting = [r.id for r in rows if r.state == "queued"]
+            peak = max(peak, len(flying))
+            if not flying and not waiting:
+                break
+            # No lost wakeup: once every write of the round has committed, no place is free while an item waits.
+            assert not waiting or len(flying) == limit, f"{len(flying)} in flight with {len(waiting)} queued"
+            order.extend(sorted(flying, key=lambda w: [x[1] for x in items].index(w)))
+            await asyncio.wait_for(
+                asyncio.gather(*(finish(w) for w in flying), *(admit(w) for w in waiting)), timeout=60
+            )
+        assert 0 < peak <= limit
+        rows = [await store.get_work_item(w) for _t, w in items]
+        assert all(r is not None and r.state == "succeeded" for r in rows)
+        idx = [x[1] for x in items]
+        assert order == idx, f"admitted oldest first: {[idx.index(w) for w in order]}"
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_the_autocommit_submission_leaves_its_pooled_connection_transactional(pg_url: str) -> None:
+    """The submission runs as one statement outside a transaction (AUTOCOMMIT on its connection). The pool must hand
+    that connection back transactional: a fenced write's lock and change on an autocommit connection would each
+    commit on their own."""
+    from sqlalchemy import text
+
+    store = Store(pg_url, pool_size=1)
+    try:
+        tid, _wid = await _item(store)
+        async with store.session() as s:
+            first = (await s.execute(text("SELECT txid_current()"))).scalar()
+            second = (await s.execute(text("SELECT txid_current()"))).scalar()
+        assert first == second, "two statements of one session ran in two transactions"
+        assert tid
     finally:
         await store.close()
