@@ -79,6 +79,7 @@ def phases(events: list[Any]) -> dict[str, float]:
     wft_done = t.get("WORKFLOW_TASK_COMPLETED", [])
     out: dict[str, float] = {}
     start = t["WORKFLOW_EXECUTION_STARTED"][0]
+    out["_wf_start"] = start
     if wft_started:
         out["start"] = wft_started[0] - start
     if wft_done and wft_started:
@@ -90,7 +91,7 @@ def phases(events: list[Any]) -> dict[str, float]:
         out["agent wait"] = started - sched
     if started and completed:
         out["agent run"] = completed - started
-        out["_started"], out["_completed"] = started, completed
+        out["_scheduled"], out["_started"], out["_completed"] = sched, started, completed
     later = [s for s in wft_started if completed and s >= completed]
     if later:
         out["wft2 wait"] = later[0] - completed
@@ -98,6 +99,7 @@ def phases(events: list[Any]) -> dict[str, float]:
         out["wft2"] = end - later[0]
     if "WORKFLOW_EXECUTION_COMPLETED" in t:
         out["total"] = t["WORKFLOW_EXECUTION_COMPLETED"][0] - start
+        out["_wf_end"] = t["WORKFLOW_EXECUTION_COMPLETED"][0]
     out["workflow tasks"] = float(len(wft_started))
     # What woke a queued item to re-run admission: its backoff timer or a `slot_freed` signal.
     out["timers fired"] = float(len(t.get("TIMER_FIRED", [])))
@@ -154,6 +156,7 @@ async def histories(address: str, url: str) -> list[dict[str, Any]]:
             if "transcript" in w:
                 p["transcript tx"] = w["finished"] - w["transcript"]
             p["last write + completion"] = done - w["finished"]
+            p["_finished"] = w["finished"]
         out.append(p)
     return out
 
@@ -178,6 +181,39 @@ def slot_figures(traces: list[dict[str, Any]], slots: int) -> tuple[float, float
     if not span:
         return 0.0, 0.0
     return busy / span, (n / span) * MOCK_AGENT_S
+
+
+GAP_KEYS = ["free -> next start", "of it: no task scheduled", "of it: scheduled, not yet started"]
+
+
+def idle_gaps(traces: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per agent process (one slot each): from the moment its agent was done with one task (the `agent_finished`
+    write, where the slot is given back) to the next task's start, split into the part where no activity task
+    was scheduled anywhere that had not started (the slot starved: the control side had nothing for it) and the
+    part where the next task was scheduled but not yet handed to the slot (the poll and the server's matching)."""
+    by_proc: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for t in traces:
+        if "_started" in t and "_finished" in t:
+            by_proc[t["_identity"]].append(t)
+    out = []
+    everything = [t for t in traces if "_scheduled" in t]
+    for runs in by_proc.values():
+        runs.sort(key=lambda t: t["_started"])
+        for a, b in itertools.pairwise(runs):
+            free = a["_finished"]
+            # The first moment after `free` at which some task was scheduled and not yet started.
+            avail = min(
+                (max(t["_scheduled"], free) for t in everything if t["_started"] > free and t is not a), default=free
+            )
+            avail = min(avail, b["_started"])
+            out.append(
+                {
+                    GAP_KEYS[0]: b["_started"] - free,
+                    GAP_KEYS[1]: max(0.0, avail - free),
+                    GAP_KEYS[2]: b["_started"] - max(avail, free),
+                }
+            )
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ py-spy
@@ -260,7 +296,9 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
     # The warm-up's items ran before the measured burst: leave them out.
     traces = sorted(warm, key=lambda t: t.get("_started", 0.0))[4:]
     busy, eff = slot_figures(traces, args.slots)
+    gaps = idle_gaps(traces) if args.slots == 1 else []
     return {
+        "gaps": gaps,
         "env": env,
         "load": load0,
         "out": out,
@@ -300,6 +338,37 @@ def report(run: dict[str, Any], args: argparse.Namespace) -> None:
     print(table(["agent slot (s)", "n", "p50", "p95", "mean"], rows(run["traces"], SLOT_KEYS)))
     print()
     print(table(["per item", "n", "p50", "p95", "mean"], rows(run["traces"], COUNT_KEYS)))
+    timed = [t for t in run["traces"] if "_started" in t and "_wf_end" in t]
+    if timed:
+        first = min(t["_wf_start"] for t in timed)
+        # The load's own clock: its start is its end (the last result's store time) minus its wall time.
+        begun = max(t["_wf_end"] for t in timed) - out["wall_s"]
+        print(
+            f"\nfill: load started -> first workflow started {first - begun:.3f}s; "
+            f"first workflow started -> first agent started {min(t['_started'] for t in timed) - first:.3f}s; "
+            f"drain: last agent completed -> last item completed "
+            f"{max(t['_wf_end'] for t in timed) - max(t['_completed'] for t in timed):.3f}s; "
+            f"first workflow started -> last item completed {max(t['_wf_end'] for t in timed) - first:.3f}s"
+        )
+    starts = sorted(t["_started"] for t in timed)
+    if len(starts) >= 20:
+        # Start-to-start time of consecutive agent tasks, by tenth of the run: the first tenths overlap the burst of
+        # submissions (the API and the control pool's first workflow tasks share the machine), the rest is steady.
+        cycles = [b - a for a, b in itertools.pairwise(starts)]
+        tenth = len(cycles) // 10
+        print(
+            "agent start-to-start by tenth of the run (ms, mean): "
+            + " ".join(f"{1000 * sum(cycles[i : i + tenth]) / tenth:.0f}" for i in range(0, tenth * 10, tenth))
+        )
+    if run["gaps"]:
+        print()
+        print(table(["slot idle between tasks (s)", "n", "p50", "p95", "mean"], rows(run["gaps"], GAP_KEYS)))
+        long = [g for g in run["gaps"] if g[GAP_KEYS[0]] > MOCK_AGENT_S / 2]
+        starved = sum(1 for g in long if g[GAP_KEYS[1]] > g[GAP_KEYS[2]])
+        print(
+            f"gaps over {MOCK_AGENT_S / 2:.2f}s: {len(long)} of {len(run['gaps'])}; mostly starved (no task "
+            f"scheduled): {starved}, mostly waiting for dispatch: {len(long) - starved}"
+        )
     if run["profile"]:
         print()
         print(f"py-spy samples of {args.profile}:")
