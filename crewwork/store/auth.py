@@ -91,14 +91,18 @@ class AuthStore(Database):
 
     async def authenticate(self, plain: str) -> Principal | None:
         digest = hash_api_key(plain)
-        async with self.session() as s:
-            key = await s.scalar(select(ApiKey).where(ApiKey.key_hash == digest))
-            if key is None or key.revoked_at is not None:
-                return None
-            if not hmac.compare_digest(key.key_hash, digest):
-                return None
-            return Principal(
-                tenant_id=key.tenant_id,
-                key_id=key.id,
-                scopes=frozenset(x for x in key.scopes.split(",") if x),
+        # Once per API request: one statement outside a transaction (a read needs none), one round trip.
+        key = await self.autocommit_first(
+            select(ApiKey.id, ApiKey.tenant_id, ApiKey.key_hash, ApiKey.scopes, ApiKey.revoked_at).where(
+                ApiKey.key_hash == digest
             )
+        )
+        if key is None or key.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(key.key_hash, digest):
+            return None
+        return Principal(
+            tenant_id=key.tenant_id,
+            key_id=key.id,
+            scopes=frozenset(x for x in key.scopes.split(",") if x),
+        )

@@ -167,10 +167,18 @@ class Database:
         fresh connection. The statement can only have run already if the server committed it and died before its
         answer; for a fenced write that is the same scheduled attempt writing twice at one rank, which the fence
         accepts as it accepts a local activity re-run (crewwork/store/fencing.py)."""
+        return await self._autocommit(stmt, params, lambda result: result.scalar_one())
+
+    async def autocommit_first(self, stmt: Any, params: dict[str, Any] | None = None) -> Any:
+        """Like `autocommit_scalar`, returning the statement's first row (or None): a read that needs no
+        transaction of its own (one round trip instead of `BEGIN`, the statement and the end of the transaction)."""
+        return await self._autocommit(stmt, params or {}, lambda result: result.first())
+
+    async def _autocommit(self, stmt: Any, params: dict[str, Any], fetch: Callable[[Any], Any]) -> Any:
         for attempt in (1, 2):
             try:
                 async with self._autocommit_connection() as conn:
-                    return (await conn.execute(stmt, params)).scalar_one()
+                    return fetch(await conn.execute(stmt, params))
             except DBAPIError as exc:
                 if attempt == 1 and exc.connection_invalidated:
                     continue

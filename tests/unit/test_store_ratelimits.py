@@ -49,3 +49,31 @@ async def test_a_bucket_refills_at_its_rate(any_store: Store) -> None:
     assert 0 < refused.retry_after_s <= 0.2
     await asyncio.sleep(refused.retry_after_s + 0.05)
     assert (await any_store.charge_rate_limit(key, rate_per_s=5, burst=1)).allowed
+
+
+async def test_a_charge_skips_the_wal_flush_for_itself_only(pg_url: str) -> None:
+    # On PostgreSQL a charge is one statement that turns off synchronous_commit for its own implicit transaction.
+    # The connection goes back to the pool: the fenced writes and submissions that run on it next must still wait
+    # for their WAL flush (a 202 or an accepted write must survive a database crash).
+    from sqlalchemy import text
+
+    store = Store(pg_url, pool_size=1)
+    try:
+        key = f"key:{uuid.uuid4().hex}"
+        for _ in range(3):
+            assert (await store.charge_rate_limit(key, rate_per_s=1000, burst=100)).allowed
+            row = await store.autocommit_first(text("SELECT current_setting('synchronous_commit'), pg_backend_pid()"))
+            assert row[0] == "on"
+        async with store.session() as s:
+            assert (await s.scalar(text("SELECT current_setting('synchronous_commit')"))) == "on"
+        # The charge's own commit did not wait: the setting is off inside the statement that charges.
+        probe = await store.autocommit_first(
+            text(
+                "SELECT current_setting('synchronous_commit') FROM "
+                "(SELECT set_config('synchronous_commit', 'off', true)) AS cfg"
+            )
+        )
+        assert probe[0] == "off"
+        assert (await store.autocommit_first(text("SELECT current_setting('synchronous_commit')")))[0] == "on"
+    finally:
+        await store.close()
