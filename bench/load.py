@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 from sqlalchemy import select
 
+from bench.bare_load import bare_runner
 from bench.harness import pg_database, proc_cpu_s, rss_mb, summary, table, task_spec, write_results
 from crewwork.models import WorkItemState
 from crewwork.stack import Stack
@@ -290,10 +291,10 @@ def equal_table(runs: list[dict[str, Any]]) -> str:
     by = {(r.get("system", "crewwork"), r["agent_slots_per_process"], r.get("round", 0)): r for r in runs}
     for (system, slots, rnd), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         peer = by.get(("procrastinate", slots, rnd))
-        ratio = f"{r['tasks_per_s'] / peer['tasks_per_s']:.2f}x" if peer and system == "crewwork" else ""
+        ratio = f"{r['tasks_per_s'] / peer['tasks_per_s']:.2f}x" if peer and system != "procrastinate" else ""
         s2r = (
             f"{r['submit_to_result_s']['p50'] / peer['submit_to_result_s']['p50']:.2f}x"
-            if peer and system == "crewwork"
+            if peer and system != "procrastinate"
             else ""
         )
         rows.append(
@@ -345,6 +346,11 @@ def main() -> None:
     ap.add_argument("--slots", default="1,2", help="grid: concurrent activities per agent process (default 2)")
     ap.add_argument("--no-procrastinate", action="store_true", help="skip the same-run SKIP LOCKED reference")
     ap.add_argument(
+        "--no-bare",
+        action="store_true",
+        help="skip the same-run bare-Temporal floor (bench/bare_load.py) in the equal-concurrency comparison",
+    )
+    ap.add_argument(
         "--peer-concurrency",
         default="1",
         help="grid: Procrastinate jobs per worker process to run (1 = the reference setup), comma-separated",
@@ -382,17 +388,27 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         url, _db = stack.enter_context(pg_database("crewwork_load"))
         peer = None if args.no_procrastinate else stack.enter_context(procrastinate_runner(args.items, args.clients))
+        bare = None if args.no_bare else stack.enter_context(bare_runner(args.items, args.clients))
         if args.equal:
             for rnd in range(args.rounds):
                 for c in [int(x) for x in args.equal.split(",")]:
-                    # Side by side, alternating which goes first each round, so both see the same machine.
-                    order = ["crewwork", "procrastinate"] if rnd % 2 == 0 else ["procrastinate", "crewwork"]
+                    # Side by side, alternating which goes first each round, so all see the same machine.
+                    order = ["crewwork", "procrastinate", "bare"]
+                    if rnd % 2:
+                        order.reverse()
                     for system in order:
                         if system == "crewwork":
                             r = crewwork(1, c)
-                        elif peer is not None:
+                        elif system == "procrastinate" and peer is not None:
                             r = peer(1, c)
                             peer_line(r)
+                        elif system == "bare" and bare is not None:
+                            r = bare(c)
+                            print(
+                                f"bare temporal slots={c}: {r['tasks_per_s']:.1f} tasks/s (slot efficiency "
+                                f"{efficiency(r):.2f}), submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s",
+                                flush=True,
+                            )
                         else:
                             continue
                         r["round"] = rnd
@@ -413,7 +429,9 @@ def main() -> None:
         print(equal_table(runs))
         print(
             "slot efficiency: tasks/s per slot over the slot's limit for a 100 ms agent (10 tasks/s); worker CPU: "
-            "the agent and control processes (crewwork) or the worker process (Procrastinate), CPU time per item"
+            "the agent and control processes (crewwork), the worker process (Procrastinate) or the two worker "
+            "processes (bare temporal), CPU time per item. bare temporal: one 100 ms activity per workflow with "
+            "crewwork's pool tuning and nothing else (no API, store, fencing): the floor of the Temporal shape"
         )
     print(render({"runs": runs, "reference": REFERENCE}))
     print("reference: SKIP LOCKED platform, 8 tasks/s (1 worker) and 14 (2), submit-to-result p50 4.6 s / 2.4 s")
