@@ -279,7 +279,7 @@ async def test_webhooks_of_odd_shapes_get_the_same_outbox_rows(pg_store: Store) 
         handed = await _raw(
             store,
             "SELECT h.url, o.payload::jsonb ->> 'state' FROM outbox o JOIN webhooks h ON h.id = o.webhook_id "
-            "WHERE o.work_item_id = :w ORDER BY h.url",
+            "WHERE o.work_item_id = :w ORDER BY h.url, o.id",
             w=queued,
         )
         return [a.value, b.value, len(done.value or []), handed]
