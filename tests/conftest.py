@@ -64,6 +64,24 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 1
 
 
+# ------------------------------------------------------------------------------------------------ mounts
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _unmount_what_tests_left_mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Prepared environments stay mounted while cached (crewwork/sandbox/prepare.py), and a test's cache is never
+    evicted: at the end of the session every loop image still mounted under this session's temporary directory is
+    unmounted (its loop device goes with it), so runs do not pile up mounts and pytest can remove old directories."""
+    yield
+    from crewwork.sandbox.disk import _mountpoints, unmount_blocking
+
+    base = str(tmp_path_factory.getbasetemp().resolve())
+    for point in sorted(_mountpoints(), key=len, reverse=True):
+        if point == base or point.startswith(base + os.sep):
+            with contextlib.suppress(Exception):
+                unmount_blocking(Path(point))
+
+
 # ------------------------------------------------------------------------------------------------ databases
 
 

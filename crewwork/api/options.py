@@ -16,7 +16,9 @@ class ApiOptions(BaseSettings):
         "kept in the store).",
     )
     api_rate_burst: int = Field(default=100, ge=1, description="Token bucket size: requests a key may burst.")
-    sse_poll_s: float = Field(default=0.2, gt=0, description="How often the event tail polls the events table.")
+    sse_poll_s: float = Field(
+        default=0.2, gt=0, description="How often the event tail polls the events table while a stream is open."
+    )
     sse_keepalive_s: float = Field(default=15.0, gt=0, description="Comment line sent on idle streams.")
     webhook_delivery: bool = Field(default=True, description="Run a webhook outbox deliverer in this API process.")
     webhook_max_attempts: int = Field(default=12, ge=1, description="Failed deliveries before the dead-letter state.")

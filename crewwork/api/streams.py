@@ -49,6 +49,21 @@ class EventHorizon:
         self._advanced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._gap: tuple[int, float, set[tuple[int, str]]] | None = None
+        self._subscribers = 0
+        self._wanted = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def subscribed(self) -> AsyncIterator[None]:
+        """Hold the horizon live for one stream. It tails the events table only while a stream is open: with none,
+        it makes no query at all (an API process would otherwise poll the events table several times a second
+        forever), and the first stream after an idle spell waits for a fresh safe id, found as at startup."""
+        self._subscribers += 1
+        self._wanted.set()
+        try:
+            await asyncio.wait_for(self.ready.wait(), 30)
+            yield
+        finally:
+            self._subscribers -= 1
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -117,6 +132,14 @@ class EventHorizon:
     async def _run(self) -> None:
         while True:
             try:
+                if not self._subscribers:
+                    # Nothing reads the horizon: drop it and sleep until a stream subscribes. No await between
+                    # the check and the wait, so a subscription cannot slip in unseen.
+                    self.ready.clear()
+                    self._wanted.clear()
+                    self._gap = None
+                    await self._wanted.wait()
+                    continue
                 if not self.ready.is_set():
                     self.safe = await self._initial()
                     self.ready.set()
@@ -153,29 +176,30 @@ async def event_stream(
     store: Store,
     horizon: EventHorizon,
     *,
-    after: int,
+    after: int | None,
     work_item_id: str | None = None,
     tenant_id: str | None = None,
     keepalive_s: float,
 ) -> AsyncIterator[bytes]:
-    last = after
+    """Events after `after` (None: after the newest one safe now) as SSE, until the client goes away."""
     SSE_CLIENTS.inc()
     try:
         yield b"retry: 2000\n\n"
-        await asyncio.wait_for(horizon.ready.wait(), 30)
-        while True:
-            rows = await store.events_between(
-                last, horizon.safe, limit=SSE_BATCH, work_item_id=work_item_id, tenant_id=tenant_id
-            )
-            for ev in rows:
-                yield _sse(ev)
-                last = ev.id
-            if len(rows) == SSE_BATCH:
-                continue
-            if await request.is_disconnected():
-                return
-            if not await horizon.wait_advance(keepalive_s):
-                yield b": keepalive\n\n"
+        async with horizon.subscribed():
+            last = horizon.safe if after is None else after
+            while True:
+                rows = await store.events_between(
+                    last, horizon.safe, limit=SSE_BATCH, work_item_id=work_item_id, tenant_id=tenant_id
+                )
+                for ev in rows:
+                    yield _sse(ev)
+                    last = ev.id
+                if len(rows) == SSE_BATCH:
+                    continue
+                if await request.is_disconnected():
+                    return
+                if not await horizon.wait_advance(keepalive_s):
+                    yield b": keepalive\n\n"
     finally:
         SSE_CLIENTS.dec()
 
@@ -209,11 +233,8 @@ async def tenant_stream(
 ) -> StreamingResponse:
     if all_tenants and not principal.admin:
         raise ProblemError(403, "forbidden", "all_tenants needs an API key with the `admin` scope")
-    start = resume_point(last_event_id, after)
-    horizon: EventHorizon = request.app.state.horizon
-    if tail and not last_event_id and after is None:
-        await asyncio.wait_for(horizon.ready.wait(), 30)
-        start = horizon.safe
+    # `tail`: the stream starts after the newest safe event, read once it holds the horizon (event_stream).
+    start = None if tail and not last_event_id and after is None else resume_point(last_event_id, after)
     opts = request.app.state.options
     return StreamingResponse(
         event_stream(
