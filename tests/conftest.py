@@ -299,7 +299,11 @@ class ApiServer:
         await asyncio.to_thread(self.thread.join, 10)
 
     def client(self, key: str, headers: dict[str, str] | None = None, **kw: Any) -> httpx.AsyncClient:
-        """An async client of this API authenticated with `key` (and sending `headers` on every request)."""
+        """An async client of this API authenticated with `key` (and sending `headers` on every request). Its timeout
+        is 30 s, not httpx's 5: the tests assert what the API answers, not how fast, and on a loaded CI machine a
+        first request (new connections, the API's webhook deliverer working through the shared database's due rows
+        at the same moment) once took longer than 5 s. A hang still fails, at 30 s."""
+        kw.setdefault("timeout", 30.0)
         return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {key}", **(headers or {})}, **kw)
 
 
