@@ -36,6 +36,9 @@ class ItemRef(BaseModel):
 
 class AdmitInput(ItemRef):
     spec: WorkItemSpec
+    resumed: bool = False
+    """The item has attempts already (a continued run, or reviewers sent it back): an admission out of `queued`
+    reads their failure fingerprints too, for the breaker."""
 
 
 class AdmitResult(BaseModel):

@@ -100,6 +100,10 @@ class ControlActivities:
         # (`FencingStore.hand_off`) goes on with these, without asking again.
         budget = effective_budget(inp.spec.budget, ceilings)
         review_timeout_s = min(review, ceiling) if review is not None else ceiling
+        fingerprints = adm.fingerprints
+        if adm.admitted and inp.resumed and not fingerprints:
+            # Admitted out of `queued` (a fresh admission carries no fingerprints): the item's attempts so far.
+            fingerprints = await self.store.fingerprints(inp.work_item_id)
         if not adm.admitted:
             return AdmitResult(
                 admitted=False,
@@ -110,8 +114,8 @@ class ControlActivities:
             )
         return AdmitResult(
             admitted=True,
-            past_fingerprints=adm.fingerprints,
-            attempts_recorded=len(adm.fingerprints),
+            past_fingerprints=fingerprints,
+            attempts_recorded=len(fingerprints),
             budget=budget,
             review_timeout_s=review_timeout_s,
         )

@@ -11,7 +11,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState, i
 with workflow.unsafe.imports_passed_through():
     from crewwork.activities.errors import ITEM_FAILURES
     from crewwork.limits import LoopState
-    from crewwork.models import AgentOutcome, AttemptSummary, WorkItemInput
+    from crewwork.models import AgentOutcome, AttemptSummary, LoopCarry, WorkItemInput
     from crewwork.workflows.policies import EXECUTION_RETRY
 
 
@@ -51,6 +51,17 @@ class RepairLoop:
         self.attempt += 1
         self.diagnostics = diagnostics
         self.review_comment = None
+
+    def carry(self) -> LoopCarry:
+        """What the next run starts from when this one continues as new."""
+        return LoopCarry(
+            next_attempt=self.attempt,
+            diagnostics_ref=self.diagnostics,
+            review_comment=self.review_comment,
+            started_at_s=self.started_at_s,
+            tokens_used=self.tokens,
+            cost_usd=self.cost,
+        )
 
     def changes_requested(self, comment: str | None) -> None:
         self.attempt += 1

@@ -57,6 +57,11 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
+# workflow.patched marker: items sent back by reviewers are admitted again (histories from before it went on
+# without admission, and replay the same way).
+READMIT_AFTER_REVIEW = "readmit-after-review"
+
+
 @workflow.defn(name="WorkItemWorkflow")
 class WorkItemWorkflow(StepCalls):
     @workflow.init
@@ -139,13 +144,22 @@ class WorkItemWorkflow(StepCalls):
                 if inp.spec.kind != WorkItemKind.task:
                     await self._cleanup()
 
-    async def _admission(self) -> AdmitResult:
-        """Admit the item, waiting durably in `queued` while its tenant is at its in-flight limit."""
+    async def _admission(self, *, readmission: RepairLoop | None = None) -> AdmitResult:
+        """Admit the item, waiting durably in `queued` while its tenant is at its in-flight limit.
+
+        `readmission`: the repair loop of an item that reviewers sent back (`_readmit`); a long wait continues as
+        new with it. A continued run, or a readmission, does not take the `admitted` signal's word: it asks the
+        store once more, which finds it admitted and answers with its attempts' fingerprints (the breaker's
+        memory, which a fresh admission does not carry), and a late signal from an earlier wait cannot start it."""
+        resumed = readmission is not None or self._carry.next_attempt > 1
         delay = QUEUE_POLL
         while True:
             self._slot_freed = False
+            self._handed_off = False
             res = await self._local(
-                ControlActivities.admit, lambda step: AdmitInput(**self._ref(step), spec=self._inp.spec), "admit"
+                ControlActivities.admit,
+                lambda step: AdmitInput(**self._ref(step), spec=self._inp.spec, resumed=resumed),
+                "admit",
             )
             if res.admitted or res.queued_position is None:
                 if res.admitted:
@@ -157,13 +171,37 @@ class WorkItemWorkflow(StepCalls):
                 delay = QUEUE_POLL
             except TimeoutError:
                 delay = min(delay * 2, QUEUE_POLL_MAX)
-            if self._handed_off and res.budget is not None:
+            if self._handed_off and res.budget is not None and not resumed:
                 # Admitted by the write that freed the place; the terms were decided by this item's admission (a
                 # control pool from before the hand-off decided none: then it asks again, and finds itself admitted).
                 self._set(WorkItemState.admitted, "admitted", upsert=False)
                 return res.model_copy(update={"admitted": True, "reason": "", "queued_position": None})
             if workflow.info().is_continue_as_new_suggested():
-                self._continue_as_new(self._carry)
+                self._continue_as_new(readmission.carry() if readmission is not None else self._carry)
+
+    async def _readmit(self, loop: RepairLoop) -> WorkItemResult | None:
+        """Reviewers asked for changes: the next attempt takes a place under the tenant's in-flight limit again,
+        first come, first served, as a new item does. Awaiting review holds no place, so without this a tenant could
+        run any number of its items at once: let them all reach review, then ask for changes on every one.
+
+        Two writes: `queued` (the attempt number it waits for, so the event log moves forward), then admission. A
+        freed place may be handed to the item in between; the admission then finds it admitted. Returns the item's
+        result when it cannot go on (it ended meanwhile), else None."""
+        await self._local(
+            ControlActivities.set_state,
+            lambda step: SetStateInput(
+                **self._ref(step),
+                state=WorkItemState.queued,
+                reason=f"changes requested: attempt {loop.attempt} waits for a place",
+                attempt=loop.attempt,
+            ),
+            "changes requested: wait for a place",
+        )
+        self._set(WorkItemState.queued, f"changes requested: attempt {loop.attempt} waits for a place")
+        res = await self._admission(readmission=loop)
+        if res.admitted:
+            return None
+        return await self._finish(WorkItemState.failed, f"not admitted: {res.reason}", mock=loop.mock)
 
     async def _run_task(self, admitted: AdmitResult) -> WorkItemResult:
         budget = admitted.budget or self._inp.spec.budget
@@ -212,6 +250,10 @@ class WorkItemWorkflow(StepCalls):
             if decision.action == "approve":
                 break
             loop.changes_requested(decision.comment)
+            if workflow.patched(READMIT_AFTER_REVIEW):
+                refused = await self._readmit(loop)
+                if refused is not None:
+                    return refused
         return await self._land(passed, loop, workspace)
 
     async def _repair_until_pass(self, loop: RepairLoop, limits: Limits) -> AgentOutcome | WorkItemResult:
@@ -226,16 +268,7 @@ class WorkItemWorkflow(StepCalls):
                 or loop.attempt - self._carry.next_attempt >= ATTEMPTS_PER_RUN
             ):
                 # Keep each run's history small however long the loop: start afresh with the loop state carried.
-                self._continue_as_new(
-                    LoopCarry(
-                        next_attempt=loop.attempt,
-                        diagnostics_ref=loop.diagnostics,
-                        review_comment=loop.review_comment,
-                        started_at_s=loop.started_at_s,
-                        tokens_used=loop.tokens,
-                        cost_usd=loop.cost,
-                    )
-                )
+                self._continue_as_new(loop.carry())
             n = loop.attempt
             self._set(WorkItemState.running, f"attempt {n}: agent running", attempt=n)
             outcome = await self._agent(n, diagnostics=loop.diagnostics, review_comment=loop.review_comment)
