@@ -158,6 +158,24 @@ class Settings(BaseSettings):
         description="Work items one tenant may have admitted at once (running, validating, landing); more wait "
         "in `queued`, first come first served.",
     )
+    reconcile_interval_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="Control pools: seconds between the reconciler's passes, which end the store's record of items "
+        "whose workflow was terminated, timed out or failed without recording it (crewwork/reconcile.py). 0: off.",
+    )
+    reconcile_batch: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Open items the reconciler checks per pass (one Temporal describe each); the next pass goes on "
+        "where this one stopped.",
+    )
+    reconcile_min_age_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="The reconciler leaves items younger than this alone (their workflow may still be starting).",
+    )
     max_artifact_bytes: int = Field(default=16 * 1024 * 1024, gt=0, description="Largest artifact stored.")
     lease_ttl_s: float = Field(default=60.0, gt=0, description="Lease lifetime; heartbeats renew it.")
     control_concurrency: int = Field(default=100, ge=1, description="Max concurrent activities, control pool.")

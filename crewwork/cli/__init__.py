@@ -42,7 +42,7 @@ from crewwork.cli.items import (
     cmd_wait,
     cmd_webhooks,
 )
-from crewwork.cli.ops import cmd_api, cmd_config, cmd_db, cmd_demo, cmd_dev, cmd_keys, cmd_worker
+from crewwork.cli.ops import cmd_api, cmd_config, cmd_db, cmd_demo, cmd_dev, cmd_keys, cmd_reconcile, cmd_worker
 
 # The names scripts and tests use from `crewwork.cli`.
 __all__ = ["EXIT_CODES", "Output", "build_parser", "main", "state_exit_code"]
@@ -224,6 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = add("db", "store schema migrations", cmd_db)
     d.add_argument("action", choices=["upgrade", "current"])
+
+    d = add(
+        "reconcile",
+        "end the store's record of items whose workflow was terminated, timed out or failed (one pass; control "
+        "pools run it every CREWWORK_RECONCILE_INTERVAL_S)",
+        cmd_reconcile,
+    )
+    d.add_argument("--batch", type=int, default=1000, help="open items to check (default 1000)")
+    d.add_argument("--min-age", type=float, help="skip items younger than this, seconds (default: the setting)")
 
     d = add("keys", "API keys", cmd_keys)
     d.add_argument("action", choices=["create", "revoke", "list"])

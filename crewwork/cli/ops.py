@@ -1,4 +1,4 @@
-"""The local commands: worker, api, db, keys, dev, demo, config, completion."""
+"""The local commands: worker, api, db, reconcile, keys, dev, demo, config, completion."""
 
 from __future__ import annotations
 
@@ -72,6 +72,42 @@ def cmd_db(args: argparse.Namespace) -> int:
         human = rev or "(empty: run `crewwork db upgrade`)"
     Output(args).result({"revision": rev, "database": shown}, human)
     return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    """One reconciler pass over the open items (what every control pool does each CREWWORK_RECONCILE_INTERVAL_S)."""
+    import asyncio
+
+    from crewwork.reconcile import Reconciler
+    from crewwork.store.store import Store
+    from crewwork.temporal.client import connect
+
+    s = get_settings()
+
+    async def once() -> dict[str, Any]:
+        store = Store(s.resolved_database_url())
+        try:
+            rec = Reconciler(store, await connect(s), s)
+            res = await rec.run_once(batch=args.batch, min_age_s=args.min_age)
+        finally:
+            await store.close()
+        return {
+            "checked": res.checked,
+            "running": res.running,
+            "closed": res.closed,
+            "unknown": res.unknown,
+            "errors": res.errors,
+        }
+
+    out = asyncio.run(once())
+    human = (
+        f"checked {out['checked']} open item(s): {out['running']} running, {len(out['closed'])} closed"
+        + "".join(f"\n  closed {i}" for i in out["closed"])
+        + (f"\n{len(out['unknown'])} with no workflow in Temporal (left alone)" if out["unknown"] else "")
+        + (f"\n{out['errors']} could not be checked (see the log)" if out["errors"] else "")
+    )
+    Output(args).result(out, human)
+    return EXIT_ERROR if out["errors"] else EXIT_OK
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

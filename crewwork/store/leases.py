@@ -106,6 +106,21 @@ class LeaseStore(Database):
                 )
             return bool(rows)
 
+    async def release_leases_held_by(self, holder: str) -> int:
+        """Release every lease `holder` holds (an item that ended without releasing its own). Returns how many."""
+        async with self.session() as s:
+            now = await self.now(s)
+            rows = (
+                await s.execute(delete(Lease).where(Lease.holder == holder).returning(Lease.key, Lease.token))
+            ).all()
+            for key, token in rows:
+                await s.execute(
+                    update(LeaseHistory)
+                    .where(LeaseHistory.key == key, LeaseHistory.token == token, LeaseHistory.ended_at.is_(None))
+                    .values(ended_at=now, end_reason="released")
+                )
+            return len(rows)
+
     async def get_lease(self, key: str) -> Lease | None:
         async with self.session() as s:
             return await s.scalar(select(Lease).where(Lease.key == key))

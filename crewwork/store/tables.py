@@ -20,11 +20,15 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # BIGINT on PostgreSQL, INTEGER (the rowid alias, so it autoincrements) on SQLite.
 BigIntPK = BigInteger().with_variant(Integer, "sqlite")
+
+# Not terminal (crewwork.models.TERMINAL_STATES): the rows of the partial index ix_work_items_open.
+_OPEN_ITEMS = "state NOT IN ('succeeded', 'failed', 'rejected', 'cancelled', 'dead')"
 
 
 class Base(DeclarativeBase):
@@ -81,6 +85,14 @@ class WorkItem(Base):
         # Keyset pagination per tenant, newest first, optionally by state.
         Index("ix_work_items_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_work_items_tenant_state_created", "tenant_id", "state", "created_at", "id"),
+        # The open items in submission order, for the reconciler (migration 0009).
+        Index(
+            "ix_work_items_open",
+            "created_at",
+            "id",
+            postgresql_where=text(_OPEN_ITEMS),
+            sqlite_where=text(_OPEN_ITEMS),
+        ),
     )
 
 

@@ -37,6 +37,7 @@ from crewwork.activities.control import ControlActivities
 from crewwork.activities.execute import ExecuteActivities
 from crewwork.config import Settings
 from crewwork.observability import activity_interceptors, start_pool_observability
+from crewwork.reconcile import Reconciler
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
 from crewwork.workers.slots import SlotInterceptor, poll_ahead_tuner
@@ -179,8 +180,13 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
     log.info("pool %s polling task queue %s", pool, settings.task_queue(pool))
     print(f"crewwork worker: pool {pool} polling {settings.task_queue(pool)}", flush=True)
     alive = asyncio.create_task(_report_alive(pool, stop))
+    reconciler = None
+    if pool == "control" and settings.reconcile_interval_s > 0:
+        reconciler = asyncio.create_task(Reconciler(store, client, settings).run(stop))
     async with worker:
         await stop.wait()
+        if reconciler is not None:
+            await reconciler
         log.info("pool %s draining (grace %ss)", pool, GRACEFUL_SHUTDOWN.total_seconds())
         print(f"crewwork worker: pool {pool} draining", flush=True)
     await alive

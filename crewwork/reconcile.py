@@ -1,0 +1,210 @@
+"""The reconciler: close the store's record of a work item whose workflow ended without saying so.
+
+A workflow records its own end (`finish`, a fenced write). One that is terminated (an operator in the Web UI, `temporal
+workflow terminate`), that times out, or that fails outside its own handling never does: its item stays `running`
+(or `queued`, `awaiting_review`, ...) in the store forever. It then holds one of its tenant's in-flight places (the
+tenant's queue stalls once enough of them pile up), keeps its workspace lease until the lease expires, and its API
+status and `crewwork wait` never end.
+
+Every control-pool process runs `Reconciler.run`: each pass takes the next `batch` open items (not terminal, older
+than `min_age_s`) in submission order, through the partial index `ix_work_items_open` (migration 0009), and asks
+Temporal for the state of each item's workflow (its latest run: a run continued as new counts as its successor).
+For a closed workflow it writes the end in one fenced write at `CLOSED_WORKFLOW`, a rank above any step a workflow
+can schedule, so nothing a zombie attempt of that workflow writes later is accepted; the write hands the item's
+place on to the tenant's queue as any ending write does. Then it releases the item's leases and removes its
+worktrees on this host.
+
+Nothing is closed on a guess: a workflow Temporal does not know (its start is still on the way, retention removed it,
+or the pool points at another namespace) is left alone and logged, and so is every item whose workflow still runs.
+Several control processes may reconcile at once: the fenced write is refused for an item already terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select, tuple_
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from crewwork.activities.control import HAND_OFF_CAP
+from crewwork.config import Settings
+from crewwork.models import TERMINAL_STATES, WorkItemResult, WorkItemState
+from crewwork.store.fencing import Rank
+from crewwork.store.store import Store
+from crewwork.store.tables import WorkItem
+from crewwork.workspace import remove_tree
+
+log = logging.getLogger("crewwork.reconcile")
+
+CLOSED_WORKFLOW = Rank(step=10**12, attempt=0)
+"""The rank of the reconciler's write: above any step number a workflow reaches (one per activity call, carried
+across continue-as-new), so every later write of the closed workflow's attempts is refused."""
+
+WRITER = "reconciler"
+
+
+@dataclass
+class Pass:
+    """What one pass saw."""
+
+    checked: int = 0
+    running: int = 0
+    closed: list[str] = field(default_factory=list)
+    """Items this pass ended."""
+    unknown: list[str] = field(default_factory=list)
+    """Items whose workflow Temporal does not know (left alone)."""
+    errors: int = 0
+
+
+class Reconciler:
+    def __init__(self, store: Store, client: Client, settings: Settings) -> None:
+        self.store = store
+        self.client = client
+        self.settings = settings
+        self._after: tuple[float, str] | None = None
+        """Where the next pass starts: the last item the previous one read (submission time, id)."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Passes every `reconcile_interval_s` until `stop` is set. A failed pass is logged and the next one tries
+        again (Temporal or the store may be down for a while)."""
+        interval = self.settings.reconcile_interval_s
+        while not stop.is_set():
+            try:
+                res = await self.run_once()
+                if res.closed:
+                    log.warning(
+                        "reconciler: closed %d item(s) whose workflow had ended: %s", len(res.closed), res.closed
+                    )
+            except Exception as exc:  # a pass never takes the pool down
+                log.warning("reconciler: pass failed: %s: %s", type(exc).__name__, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    async def run_once(self, *, batch: int | None = None, min_age_s: float | None = None) -> Pass:
+        """One pass over the next `batch` open items (from where the previous pass stopped; after the last one it
+        starts over)."""
+        batch = batch or self.settings.reconcile_batch
+        min_age_s = self.settings.reconcile_min_age_s if min_age_s is None else min_age_s
+        rows = await self._next_open(batch, min_age_s)
+        if len(rows) < batch:
+            self._after = None  # the end of the open items: the next pass starts over
+        else:
+            self._after = (rows[-1].created_at, rows[-1].id)
+        res = Pass()
+        for row in rows:
+            res.checked += 1
+            try:
+                await self._check(row, res)
+            except Exception as exc:
+                res.errors += 1
+                log.warning("reconciler: %s: %s: %s", row.id, type(exc).__name__, exc)
+        return res
+
+    async def _next_open(self, batch: int, min_age_s: float) -> list[Any]:
+        t = WorkItem
+        async with self.store.session() as s:
+            now = await self.store.now(s)
+            q = (
+                select(t.id, t.tenant_id, t.workflow_id, t.state, t.created_at)
+                .where(t.state.notin_([st.value for st in TERMINAL_STATES]), t.created_at <= now - min_age_s)
+                .order_by(t.created_at, t.id)
+                .limit(batch)
+            )
+            if self._after is not None:
+                q = q.where(tuple_(t.created_at, t.id) > tuple_(*self._after))
+            return list((await s.execute(q)).all())
+
+    async def _check(self, row: Any, res: Pass) -> None:
+        handle = self.client.get_workflow_handle(row.workflow_id)
+        try:
+            desc = await handle.describe()
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                res.unknown.append(row.id)
+                log.info("reconciler: %s: Temporal has no workflow %s; left as %s", row.id, row.workflow_id, row.state)
+                return
+            raise
+        status = desc.status
+        if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
+            res.running += 1
+            return
+        state, reason = await self._ending(handle, desc.run_id, status)
+        done = await self.store.set_state(
+            work_item_id=row.id,
+            tenant_id=row.tenant_id,
+            rank=CLOSED_WORKFLOW,
+            state=state,
+            reason=reason,
+            writer=WRITER,
+            fields={"result": WorkItemResult(work_item_id=row.id, state=state, reason=reason).model_dump(mode="json")},
+            max_in_flight=self.settings.tenant_max_in_flight,
+            hand_off_cap=HAND_OFF_CAP,
+        )
+        if not done.ok:
+            return  # ended meanwhile (the workflow's own write, or another control process)
+        res.closed.append(row.id)
+        log.warning("reconciler: %s was %s; its workflow %s: %s", row.id, row.state, status.name.lower(), reason)
+        for item in done.value or []:
+            with contextlib.suppress(Exception):
+                await self.client.get_workflow_handle(item.workflow_id).signal("admitted")
+        await self.store.release_leases_held_by(row.id)
+        await remove_tree(self.settings.resolved_worktree_dir() / row.id)
+
+    async def _ending(
+        self, handle: Any, run_id: str | None, status: WorkflowExecutionStatus
+    ) -> tuple[WorkItemState, str]:
+        """The item's end for a workflow that closed without writing it, and why (the closing event's reason or
+        failure, when Temporal has one)."""
+        detail = await self._closing_detail(handle.id, run_id)
+        if status == WorkflowExecutionStatus.COMPLETED:
+            # It returned a result, but its own last write never landed (a finish that failed for good).
+            with contextlib.suppress(Exception):
+                result = await handle.result(result_type=WorkItemResult)
+                if WorkItemState(result.state).terminal:
+                    return WorkItemState(result.state), result.reason or "completed"
+            return WorkItemState.dead, "its workflow completed without recording the item's end"
+        if status == WorkflowExecutionStatus.CANCELED:
+            return WorkItemState.cancelled, "cancelled (its workflow was cancelled)"
+        what = {
+            WorkflowExecutionStatus.TERMINATED: "was terminated",
+            WorkflowExecutionStatus.TIMED_OUT: "timed out",
+            WorkflowExecutionStatus.FAILED: "failed",
+        }.get(status, f"ended ({status.name.lower()})")
+        return WorkItemState.dead, f"its workflow {what}" + (f": {detail}" if detail else "")
+
+    async def _closing_detail(self, workflow_id: str, run_id: str | None) -> str:
+        """The reason a terminated workflow was given, or the message of a failed one: the last history event,
+        read alone (newest first), so a long history costs no more than a short one."""
+        try:
+            page = await self.client.workflow_service.get_workflow_execution_history_reverse(
+                GetWorkflowExecutionHistoryReverseRequest(
+                    namespace=self.client.namespace,
+                    execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id or ""),
+                    maximum_page_size=1,
+                )
+            )
+        except RPCError:
+            return ""
+        if not page.history.events:
+            return ""
+        e = page.history.events[0]
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TERMINATED:
+            text = e.workflow_execution_terminated_event_attributes.reason
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+            text = e.workflow_execution_failed_event_attributes.failure.message
+        else:
+            return ""
+        return " ".join(text.split())[:REASON_MAX_CHARS]
+
+
+REASON_MAX_CHARS = 500
+"""How much of a termination reason or failure message the item's reason keeps (an operator typed it, or it is an
+exception's text)."""

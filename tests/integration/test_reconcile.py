@@ -1,0 +1,153 @@
+"""The reconciler (crewwork/reconcile.py) on a real Temporal dev server, real PostgreSQL and real pools: an item
+whose workflow an operator terminated stops holding its tenant's place, its workspace lease and its worktree, and
+nothing the terminated workflow's attempts write afterwards is accepted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from crewwork.demo import RIGHT
+from crewwork.invariants import check_invariants
+from crewwork.models import WorkItemSpec
+from crewwork.reconcile import CLOSED_WORKFLOW, Reconciler
+from crewwork.store.tables import Event, Lease
+from crewwork.temporal.devserver import DevServer
+from tests.conftest import Crew, make_settings, running_crew
+from tests.integration.test_lifecycle import code_change
+
+pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+
+def _task(delay_s: float) -> dict[str, object]:
+    return {"kind": "task", "input": {}, "agent": {"name": "scripted", "config": {"output": {}, "delay_s": delay_s}}}
+
+
+async def test_a_terminated_item_is_closed_and_its_place_goes_to_the_queue(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    settings = make_settings(tmp_path, temporal_server, pg_url, tenant_max_in_flight=1, reconcile_interval_s=0)
+    async with running_crew(settings, pools=("control", "agent")) as crew:
+        stuck = await crew.submit(_task(4.0))
+        row = await crew.wait_state(stuck, "running")
+        behind = await crew.submit(_task(0.0))
+        await crew.wait_state(behind, "queued")
+        await crew.client.get_workflow_handle(row.workflow_id).terminate(reason="operator:  the model hangs\n")
+
+        rec = Reconciler(crew.store, crew.client, settings)
+        # Items younger than the minimum age are not looked at (a workflow may still be starting).
+        assert (await rec.run_once(min_age_s=3600)).checked == 0
+        res = await rec.run_once(min_age_s=0)
+        assert res.closed == [stuck] and res.running == 1 and not res.unknown, res
+        closed = await crew.store.get_work_item(stuck)
+        assert closed is not None and closed.state == "dead"
+        assert closed.reason == "its workflow was terminated: operator: the model hangs", closed.reason
+        assert closed.fence_rank == CLOSED_WORKFLOW.encode()
+        assert (closed.result or {}).get("state") == "dead"
+        # The place went to the queued item in the reconciler's write, and it was told (not left to its timer).
+        assert (await crew.result(behind, timeout_s=60)).state == "succeeded"
+        handed = [e for e in await crew.store.list_events(behind) if e.data.get("state") == "admitted"]
+        assert [e.data["writer"] for e in handed] == [f"hand_off from {stuck}"], handed
+
+        # The terminated workflow's agent attempt is still running in the pool; whatever it writes when it ends is
+        # refused, and the item stays dead.
+        await asyncio.sleep(5)
+        after = [
+            e for e in await crew.store.list_events(stuck) if e.id > _reconciled(await crew.store.list_events(stuck))
+        ]
+        assert all(e.type == "write_after_terminal_rejected" for e in after), [e.type for e in after]
+        assert (await crew.store.get_work_item(stuck)).state == "dead"  # type: ignore[union-attr]
+        (await check_invariants(crew.store, [stuck, behind])).assert_ok()
+        # A second pass finds nothing to do.
+        again = await rec.run_once(min_age_s=0)
+        assert again.closed == [] and again.checked == 0, again
+
+
+def _reconciled(events: list[Event]) -> int:
+    return next(e.id for e in events if e.type == "state_changed" and e.data.get("writer") == "reconciler")
+
+
+async def test_a_terminated_item_in_review_frees_its_workspace(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    settings = make_settings(
+        tmp_path / "crew", temporal_server, pg_url, sandbox_backend=sandbox_backend, reconcile_interval_s=0
+    )
+    async with running_crew(settings) as crew:
+        steps = [{"files": {"calc.py": RIGHT}}]
+        first = await crew.submit(code_change(calc_repo, steps, review={"required": True}))
+        row = await crew.wait_state(first, "awaiting_review", timeout_s=120)
+        held = await _leases(crew, first)
+        assert held, "an item awaiting review holds its workspace lease"
+        # The next item on the same branch waits for that lease (up to an hour while the first awaits review).
+        second = await crew.submit(code_change(calc_repo, steps, review={"required": True}))
+        await crew.client.get_workflow_handle(row.workflow_id).terminate(reason="abandoned")
+        res = await Reconciler(crew.store, crew.client, settings).run_once(min_age_s=0)
+        assert first in res.closed, res
+        assert await _leases(crew, first) == []
+        assert not (settings.resolved_worktree_dir() / first).exists()
+        await crew.wait_state(second, "awaiting_review", timeout_s=120)
+        (await check_invariants(crew.store, [first])).assert_ok()
+
+
+async def _leases(crew: Crew, holder: str) -> list[str]:
+    async with crew.store.session() as s:
+        return list((await s.scalars(select(Lease.key).where(Lease.holder == holder))).all())
+
+
+async def test_items_without_a_workflow_are_left_alone_and_passes_go_round(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    settings = make_settings(tmp_path, temporal_server, pg_url, reconcile_interval_s=0)
+    async with running_crew(settings, pools=()) as crew:
+        spec = WorkItemSpec.model_validate(_task(0))
+        # Rows whose workflow was never started (a start that failed): Temporal does not know them.
+        ids = []
+        for _ in range(3):
+            r, _ = await crew.store.create_work_item(
+                tenant_id=crew.tenant_id, spec=spec, base_commit=None, repo_path=None
+            )
+            ids.append(r.id)
+        rec = Reconciler(crew.store, crew.client, settings)
+        mine = set(ids)
+        seen: list[str] = []
+        # Other tests' open items share the database: walk until this test's three were each seen twice.
+        for _ in range(1000):
+            res = await rec.run_once(batch=2, min_age_s=0)
+            assert res.errors == 0, res
+            seen += [i for i in res.unknown if i in mine]
+            if all(seen.count(i) >= 2 for i in ids):
+                break
+        else:
+            raise AssertionError(f"passes never came round: {seen}")
+        assert seen[:3] == ids, "submission order"
+        for wid in ids:
+            row = await crew.store.get_work_item(wid)
+            assert row is not None and row.state == "submitted" and row.fence_rank == 0
+
+
+async def test_the_reconcile_command_runs_one_pass(tmp_path: Path, temporal_server: DevServer, pg_url: str) -> None:
+    settings = make_settings(tmp_path, temporal_server, pg_url)
+    async with running_crew(settings, pools=()) as crew:
+        spec = WorkItemSpec.model_validate(_task(0))
+        r, _ = await crew.store.create_work_item(tenant_id=crew.tenant_id, spec=spec, base_commit=None, repo_path=None)
+    env = {
+        **os.environ,
+        "CREWWORK_DATABASE_URL": pg_url,
+        "CREWWORK_TEMPORAL_ADDRESS": temporal_server.address,
+        "CREWWORK_DATA_DIR": str(tmp_path),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "crewwork", "reconcile", "--json", "--min-age", "0", "--batch", "10000",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    got = json.loads(out)
+    assert r.id in got["unknown"] and got["checked"] >= 1 and got["errors"] == 0, got
