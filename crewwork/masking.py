@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pydantic import BaseModel
+
 SECRET_PATTERNS = (
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}"),
     re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
@@ -30,6 +32,32 @@ def mask_secrets(value: Any) -> Any:
 
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def unstorable_at(value: Any, path: str = "") -> str | None:
+    """Where in `value` (JSON-like, or a pydantic model) the first string holding a character no store column can keep is (NUL, a lone
+    surrogate; see `without_nul`), as a dotted path ("labels.team", "validation.command.2"), or None. A submission is
+    refused with it rather than stored altered: what the tenant asked for is not silently changed."""
+    if isinstance(value, str):
+        return path if _UNSTORABLE.search(value) else None
+    if isinstance(value, BaseModel):
+        # The model's own values: a JSON-mode dump replaces a lone surrogate in a dict key by U+FFFD, hiding it.
+        value = value.__dict__
+    if isinstance(value, dict):
+        for k, v in value.items():
+            here = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and _UNSTORABLE.search(k):
+                return without_nul(here)
+            found = unstorable_at(v, here)
+            if found is not None:
+                return without_nul(found)
+        return None
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = unstorable_at(v, f"{path}.{i}" if path else str(i))
+            if found is not None:
+                return found
+    return None
 
 
 def without_nul(value: Any) -> Any:

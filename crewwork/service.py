@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 from crewwork.agents.base import AgentConfigError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
+from crewwork.masking import unstorable_at
 from crewwork.models import (
     EnvironmentSpec,
     ReviewDecision,
@@ -147,6 +148,7 @@ class WorkItemService:
         """Check and store a submission and start its workflow. A repeated idempotency key with the same submission
         returns the earlier item (`created` False) without checking it again; with another submission it raises
         `IdempotencyConflict`."""
+        refuse_unstorable(spec)
         digest = submission_hash(spec)
         if spec.idempotency_key:
             found = await self.store.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
@@ -227,6 +229,18 @@ class WorkItemService:
             await self.handle(row).cancel()
         except RPCError as exc:
             raise WorkflowUnavailable(f"could not cancel: {exc.message}") from exc
+
+
+def refuse_unstorable(data: Any, field_prefix: str = "") -> None:
+    """Refuse text the store cannot hold (NUL, a lone surrogate: crewwork.masking.unstorable_at) with the field that
+    holds it, before anything is stored: PostgreSQL refuses NUL in text and jsonb, so such a submission failed halfway
+    with a server error, or was stored and then failed every write of its workflow."""
+    where = unstorable_at(data)
+    if where is not None:
+        field = f"{field_prefix}{where}"
+        raise SubmissionRejected(
+            f"{field}: text must not contain NUL (U+0000) or a lone surrogate (U+D800-U+DFFF)", field, "invalid_text"
+        )
 
 
 def submission_hash(spec: WorkItemSpec) -> str:

@@ -142,6 +142,11 @@ def create_app(
             return problems.problem_response(
                 problems.ProblemError(411, "length_required", "send Content-Length (chunked bodies are not accepted)")
             )
+        if "\x00" in request.scope["path"] or b"%00" in request.scope["query_string"]:
+            # PostgreSQL text cannot hold NUL: refused here, not as a database error halfway through the request.
+            return problems.problem_response(
+                problems.ProblemError(400, "invalid_request", "NUL (%00) is not allowed in a URL's path or query")
+            )
         t0 = time.perf_counter()
         response = await call_next(request)
         route = request.scope.get("route")
