@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import select, text, tuple_
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
@@ -36,10 +36,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from crewwork.activities.control import HAND_OFF_CAP
 from crewwork.config import Settings
-from crewwork.models import TERMINAL_STATES, WorkItemResult, WorkItemState
+from crewwork.models import WorkItemResult, WorkItemState
 from crewwork.store.fencing import Rank
 from crewwork.store.store import Store
-from crewwork.store.tables import WorkItem
+from crewwork.store.tables import OPEN_ITEMS, WorkItem
 from crewwork.workspace import remove_tree
 
 log = logging.getLogger("crewwork.reconcile")
@@ -62,6 +62,24 @@ class Pass:
     unknown: list[str] = field(default_factory=list)
     """Items whose workflow Temporal does not know (left alone)."""
     errors: int = 0
+    cycle_done: bool = False
+    """This pass read the cycle's last open items: the next one starts over at the oldest."""
+
+
+def open_items_query(horizon: float, after: tuple[float, str] | None, batch: int) -> Any:
+    """The next `batch` open items submitted up to `horizon`, after `after` (submission time, id), oldest first."""
+    t = WorkItem
+    q = (
+        select(t.id, t.tenant_id, t.workflow_id, t.state, t.created_at)
+        # The partial index's own condition, as text: SQLite uses a partial index only for a query whose WHERE
+        # names its condition in literals (bound parameters it cannot match).
+        .where(text(OPEN_ITEMS), t.created_at <= horizon)
+        .order_by(t.created_at, t.id)
+        .limit(batch)
+    )
+    if after is not None:
+        q = q.where(tuple_(t.created_at, t.id) > tuple_(*after))
+    return q
 
 
 class Reconciler:
@@ -70,7 +88,11 @@ class Reconciler:
         self.client = client
         self.settings = settings
         self._after: tuple[float, str] | None = None
-        """Where the next pass starts: the last item the previous one read (submission time, id)."""
+        """Where the next pass of this cycle starts: the last item the previous one read (submission time, id)."""
+        self._horizon: float | None = None
+        """The cycle's end: it covers the items submitted up to this time (the database clock at its first pass,
+        less the minimum age). Items submitted later wait for the next cycle, so a stream of new items cannot keep
+        a cycle from reaching its end and starting over at the oldest."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Passes every `reconcile_interval_s` until `stop` is set. A failed pass is logged and the next one tries
@@ -88,17 +110,33 @@ class Reconciler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
+    async def run_cycle(self, *, batch: int | None = None, min_age_s: float | None = None) -> Pass:
+        """Passes until every open item submitted before now (less the minimum age) was looked at once: what
+        `crewwork reconcile` runs."""
+        total = Pass()
+        self._after = self._horizon = None
+        while True:
+            res = await self.run_once(batch=batch, min_age_s=min_age_s)
+            total.checked += res.checked
+            total.running += res.running
+            total.closed += res.closed
+            total.unknown += res.unknown
+            total.errors += res.errors
+            if res.cycle_done:
+                return total
+
     async def run_once(self, *, batch: int | None = None, min_age_s: float | None = None) -> Pass:
-        """One pass over the next `batch` open items (from where the previous pass stopped; after the last one it
-        starts over)."""
+        """One pass over the next `batch` open items of the current cycle (from where the previous pass stopped;
+        after the cycle's last one the next pass starts a new cycle at the oldest)."""
         batch = batch or self.settings.reconcile_batch
         min_age_s = self.settings.reconcile_min_age_s if min_age_s is None else min_age_s
         rows = await self._next_open(batch, min_age_s)
+        res = Pass()
         if len(rows) < batch:
-            self._after = None  # the end of the open items: the next pass starts over
+            self._after = self._horizon = None  # the end of the cycle: the next pass starts over
+            res.cycle_done = True
         else:
             self._after = (rows[-1].created_at, rows[-1].id)
-        res = Pass()
         for row in rows:
             res.checked += 1
             try:
@@ -109,18 +147,10 @@ class Reconciler:
         return res
 
     async def _next_open(self, batch: int, min_age_s: float) -> list[Any]:
-        t = WorkItem
         async with self.store.session() as s:
-            now = await self.store.now(s)
-            q = (
-                select(t.id, t.tenant_id, t.workflow_id, t.state, t.created_at)
-                .where(t.state.notin_([st.value for st in TERMINAL_STATES]), t.created_at <= now - min_age_s)
-                .order_by(t.created_at, t.id)
-                .limit(batch)
-            )
-            if self._after is not None:
-                q = q.where(tuple_(t.created_at, t.id) > tuple_(*self._after))
-            return list((await s.execute(q)).all())
+            if self._horizon is None:
+                self._horizon = await self.store.now(s) - min_age_s
+            return list((await s.execute(open_items_query(self._horizon, self._after, batch))).all())
 
     async def _check(self, row: Any, res: Pass) -> None:
         handle = self.client.get_workflow_handle(row.workflow_id)

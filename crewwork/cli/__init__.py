@@ -227,11 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = add(
         "reconcile",
-        "end the store's record of items whose workflow was terminated, timed out or failed (one pass; control "
-        "pools run it every CREWWORK_RECONCILE_INTERVAL_S)",
+        "end the store's record of items whose workflow was terminated, timed out or failed (every open item, "
+        "once; control pools work through them a batch per CREWWORK_RECONCILE_INTERVAL_S)",
         cmd_reconcile,
     )
-    d.add_argument("--batch", type=int, default=1000, help="open items to check (default 1000)")
+    d.add_argument("--batch", type=int, default=1000, help="open items read per page (default 1000)")
     d.add_argument("--min-age", type=float, help="skip items younger than this, seconds (default: the setting)")
 
     d = add("keys", "API keys", cmd_keys)

@@ -75,7 +75,8 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    """One reconciler pass over the open items (what every control pool does each CREWWORK_RECONCILE_INTERVAL_S)."""
+    """One reconciler cycle over every open item, a page of --batch at a time (what every control pool works
+    through a page per CREWWORK_RECONCILE_INTERVAL_S)."""
     import asyncio
 
     from crewwork.reconcile import Reconciler
@@ -88,7 +89,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         store = Store(s.resolved_database_url())
         try:
             rec = Reconciler(store, await connect(s), s)
-            res = await rec.run_once(batch=args.batch, min_age_s=args.min_age)
+            res = await rec.run_cycle(batch=args.batch, min_age_s=args.min_age)
         finally:
             await store.close()
         return {

@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 BigIntPK = BigInteger().with_variant(Integer, "sqlite")
 
 # Not terminal (crewwork.models.TERMINAL_STATES): the rows of the partial index ix_work_items_open.
-_OPEN_ITEMS = "state NOT IN ('succeeded', 'failed', 'rejected', 'cancelled', 'dead')"
+OPEN_ITEMS = "state NOT IN ('succeeded', 'failed', 'rejected', 'cancelled', 'dead')"
 
 
 class Base(DeclarativeBase):
@@ -90,8 +90,8 @@ class WorkItem(Base):
             "ix_work_items_open",
             "created_at",
             "id",
-            postgresql_where=text(_OPEN_ITEMS),
-            sqlite_where=text(_OPEN_ITEMS),
+            postgresql_where=text(OPEN_ITEMS),
+            sqlite_where=text(OPEN_ITEMS),
         ),
     )
 

@@ -179,14 +179,20 @@ class WorkItemWorkflow(StepCalls):
             if workflow.info().is_continue_as_new_suggested():
                 self._continue_as_new(readmission.carry() if readmission is not None else self._carry)
 
-    async def _readmit(self, loop: RepairLoop) -> WorkItemResult | None:
+    async def _readmit(self, loop: RepairLoop, workspace: Workspace) -> WorkItemResult | None:
         """Reviewers asked for changes: the next attempt takes a place under the tenant's in-flight limit again,
         first come, first served, as a new item does. Awaiting review holds no place, so without this a tenant could
         run any number of its items at once: let them all reach review, then ask for changes on every one.
 
+        The workspace lease is given up first and taken again once admitted: a first run takes the place, then the
+        workspace, and so does this. Waiting for a place while holding the workspace deadlocked with an item of the
+        same branch admitted meanwhile (it held the place and waited for the workspace) until the lease expired,
+        up to an hour, and then let the two work on the branch at once.
+
         Two writes: `queued` (the attempt number it waits for, so the event log moves forward), then admission. A
         freed place may be handed to the item in between; the admission then finds it admitted. Returns the item's
-        result when it cannot go on (it ended meanwhile), else None."""
+        result when it cannot go on (it ended meanwhile), else None, with `workspace` holding the new grant."""
+        await self._release(workspace)
         await self._local(
             ControlActivities.set_state,
             lambda step: SetStateInput(
@@ -199,9 +205,10 @@ class WorkItemWorkflow(StepCalls):
         )
         self._set(WorkItemState.queued, f"changes requested: attempt {loop.attempt} waits for a place")
         res = await self._admission(readmission=loop)
-        if res.admitted:
-            return None
-        return await self._finish(WorkItemState.failed, f"not admitted: {res.reason}", mock=loop.mock)
+        if not res.admitted:
+            return await self._finish(WorkItemState.failed, f"not admitted: {res.reason}", mock=loop.mock)
+        workspace.grant = (await self._acquire_workspace()).grant
+        return None
 
     async def _run_task(self, admitted: AdmitResult) -> WorkItemResult:
         budget = admitted.budget or self._inp.spec.budget
@@ -251,7 +258,7 @@ class WorkItemWorkflow(StepCalls):
                 break
             loop.changes_requested(decision.comment)
             if workflow.patched(READMIT_AFTER_REVIEW):
-                refused = await self._readmit(loop)
+                refused = await self._readmit(loop, workspace)
                 if refused is not None:
                     return refused
         return await self._land(passed, loop, workspace)

@@ -89,3 +89,40 @@ async def test_changes_requested_on_every_item_at_once_keeps_the_tenant_limit(
         for (_s0, e0), (s1, _e1) in itertools.pairwise(spans):
             assert s1 >= e0, f"second attempts overlapped: {spans}"
         (await check_invariants(crew.store, ids, check_git=True)).assert_ok()
+
+
+async def test_a_sent_back_item_gives_up_its_workspace_while_it_waits_for_a_place(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    """Two items of one branch, limit 1. The first goes to review (its place goes to the second, which then waits
+    for the branch's workspace lease) and is sent back. Waiting for a place while holding the lease deadlocked the
+    two until the lease expired (10 min, an hour after review renewed it), and then let both work on the branch."""
+    settings = make_settings(
+        tmp_path / "crew", temporal_server, pg_url, sandbox_backend=sandbox_backend, tenant_max_in_flight=1
+    )
+    async with running_crew(settings) as crew:
+        first_steps = [{"files": {"calc.py": RIGHT}}, {"files": {"calc.py": RIGHT + "# reviewed\n"}}]
+        first = await crew.submit(code_change(calc_repo, first_steps, review={"required": True}))
+        row = await crew.wait_state(first, "awaiting_review", timeout_s=120)
+        second = await crew.submit(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], review={"required": True}))
+        await crew.wait_state(second, "admitted")  # holds the place, waits for the workspace
+        await crew.service.review(row, ReviewDecision(action="request_changes", comment="add a line"))
+        # The second gets the workspace and reaches review; its place goes back to the first, which waits for the
+        # workspace in turn until the second lands.
+        row2 = await crew.wait_state(second, "awaiting_review", timeout_s=120)
+        await crew.service.review(row2, ReviewDecision(action="approve"))
+        assert (await crew.result(second)).state == "succeeded"
+        row = await crew.wait_state(first, "awaiting_review", timeout_s=120)
+        await crew.service.review(row, ReviewDecision(action="approve"))
+        assert (await crew.result(first)).state == "succeeded"
+        events = [e for wid in (first, second) for e in await crew.store.list_events(wid)]
+        assert not [e for e in events if e.type == "workspace_lease_expired"], "a lease ran out: the items deadlocked"
+        grants = sorted((e.id, e.work_item_id[-6:], e.type) for e in events if e.type.startswith("workspace_"))
+        # first: acquired, released (sent back), acquired again after its admission, released at the end.
+        assert [t for _i, w, t in grants if w == first[-6:]] == [
+            "workspace_acquired",
+            "workspace_released",
+            "workspace_acquired",
+            "workspace_released",
+        ], grants
+        (await check_invariants(crew.store, [first, second], check_git=True)).assert_ok()

@@ -1,7 +1,8 @@
 """the open work items (not terminal) in submission order, for the reconciler (crewwork/reconcile.py)
 
 A partial index: it holds only the items still open, so its size follows the work in flight, not the table's
-history, and a pass of the reconciler reads its next batch without scanning finished items.
+history, and a pass of the reconciler reads its next batch without scanning finished items (its query names the
+condition in literals, as SQLite needs to use a partial index: tests/store/test_store_open_items.py).
 
 Revision ID: 0009
 Revises: 0008
