@@ -34,6 +34,32 @@ def mask_secrets(value: Any) -> Any:
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
+MAX_NESTING = 64
+"""How deep a client's JSON may nest (a submission's `input`, an agent's `config`): pydantic's serializer gives up
+at a few hundred levels, which made a deeper submission a server error; 64 is far beyond any real input."""
+
+
+def too_deep_at(value: Any, limit: int = MAX_NESTING, path: str = "") -> str | None:
+    """Where `value` (JSON-like, or a pydantic model) nests deeper than `limit` containers, or None. Iterative: a
+    recursion of its own would fail on the very input it is there to refuse."""
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    while stack:
+        v, here, depth = stack.pop()
+        if isinstance(v, BaseModel):
+            v = v.__dict__
+        if isinstance(v, dict):
+            items: Any = v.items()
+        elif isinstance(v, list | tuple):
+            items = enumerate(v)
+        else:
+            continue
+        if depth >= limit:
+            return without_nul(here)
+        for k, child in items:
+            stack.append((child, f"{here}.{k}" if here else str(k), depth + 1))
+    return None
+
+
 def unstorable_at(value: Any, path: str = "") -> str | None:
     """Where in `value` (JSON-like, or a pydantic model) the first string holding a character no store column can keep is (NUL, a lone
     surrogate; see `without_nul`), as a dotted path ("labels.team", "validation.command.2"), or None. A submission is

@@ -20,7 +20,7 @@ from temporalio.service import RPCError
 from crewwork.agents.base import AgentConfigError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
-from crewwork.masking import unstorable_at
+from crewwork.masking import MAX_NESTING, too_deep_at, unstorable_at
 from crewwork.models import (
     EnvironmentSpec,
     ReviewDecision,
@@ -125,6 +125,16 @@ class WorkItemService:
         except RepoPolicyError as exc:
             raise SubmissionRejected(str(exc), "repo.pull_request") from exc
         registered_env = EnvironmentSpec.model_validate(reg.environment) if reg.environment else None
+        if registered_env is not None and spec.environment is None:
+            # Registered before registrations were checked for it (2026-12-02): say whose text it is.
+            bad = unstorable_at(registered_env) or too_deep_at(registered_env)
+            if bad is not None:
+                raise SubmissionRejected(
+                    f"the repository's registered environment holds text the store cannot keep at {bad}; "
+                    "register the repository again without it",
+                    "environment",
+                    "invalid_text",
+                )
         env = resolve_environment(spec.environment or registered_env, self.settings, url.url)
         if env is not None:
             try:
@@ -232,9 +242,16 @@ class WorkItemService:
 
 
 def refuse_unstorable(data: Any, field_prefix: str = "") -> None:
-    """Refuse text the store cannot hold (NUL, a lone surrogate: crewwork.masking.unstorable_at) with the field that
-    holds it, before anything is stored: PostgreSQL refuses NUL in text and jsonb, so such a submission failed halfway
-    with a server error, or was stored and then failed every write of its workflow."""
+    """Refuse what a client sent that the store cannot keep, with the field that holds it, before anything is
+    stored: text with NUL or a lone surrogate (crewwork.masking.unstorable_at; PostgreSQL refuses NUL in text and
+    jsonb, so such a submission failed halfway with a server error, or was stored and then failed every write of its
+    workflow), and JSON nested deeper than MAX_NESTING (pydantic's serializer failed on it: a server error)."""
+    deep = too_deep_at(data)
+    if deep is not None:
+        field = f"{field_prefix}{deep}"
+        raise SubmissionRejected(
+            f"{field}: nested deeper than {MAX_NESTING} levels (objects and lists)", field, "too_deeply_nested"
+        )
     where = unstorable_at(data)
     if where is not None:
         field = f"{field_prefix}{where}"

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from crewwork.api.deps import PrincipalDep, ServiceDep
-from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.api.schemas import SubmitResponse
 from crewwork.models import AgentSpec, BudgetSpec, RepoSpec, ReviewSpec, ValidationSpec, WorkItemKind, WorkItemSpec
 
@@ -103,6 +103,7 @@ async def hotfix(
 ) -> SubmitResponse:
     from crewwork.api.work_items import submit_spec
 
+    refuse_unstorable_body(report)  # named by the report's own fields, not the derived instruction's
     try:
         spec = derive_spec(report)
     except ValueError as exc:

@@ -113,3 +113,14 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     429: _problem("Rate limited (rate_limited); see Retry-After"),
     503: _problem("Temporal or the store unreachable (temporal_unavailable, store_unavailable); see Retry-After"),
 }
+
+
+def refuse_unstorable_body(body: Any, field_prefix: str = "") -> None:
+    """422 `invalid_text` (or `too_deeply_nested`) for a request body holding what the store cannot keep, naming
+    the field: see crewwork.service.refuse_unstorable, which every work item submission goes through."""
+    from crewwork.service import SubmissionRejected, refuse_unstorable
+
+    try:
+        refuse_unstorable(body, field_prefix)
+    except SubmissionRejected as exc:
+        raise ProblemError(422, exc.code, str(exc), errors=[{"field": exc.field or "", "message": str(exc)}]) from None

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.deps import PrincipalDep, StoreDep
-from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.models import EnvironmentSpec, _check_ref_name
 from crewwork.paths import PathPattern
 from crewwork.repos.service import RepoAddressRefused, RepoPolicyError
@@ -125,6 +125,7 @@ async def create(
     store: StoreDep,
     tenant: TenantQuery = None,
 ) -> RepositoryView:
+    refuse_unstorable_body(body)
     tenant_id = await _acting_for(store, principal, tenant)
     registry = RepositoryRegistry(store, request.app.state.settings)
     reg = Registration(

@@ -158,6 +158,10 @@ def _sse(ev: Event) -> bytes:
     return f"id: {ev.id}\nevent: {ev.type}\ndata: {body}\n\n".encode()
 
 
+MAX_EVENT_ID = 2**62
+"""The largest event id a client may resume after (as `?after=` allows): within the events table's bigint."""
+
+
 def resume_point(last_event_id: str | None, after: int | None) -> int:
     """The id to resume after: the `Last-Event-ID` header wins over `?after=` (browsers send it on reconnect)."""
     if last_event_id:
@@ -165,8 +169,10 @@ def resume_point(last_event_id: str | None, after: int | None) -> int:
             value = int(last_event_id.strip())
         except ValueError as exc:
             raise ProblemError(400, "invalid_last_event_id", "Last-Event-ID must be an event id (integer)") from exc
-        if value < 0:
-            raise ProblemError(400, "invalid_last_event_id", "Last-Event-ID must be >= 0")
+        if not 0 <= value <= MAX_EVENT_ID:
+            # Above the events table's bigint, the stream's first read failed and the browser reconnected with the
+            # same header every 2 s, for good.
+            raise ProblemError(400, "invalid_last_event_id", f"Last-Event-ID must be between 0 and {MAX_EVENT_ID}")
         return value
     return after or 0
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.deps import PrincipalDep, StoreDep
-from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.outbound import OutboundPolicy, OutboundRefused
 from crewwork.store.outbox import DEFAULT_OVERLAP_S, MAX_OVERLAP_S, OutboxStore
 from crewwork.store.tables import OutboxMessage, Webhook
@@ -118,6 +118,7 @@ async def _owned(outbox: OutboxStore, tenant_id: str, webhook_id: str) -> Webhoo
 
 @router.post("", status_code=201, response_model=WebhookCreated, summary="Register a webhook")
 async def create(body: WebhookCreate, principal: PrincipalDep, store: StoreDep, request: Request) -> WebhookCreated:
+    refuse_unstorable_body(body)
     try:
         # Checked here and again before every delivery (a name can resolve elsewhere later): crewwork.outbound.
         await OutboundPolicy.from_settings(request.app.state.settings).check(body.url)

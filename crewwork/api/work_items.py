@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import re
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
-from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.api.schemas import (
     ArtifactView,
     AttemptView,
@@ -35,6 +36,7 @@ from crewwork.store.work_items import IdempotencyConflict
 router = APIRouter(prefix="/v1/work-items", tags=["work items"], responses=PROBLEM_RESPONSES)
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+_CURSOR_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 LABEL_RE = re.compile(r"^([^=]{1,63})=(.{0,256})$", re.S)
 # Artifact types served inline as what they are; anything else is a download (never rendered on the API's origin).
 LIVE_QUERY_TIMEOUT_S = 2.0
@@ -167,7 +169,11 @@ def _cursor_encode(row: WorkItem) -> str:
 def _cursor_decode(cursor: str) -> tuple[float, str]:
     try:
         ts, wid = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        if not isinstance(wid, str) or isinstance(ts, bool):
+        # Only what _cursor_encode writes: a finite time and an item id (a NUL or a lone surrogate in the id, hidden
+        # by base64 from every other check, reached the database as a server error).
+        if not isinstance(wid, str) or isinstance(ts, bool) or not _CURSOR_ID.fullmatch(wid):
+            raise ValueError("bad cursor")
+        if not math.isfinite(float(ts)):
             raise ValueError("bad cursor")
         return float(ts), wid
     except Exception as exc:
@@ -473,6 +479,7 @@ async def events_stream(
 async def review(
     work_item_id: str, decision: ReviewDecision, principal: PrincipalDep, store: StoreDep, service: ServiceDep
 ) -> ReviewResponse:
+    refuse_unstorable_body(decision)
     row = await owned(store, principal, work_item_id)
     try:
         msg = await service.review(row, decision)

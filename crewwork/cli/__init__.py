@@ -65,6 +65,16 @@ def _exit_codes_epilog() -> str:
     return "exit codes:\n" + "\n".join(f"  {code:<4} {why}" for code, why in EXIT_CODES.items())
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Options every command takes, before or after its name (SUPPRESS: a subcommand's default does not override
     # a value given before the subcommand).
@@ -231,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         "once; control pools work through them a batch per CREWWORK_RECONCILE_INTERVAL_S)",
         cmd_reconcile,
     )
-    d.add_argument("--batch", type=int, default=1000, help="open items read per page (default 1000)")
+    d.add_argument("--batch", type=_positive_int, default=1000, help="open items read per page (default 1000)")
     d.add_argument("--min-age", type=float, help="skip items younger than this, seconds (default: the setting)")
 
     d = add("keys", "API keys", cmd_keys)

@@ -6,9 +6,12 @@ submission half done."""
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.api.conftest import Stack, task_item
@@ -82,12 +85,36 @@ async def test_nul_or_a_lone_surrogate_anywhere_in_a_request_is_refused_with_its
                 bad.append(f"list ?{q}: {r.status_code} {r.text[:200]}")
         for path in ("/v1/work-items/a%00b", "/v1/work-items/wi_a%00b/events", "/v1/webhooks/a%00"):
             expect(f"GET {path}", await c.get(path), 400, "invalid_request")
-        for body in ({"url": "https://example.com/h\x00"}, {"url": "https://example.com/h", "events": [NUL]}):
-            expect(f"webhook {body}", await c.post("/v1/webhooks", json=body), 422)
+        # An address literal needs no DNS: the URL passed the address policy and reached the store.
+        expect("webhook url", await c.post("/v1/webhooks", json={"url": "http://1.1.1.1/h\x00"}), 422, "invalid_text")
+        expect("webhook events", await c.post("/v1/webhooks", json={"url": "http://1.1.1.1/h", "events": [NUL]}), 422)
         expect("repository", await c.post("/v1/repositories", json={"url": str(calc_repo) + "\x00"}), 422)
+        env = {"setup": [["python", "-c", "print(1)", NUL]]}
+        r = await c.post("/v1/repositories", json={"url": str(calc_repo), "environment": env})
+        expect("repository environment", r, 422, "invalid_text")
         r = await c.post("/v1/hotfix", json={"repo": {"url": str(calc_repo)}, "message": NUL})
-        if r.status_code >= 500 or r.status_code == 0:
-            bad.append(f"hotfix: {r.status_code} {r.text[:200]}")
+        expect("hotfix", r, 422, "invalid_text")
+        if r.status_code == 422 and r.json()["errors"][0]["field"] != "message":
+            bad.append(f"hotfix names {r.json()['errors'][0]['field']}, not the report's field")
+        r = await c.post("/v1/work-items/wi_none/review", json={"action": "reject", "comment": NUL})
+        expect("review comment", r, 422, "invalid_text")
+        # A cursor is base64: what it hides is checked when it is decoded.
+        for hidden in ([1.0, NUL], [1.0, "\ud800"], [float("inf"), "wi_x"], [1.0, "x" * 65]):
+            cursor = base64.urlsafe_b64encode(json.dumps(hidden).encode()).decode()
+            expect(f"cursor {hidden!r:.40}", await c.get("/v1/work-items", params={"cursor": cursor}), 400)
+        # Nested beyond what the serializer takes (it failed at ~300 levels).
+        deep: Any = "leaf"
+        for _ in range(300):
+            deep = {"d": deep}
+        expect("deep input", await c.post("/v1/work-items", json=task_item(input=deep)), 422, "too_deeply_nested")
+        deep = "leaf"
+        for _ in range(80):
+            deep = [deep]
+        r = await c.post("/v1/work-items", json={**task_item(), "agent": {"name": "scripted", "config": {"x": deep}}})
+        expect("deep agent config", r, 422, "too_deeply_nested")
+        # Above the events table's bigint: the stream failed its first read and the browser reconnected forever.
+        r = await c.get("/v1/events/stream", headers={"Last-Event-ID": "99999999999999999999"})
+        expect("Last-Event-ID above int64", r, 400, "invalid_last_event_id")
         # Nothing of the refused submissions was stored.
         listed = (await c.get("/v1/work-items", params={"limit": 100})).json()["items"]
         if listed:
@@ -109,7 +136,9 @@ class _Recorder:
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
-            return await self.c.request(method, path, **kw)
+            # A fresh connection each time: after a 500 the server closes the one it answered on.
+            async with httpx.AsyncClient(base_url=self.c.base_url, headers=self.c.headers, timeout=30) as one:
+                return await one.request(method, path, **kw)
         except Exception as exc:
             self.bad.append(f"{method} {path!r} {kw}: raised {type(exc).__name__}: {str(exc)[:160]}")
             return _Failed()
@@ -118,3 +147,29 @@ class _Recorder:
 class _Failed:
     status_code = 0
     text = ""
+
+
+async def test_a_registration_stored_before_the_check_is_refused_at_submission(stack: Stack, calc_repo: Path) -> None:
+    """A repository registered with a NUL in its environment before registrations were checked: every code change on
+    it was accepted, stored with the NUL and failed its sandbox three times. Now the submission is refused and says
+    whose text it is."""
+    from crewwork.models import EnvironmentSpec
+    from crewwork.repos.tenancy import Registration, RepositoryRegistry
+
+    principal = await stack.crew.store.authenticate(stack.alpha.key)
+    assert principal is not None
+    env = EnvironmentSpec.model_validate({"setup": [["python", "-c", "print(1)", NUL]]})
+    registry = RepositoryRegistry(stack.crew.store, stack.crew.settings)
+    await registry.register(principal.tenant_id, Registration(url=str(calc_repo), environment=env))
+    body = {
+        "kind": "code_change",
+        "repo": {"url": str(calc_repo), "ref": "main"},
+        "instruction": "Fix add()",
+        "validation": {"command": ["python", "-m", "pytest", "-q"], "timeout_s": 60},
+        "agent": {"name": "scripted", "config": {"attempts": []}},
+    }
+    async with stack.client() as c:
+        r = await c.post("/v1/work-items", json=body)
+        assert r.status_code == 422 and r.json()["code"] == "invalid_text", r.text
+        assert "registered environment" in r.json()["detail"] and r.json()["errors"][0]["field"] == "environment"
+        assert (await c.get("/v1/work-items")).json()["items"] == []
