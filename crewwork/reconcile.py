@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select, text, tuple_
@@ -49,6 +50,9 @@ CLOSED_WORKFLOW = Rank(step=10**12, attempt=0)
 across continue-as-new), so every later write of the closed workflow's attempts is refused."""
 
 WRITER = "reconciler"
+DESCRIBE_TIMEOUT = timedelta(seconds=10)
+"""How long one describe may take: Temporal unreachable fails the pass (logged, tried again next interval) instead of
+holding it."""
 
 
 @dataclass
@@ -98,6 +102,10 @@ class Reconciler:
         """Passes every `reconcile_interval_s` until `stop` is set. A failed pass is logged and the next one tries
         again (Temporal or the store may be down for a while)."""
         interval = self.settings.reconcile_interval_s
+        # The first pass one interval after the start: a pool's start (or a fleet restarting at once) is not the
+        # moment for it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
         while not stop.is_set():
             try:
                 res = await self.run_once()
@@ -155,7 +163,7 @@ class Reconciler:
     async def _check(self, row: Any, res: Pass) -> None:
         handle = self.client.get_workflow_handle(row.workflow_id)
         try:
-            desc = await handle.describe()
+            desc = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 res.unknown.append(row.id)
@@ -197,7 +205,7 @@ class Reconciler:
         if status == WorkflowExecutionStatus.COMPLETED:
             # It returned a result, but its own last write never landed (a finish that failed for good).
             with contextlib.suppress(Exception):
-                result = await handle.result(result_type=WorkItemResult)
+                result = await handle.result(result_type=WorkItemResult, rpc_timeout=DESCRIBE_TIMEOUT)
                 if WorkItemState(result.state).terminal:
                     return WorkItemState(result.state), result.reason or "completed"
             return WorkItemState.dead, "its workflow completed without recording the item's end"
@@ -219,7 +227,8 @@ class Reconciler:
                     namespace=self.client.namespace,
                     execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id or ""),
                     maximum_page_size=1,
-                )
+                ),
+                timeout=DESCRIBE_TIMEOUT,
             )
         except RPCError:
             return ""

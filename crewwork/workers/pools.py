@@ -186,7 +186,10 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
     async with worker:
         await stop.wait()
         if reconciler is not None:
-            await reconciler
+            # Cut short, not waited for: each item's end is one fenced write, and the next pool's pass takes over.
+            reconciler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reconciler
         log.info("pool %s draining (grace %ss)", pool, GRACEFUL_SHUTDOWN.total_seconds())
         print(f"crewwork worker: pool {pool} draining", flush=True)
     await alive
