@@ -174,7 +174,11 @@ class Reconciler:
         if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
             res.running += 1
             return
-        state, reason = await self._ending(handle, desc.run_id, status)
+        state, reason, returned = await self._ending(handle, desc.run_id, status)
+        result = returned or WorkItemResult(work_item_id=row.id, state=state, reason=reason)
+        fields: dict[str, Any] = {"result": result.model_dump(mode="json"), "mock": result.mock}
+        if result.delivery_branch or result.landed_commit:
+            fields.update(delivery_branch=result.delivery_branch, landed_commit=result.landed_commit)
         done = await self.store.set_state(
             work_item_id=row.id,
             tenant_id=row.tenant_id,
@@ -182,7 +186,7 @@ class Reconciler:
             state=state,
             reason=reason,
             writer=WRITER,
-            fields={"result": WorkItemResult(work_item_id=row.id, state=state, reason=reason).model_dump(mode="json")},
+            fields=fields,
             max_in_flight=self.settings.tenant_max_in_flight,
             hand_off_cap=HAND_OFF_CAP,
         )
@@ -198,25 +202,25 @@ class Reconciler:
 
     async def _ending(
         self, handle: Any, run_id: str | None, status: WorkflowExecutionStatus
-    ) -> tuple[WorkItemState, str]:
+    ) -> tuple[WorkItemState, str, WorkItemResult | None]:
         """The item's end for a workflow that closed without writing it, and why (the closing event's reason or
-        failure, when Temporal has one)."""
-        detail = await self._closing_detail(handle.id, run_id)
+        failure, when Temporal has one); with the result a completed workflow returned."""
         if status == WorkflowExecutionStatus.COMPLETED:
             # It returned a result, but its own last write never landed (a finish that failed for good).
             with contextlib.suppress(Exception):
                 result = await handle.result(result_type=WorkItemResult, rpc_timeout=DESCRIBE_TIMEOUT)
                 if WorkItemState(result.state).terminal:
-                    return WorkItemState(result.state), result.reason or "completed"
-            return WorkItemState.dead, "its workflow completed without recording the item's end"
+                    return WorkItemState(result.state), result.reason or "completed", result
+            return WorkItemState.dead, "its workflow completed without recording the item's end", None
         if status == WorkflowExecutionStatus.CANCELED:
-            return WorkItemState.cancelled, "cancelled (its workflow was cancelled)"
+            return WorkItemState.cancelled, "cancelled (its workflow was cancelled)", None
+        detail = await self._closing_detail(handle.id, run_id)
         what = {
             WorkflowExecutionStatus.TERMINATED: "was terminated",
             WorkflowExecutionStatus.TIMED_OUT: "timed out",
             WorkflowExecutionStatus.FAILED: "failed",
         }.get(status, f"ended ({status.name.lower()})")
-        return WorkItemState.dead, f"its workflow {what}" + (f": {detail}" if detail else "")
+        return WorkItemState.dead, f"its workflow {what}" + (f": {detail}" if detail else ""), None
 
     async def _closing_detail(self, workflow_id: str, run_id: str | None) -> str:
         """The reason a terminated workflow was given, or the message of a failed one: the last history event,
