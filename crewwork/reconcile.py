@@ -35,7 +35,7 @@ from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverse
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from crewwork.activities.control import HAND_OFF_CAP
+from crewwork.activities.control import HAND_OFF_CAP, tell_admitted
 from crewwork.config import Settings
 from crewwork.models import WorkItemResult, WorkItemState
 from crewwork.store.fencing import Rank
@@ -194,9 +194,7 @@ class Reconciler:
             return  # ended meanwhile (the workflow's own write, or another control process)
         res.closed.append(row.id)
         log.warning("reconciler: %s was %s; its workflow %s: %s", row.id, row.state, status.name.lower(), reason)
-        for item in done.value or []:
-            with contextlib.suppress(Exception):
-                await self.client.get_workflow_handle(item.workflow_id).signal("admitted")
+        await tell_admitted(self.client, done.value)
         await self.store.release_leases_held_by(row.id)
         await remove_tree(self.settings.resolved_worktree_dir() / row.id)
 

@@ -47,6 +47,17 @@ HAND_OFF_CAP = 3
 the in-flight limit was raised, or places were freed without a hand-off: an item ended some other way)."""
 
 
+async def tell_admitted(client: Any, handed: list[HandedOff] | None) -> None:
+    """Tell the workflows of the queued items a write admitted (`FencingStore.hand_off`) that they may go on.
+    Best effort: the admission is in the store already, and a queued item that misses the signal finds it there
+    at its next admission poll (crewwork.workflows.policies.QUEUE_POLL)."""
+    if not handed or client is None:
+        return
+    for item in handed:
+        with contextlib.suppress(Exception):
+            await client.get_workflow_handle(item.workflow_id).signal("admitted")
+
+
 def attempt_record(inp: RecordInput) -> AttemptRecord:
     return AttemptRecord(
         number=inp.attempt,
@@ -131,7 +142,7 @@ class ControlActivities:
             max_in_flight=self.settings.tenant_max_in_flight,
             hand_off_cap=HAND_OFF_CAP,
         )
-        await self._tell_admitted(res.value)
+        await tell_admitted(self.client, res.value)
         return WriteOutcome(ok=res.ok, stale=res.stale)
 
     @activity.defn(name="acquire_workspace")
@@ -280,19 +291,9 @@ class ControlActivities:
             max_in_flight=self.settings.tenant_max_in_flight,
             hand_off_cap=HAND_OFF_CAP,
         )
-        await self._tell_admitted(res.value)
+        await tell_admitted(self.client, res.value)
         # Already terminal (a retried finish whose first write landed): nothing left to do.
         return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed))
-
-    async def _tell_admitted(self, handed: list[HandedOff] | None) -> None:
-        """Tell the workflows of the queued items this write admitted (`FencingStore.hand_off`) that they may go on.
-        Best effort: the admission is in the store already, and a queued item that misses the signal finds it there
-        at its next admission poll (crewwork.workflows.policies.QUEUE_POLL)."""
-        if not handed or self.client is None:
-            return
-        for item in handed:
-            with contextlib.suppress(Exception):
-                await self.client.get_workflow_handle(item.workflow_id).signal("admitted")
 
     @activity.defn(name="cleanup")
     async def cleanup(self, inp: CleanupInput) -> None:

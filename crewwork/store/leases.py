@@ -7,6 +7,8 @@ liveness and exclusion only: who may *write* a work item's state is decided by f
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -90,29 +92,22 @@ class LeaseStore(Database):
             return int(res.rowcount)  # type: ignore[attr-defined]
 
     async def release_lease(self, key: str, grant: int | None = None, holder: str | None = None) -> bool:
-        async with self.session() as s:
-            now = await self.now(s)
-            q = delete(Lease).where(Lease.key == key)
-            if grant is not None:
-                q = q.where(Lease.token == grant)
-            if holder is not None:
-                q = q.where(Lease.holder == holder)
-            rows = (await s.execute(q.returning(Lease.token))).scalars().all()
-            for t in rows:
-                await s.execute(
-                    update(LeaseHistory)
-                    .where(LeaseHistory.key == key, LeaseHistory.token == t, LeaseHistory.ended_at.is_(None))
-                    .values(ended_at=now, end_reason="released")
-                )
-            return bool(rows)
+        q = delete(Lease).where(Lease.key == key)
+        if grant is not None:
+            q = q.where(Lease.token == grant)
+        if holder is not None:
+            q = q.where(Lease.holder == holder)
+        return bool(await self._release(q))
 
     async def release_leases_held_by(self, holder: str) -> int:
         """Release every lease `holder` holds (an item that ended without releasing its own). Returns how many."""
+        return await self._release(delete(Lease).where(Lease.holder == holder))
+
+    async def _release(self, q: Any) -> int:
+        """Delete the leases `q` selects and end their grants in the history, in one transaction."""
         async with self.session() as s:
             now = await self.now(s)
-            rows = (
-                await s.execute(delete(Lease).where(Lease.holder == holder).returning(Lease.key, Lease.token))
-            ).all()
+            rows = (await s.execute(q.returning(Lease.key, Lease.token))).all()
             for key, token in rows:
                 await s.execute(
                     update(LeaseHistory)

@@ -15,8 +15,9 @@ from sqlalchemy import select
 
 from crewwork.demo import RIGHT
 from crewwork.invariants import check_invariants
-from crewwork.models import WorkItemSpec
+from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.reconcile import CLOSED_WORKFLOW, Reconciler
+from crewwork.store.fencing import Rank
 from crewwork.store.tables import Event, Lease
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import Crew, make_settings, running_crew
@@ -64,6 +65,16 @@ async def test_a_terminated_item_is_closed_and_its_place_goes_to_the_queue(
             e for e in await crew.store.list_events(stuck) if e.id > _reconciled(await crew.store.list_events(stuck))
         ]
         assert all(e.type == "write_after_terminal_rejected" for e in after), [e.type for e in after]
+        # Whether that attempt still wrote depends on when its heartbeat noticed the end; a late write of the
+        # workflow's next step (above every rank it scheduled) is refused whatever it is.
+        late = await crew.store.set_state(
+            work_item_id=stuck,
+            tenant_id=crew.tenant_id,
+            rank=Rank(step=row.fence_rank // Rank.SPAN + 1, attempt=1),
+            state=WorkItemState.running,
+            writer="run_agent#zombie",
+        )
+        assert not late.ok and late.current == CLOSED_WORKFLOW, late  # refused as stale: below the close
         assert (await crew.store.get_work_item(stuck)).state == "dead"  # type: ignore[union-attr]
         (await check_invariants(crew.store, [stuck, behind])).assert_ok()
         # A second pass finds nothing to do.
