@@ -43,12 +43,19 @@ from crewwork.activities.common import AttemptWriter  # noqa: E402
 from crewwork.activities.execute import ExecuteActivities  # noqa: E402
 from crewwork.config import Settings  # noqa: E402
 from crewwork.contracts import ValidateInput  # noqa: E402
-from crewwork.models import ArtifactRef, EnvironmentSpec, SandboxSpec, ValidationSpec, WorkItemSpec  # noqa: E402
+from crewwork.models import (  # noqa: E402
+    ArtifactRef,
+    EnvironmentSpec,
+    SandboxSpec,
+    TenantRef,
+    ValidationSpec,
+    WorkItemSpec,
+)
 from crewwork.repos.environment import setup_plan  # noqa: E402
 from crewwork.repos.service import Repositories  # noqa: E402
 from crewwork.sandbox import SandboxLimits, get_sandbox  # noqa: E402
 from crewwork.sandbox.config import SandboxSettings  # noqa: E402
-from crewwork.sandbox.prepare import PreparedEnvCache  # noqa: E402
+from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402
@@ -217,7 +224,8 @@ async def phase_pass(
     """The building blocks of a validation, timed one by one on a fresh host (cold) and again (warm)."""
     settings = settings.model_copy(update={"data_dir": tmp / "data"})
     repos = Repositories(settings)
-    remote = repos.remote(repos.locate(url), tenant)
+    tenant_ref = TenantRef(id=tenant, name="bench")
+    remote = repos.remote(repos.locate(url), tenant_ref)
     out: dict[str, float] = {}
     t = time.perf_counter()
     gitdir, _ = await repos.mirrors.ensure(remote, base)
@@ -246,22 +254,23 @@ async def phase_pass(
     sandbox = get_sandbox("bwrap")
     limits = SandboxLimits(timeout_s=300)
     cache = PreparedEnvCache(settings.data_dir.resolve() / "prepared")
-    plan = setup_plan(env, settings, tenant)
+    plan = setup_plan(env, settings, tenant_ref)
     for label in ("setup (cold: venv + pip install via proxy)", "setup (warm: cache hit)"):
         t = time.perf_counter()
         prepared = await cache.get_or_prepare(
-            sandbox=sandbox, repo=url, base_commit=base, setup=env.setup, source=ws, limits=limits, plan=plan
-        )
+            owner=CacheOwner(tenant_id="tn_bench", repository="rp_bench"),
+            sandbox=sandbox, repo=url, base_commit=base, setup=env.setup, source=ws, limits=limits, plan=plan,
+        )  # fmt: skip
         out[label] = time.perf_counter() - t
     t = time.perf_counter()
     await workspace.update(workspace.base, changed)
     out["update the workspace to the change"] = time.perf_counter() - t
     t = time.perf_counter()
-    await sandbox.run(["true"], workspace=ws, limits=limits, env=prepared.env(), ro_mounts=prepared.mounts())
+    await sandbox.run(["true"], workspace=ws, limits=limits, env=prepared.env(), mounts=prepared.mounts())
     out["sandbox start (`true` in bwrap)"] = time.perf_counter() - t
     workspace.make_dir(".crewwork")
     t = time.perf_counter()
-    r = await sandbox.run(COMMAND, workspace=ws, limits=limits, env=prepared.env(), ro_mounts=prepared.mounts())
+    r = await sandbox.run(COMMAND, workspace=ws, limits=limits, env=prepared.env(), mounts=prepared.mounts())
     out["tests in the sandbox (start + suite)"] = time.perf_counter() - t
     report = (ws / JUNIT).read_bytes()
     t = time.perf_counter()

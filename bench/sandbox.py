@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, best_available, get_sandbox
-from crewwork.sandbox.prepare import PreparedEnvCache
+from crewwork.sandbox.base import Mount
+from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache
 
 # Real packages with real dependency trees; downloaded once (PyPI) into a local wheelhouse, because the
 # sandbox itself has no network.
@@ -98,7 +99,8 @@ async def cold_warm(tmp: Path, backend: str, runs: int) -> None:
     """Time to a ready environment for an attempt (setup + first import), on a cache miss and on a hit."""
     sandbox = get_sandbox(backend, allow_unsafe=True)
     limits = SandboxLimits(memory_mb=1024, pids=256, timeout_s=300)
-    pip = f'python -m pip install -q --no-index --find-links {WHEELS} --prefix "$CREWWORK_ENV"'
+    wheels = Mount(WHEELS, "/crewwork/wheels")
+    pip = f'python -m pip install -q --no-index --find-links {sandbox.inside(wheels)} --prefix "$CREWWORK_ENV"'
     pip += " -r requirements.txt"
     setup = [["sh", "-c", pip]]
     check = ["python", "-c", "import requests, yaml, attr, rich; print('ready')"]
@@ -109,12 +111,13 @@ async def cold_warm(tmp: Path, backend: str, runs: int) -> None:
         for kind in ("cold", "warm"):
             started = time.perf_counter()
             prepared = await cache.get_or_prepare(
+                owner=CacheOwner(tenant_id="tn_bench", repository="rp_bench"),
                 sandbox=sandbox, repo="bench", base_commit="c0ffee", setup=setup, source=tmp / "repo",
-                limits=limits, ro_mounts=[WHEELS], env={"PIP_CONFIG_FILE": "/dev/null"},
+                limits=limits, mounts=[wheels], env={"PIP_CONFIG_FILE": "/dev/null"},
             )  # fmt: skip
             ready[kind].append(time.perf_counter() - started)
             r = await sandbox.run(
-                check, workspace=tmp / "ws", limits=limits, env=prepared.env(), ro_mounts=prepared.mounts()
+                check, workspace=tmp / "ws", limits=limits, env=prepared.env(), mounts=prepared.mounts()
             )
             if r.stdout.strip() != b"ready":
                 raise SystemExit(f"prepared environment not usable: {r.stderr[-1000:]!r}")

@@ -26,6 +26,19 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TenantRef(BaseModel):
+    """A tenant as an operator's scopes name it: by id (`tn_…`) or by name (`crewwork keys create --tenant NAME`)."""
+
+    model_config = ConfigDict(frozen=True)
+    id: str
+    name: str | None = None
+
+    def in_scope(self, tenants: list[str] | None) -> bool:
+        """Whether an operator scope (`"tenants": [...]` of a credential or a setup secret; None: every tenant)
+        admits this tenant."""
+        return tenants is None or self.id in tenants or (self.name is not None and self.name in tenants)
+
+
 class WorkItemKind(enum.StrEnum):
     task = "task"
     code_change = "code_change"

@@ -114,7 +114,11 @@ class WorkItemService:
             reg = await registry.resolve(spec.repo, tenant_id)
             ref = spec.repo.ref or reg.default_ref
             url, commit = await repos.check(
-                reg.url, ref, tenant_id, credential=reg.credential, roots=await registry.roots(tenant_id)
+                reg.url,
+                ref,
+                await self.store.tenant_ref(tenant_id),
+                credential=reg.credential,
+                roots=await registry.roots(tenant_id),
             )
         except RepoAddressRefused as exc:
             raise SubmissionRejected(str(exc), "repo", code="url_not_allowed") from exc
@@ -138,7 +142,7 @@ class WorkItemService:
         env = resolve_environment(spec.environment or registered_env, self.settings, url.url)
         if env is not None:
             try:
-                check_environment(env, self.settings, tenant_id)
+                check_environment(env, self.settings, await self.store.tenant_ref(tenant_id))
             except EnvironmentRejected as exc:
                 raise SubmissionRejected(str(exc), "environment") from exc
         update: dict[str, Any] = {

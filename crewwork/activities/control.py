@@ -204,7 +204,7 @@ class ControlActivities:
         try:
             landed = await self.repos.land(
                 inp.repo_path,
-                tenant_id=inp.tenant_id,
+                tenant=await self.store.tenant_ref(inp.tenant_id),
                 credential=await self.store.repository_credential(inp.tenant_id, inp.repo_path),
                 work_item_id=inp.work_item_id,
                 base_commit=inp.base_commit,
@@ -221,7 +221,7 @@ class ControlActivities:
         try:
             pr = await self.repos.open_pull_request(
                 inp.repo_path,
-                tenant_id=inp.tenant_id,
+                tenant=await self.store.tenant_ref(inp.tenant_id),
                 branch=branch,
                 spec=inp.pull_request,
                 ref=inp.ref,

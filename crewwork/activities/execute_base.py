@@ -104,7 +104,7 @@ class StepBase:
         try:
             # The registered repository's credential (crewwork.repos.tenancy), never one the tenant names.
             credential = await self.store.repository_credential(w.tenant_id, locator)
-            hold = await self.repos.hold(locator, commit, w.tenant_id, credential)
+            hold = await self.repos.hold(locator, commit, await self.store.tenant_ref(w.tenant_id), credential)
         except REPO_ERRORS as exc:
             raise repo_failure(exc) from None
         if hold.stats.fetched:

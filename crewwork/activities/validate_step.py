@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from crewwork import gitops
@@ -20,7 +19,8 @@ from crewwork.models import (
     ValidationOutcome,
 )
 from crewwork.repos.environment import EnvironmentRejected, setup_plan
-from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed
+from crewwork.sandbox.base import Mount
+from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
 from crewwork.validation.protect import Protection, apply_protection, strip_platform
@@ -78,7 +78,7 @@ class ValidateStep(StepBase):
                 return self._judge(inp, evidence, outcome_extra)
             heartbeat()
             run_env: dict[str, str] = {}
-            mounts: list[Path] = []
+            mounts: list[Mount] = []
             try:
                 await ws.write_entries(base if needs_setup else final)
             except WorkspaceError as exc:
@@ -94,7 +94,7 @@ class ValidateStep(StepBase):
                         plan = setup_plan(
                             environment,
                             self.settings,
-                            inp.tenant_id,
+                            await self.store.tenant_ref(inp.tenant_id),
                             exposed=self.repos.credentials.exposed,
                             redact=self.repos.redact,
                         )
@@ -104,8 +104,14 @@ class ValidateStep(StepBase):
                 cache = PreparedEnvCache(
                     self.settings.data_dir.resolve() / "prepared", disk_mb=self.settings.sandbox.prepare_disk_cap_mb()
                 )
+                registration = await self.store.find_repository(inp.tenant_id, inp.repo_path)
+                owner = CacheOwner(
+                    tenant_id=inp.tenant_id,
+                    repository=registration.id if registration is not None else f"unregistered:{inp.repo_path}",
+                )
                 try:
                     prepared = await cache.get_or_prepare(
+                        owner=owner,
                         sandbox=sandbox,
                         repo=inp.repo_path,
                         base_commit=inp.base_commit,
@@ -155,7 +161,7 @@ class ValidateStep(StepBase):
             if spec.junit_path is not None and len(spec.junit_path.parts) > 1:
                 ws.make_dir("/".join(spec.junit_path.parts[:-1]))
             heartbeat()
-            run = await sandbox.run(spec.command, workspace=ws.path, limits=limits, env=run_env, ro_mounts=mounts)
+            run = await sandbox.run(spec.command, workspace=ws.path, limits=limits, env=run_env, mounts=mounts)
             heartbeat()
             rep = run.report(8000).model_copy(update={"workspace_disk": ws.disk_enforcement})
             outcome_extra["log_ref"] = await self._save(

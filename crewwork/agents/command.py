@@ -43,6 +43,7 @@ from crewwork.agents.base import (
     AgentRunResult,
 )
 from crewwork.models import WorkItemKind
+from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, SandboxUnavailable
 from crewwork.transport.redact import Redactor
 
 T = TypeVar("T")
@@ -65,6 +66,10 @@ _PLACEHOLDERS = (
 )
 
 
+IO_INSIDE = "/crewwork/io"
+"""Where the CLI sees its input files (instruction, diagnostics, review, context)."""
+
+
 class CommandSpec(BaseModel):
     """One agent CLI the operator allows, and which work items may use it."""
 
@@ -80,7 +85,9 @@ class CommandSpec(BaseModel):
     """Names of agent-worker environment variables passed through (e.g. the CLI's provider key). Their values
     are masked in the stored transcript. Note the sandbox has no network unless the backend grants it."""
     mounts: list[str] = Field(default_factory=list)
-    """Host paths mounted read-only into the sandbox (the CLI's installation, its config)."""
+    """Host directories mounted read-only into the sandbox (the CLI's installation, its config): `HOST` (seen at the
+    same path, e.g. `/opt/aider`) or `HOST:INSIDE`. The place inside may not be one the sandbox provides itself
+    (/usr, /etc, /tmp, /workspace, /opt/crewwork/python, ...)."""
     timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock cap of one run; lowers (never raises) the sandbox limit of the work item."""
     success_exit_codes: list[int] = Field(default_factory=lambda: [0])
@@ -241,13 +248,23 @@ class CommandAgent(Agent):
         io_dir = Path(tempfile.mkdtemp(prefix="crewwork-agent-io-"))
         try:
             files = _write_inputs(io_dir, ctx)
-            values = {**{k: str(v) for k, v in files.items()}, "io_dir": str(io_dir)}
-            values.update(workspace=str(ctx.workspace), attempt=str(ctx.attempt), work_item_id=ctx.work_item_id)
+            try:
+                mounts = [Mount(io_dir, IO_INSIDE), *(_operator_mount(m) for m in spec.mounts)]
+            except ValueError as e:
+                raise AgentError(f"command {cfg.command!r} cannot run: {e}") from None
+            io_inside = ctx.sandbox.inside(mounts[0])
+            # Paths as the CLI sees them inside the sandbox (nothing about where the worker keeps them).
+            values = {**{k: f"{io_inside}/{v.name}" for k, v in files.items()}, "io_dir": io_inside}
+            values.update(
+                workspace=ctx.sandbox.workspace_inside(ctx.workspace),
+                attempt=str(ctx.attempt),
+                work_item_id=ctx.work_item_id,
+            )
             argv = [_substitute(a, values) for a in spec.argv] + list(cfg.args)
             env = {
                 **spec.env,
                 **passed,
-                "CREWWORK_IO_DIR": str(io_dir),
+                "CREWWORK_IO_DIR": io_inside,
                 "CREWWORK_INSTRUCTION_FILE": values["instruction_file"],
                 "CREWWORK_DIAGNOSTICS_FILE": values["diagnostics_file"],
                 "CREWWORK_REVIEW_FILE": values["review_file"],
@@ -255,12 +272,11 @@ class CommandAgent(Agent):
                 "CREWWORK_ATTEMPT": str(ctx.attempt),
             }
             limits = _limits(ctx, spec)
-            mounts = [io_dir, *(Path(m) for m in spec.mounts)]
             details = {"agent": self.name, "command": cfg.command, "attempt": ctx.attempt, "phase": "running"}
             ctx.heartbeat(details)
             try:
                 result = await _heartbeating(
-                    ctx.sandbox.run(argv, workspace=ctx.workspace, limits=limits, env=env, ro_mounts=mounts),
+                    ctx.sandbox.run(argv, workspace=ctx.workspace, limits=limits, env=env, mounts=mounts),
                     ctx,
                     details,
                 )
@@ -269,8 +285,6 @@ class CommandAgent(Agent):
             except Exception as e:
                 # SandboxError (machinery failed) and anything unexpected from a backend: another attempt may
                 # succeed, so it goes through the retry policy. SandboxUnavailable is an operator problem.
-                from crewwork.sandbox.base import SandboxError, SandboxUnavailable
-
                 if isinstance(e, SandboxUnavailable):
                     raise AgentError(f"sandbox unavailable for the command agent: {e}") from None
                 if isinstance(e, SandboxError | OSError):
@@ -333,6 +347,11 @@ def _write_inputs(io_dir: Path, ctx: AgentContext) -> dict[str, Path]:
     return files
 
 
+def _operator_mount(entry: str) -> Mount:
+    host, _, inside = entry.partition(":")
+    return Mount(Path(host), os.path.normpath(inside or host))
+
+
 def _substitute(arg: str, values: Mapping[str, str]) -> str:
     # Plain replacement, not str.format: an argv may legitimately contain other braces (JSON, shell code).
     for key in _PLACEHOLDERS:
@@ -343,8 +362,6 @@ def _substitute(arg: str, values: Mapping[str, str]) -> str:
 def _limits(ctx: AgentContext, spec: CommandSpec) -> Any:
     limits = ctx.limits
     if limits is None:
-        from crewwork.sandbox.base import SandboxLimits
-
         limits = SandboxLimits()
     if spec.timeout_s is not None and spec.timeout_s < limits.timeout_s:
         limits = dataclasses.replace(limits, timeout_s=spec.timeout_s)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crewwork.models import TenantRef
 from crewwork.repos.settings import RepoCredential, matches
 from crewwork.repos.urls import RepoURL, redact_url
 from crewwork.transport.redact import Redactor
@@ -92,9 +93,10 @@ class Credentials:
         self.known_hosts = known_hosts
         self.exposed = tuple(exposed)
 
-    def select(self, url: RepoURL, tenant_id: str | None = None, name: str | None = None) -> str | None:
+    def select(self, url: RepoURL, tenant: TenantRef | None = None, name: str | None = None) -> str | None:
         """The credential for `url`: `name` if given (it must be scoped to the URL), else the one with the longest
-        matching scope. Tenant restrictions apply to both."""
+        matching scope. Tenant restrictions (`tenants`, by name or id) apply to both; with no tenant, only
+        credentials without restrictions are used."""
         if url.is_local:
             return None
         if name is not None:
@@ -103,12 +105,12 @@ class Credentials:
                 raise CredentialError(f"no credential named {name!r} is configured")
             if not any(matches(p, url.url) for p in cred.match):
                 raise CredentialError(f"credential {name!r} is not scoped to {url.url}")
-            if cred.tenants is not None and tenant_id not in cred.tenants:
+            if not _admits(cred.tenants, tenant):
                 raise CredentialError(f"credential {name!r} is not available to this tenant")
             return name
         best: tuple[int, str] | None = None
         for cname, cred in self.credentials.items():
-            if cred.tenants is not None and tenant_id not in cred.tenants:
+            if not _admits(cred.tenants, tenant):
                 continue
             if (cred.kind == "ssh_key") != (url.scheme == "ssh"):
                 continue
@@ -127,11 +129,11 @@ class Credentials:
                 continue
         return out
 
-    def auth_for(self, url: RepoURL, tenant_id: str | None = None, name: str | None = None) -> GitAuth:
+    def auth_for(self, url: RepoURL, tenant: TenantRef | None = None, name: str | None = None) -> GitAuth:
         """The environment host git needs to reach `url`; raises CredentialError for a misconfiguration."""
         if url.is_local or url.scheme == "git":
             return GitAuth()
-        cname = self.select(url, tenant_id, name)
+        cname = self.select(url, tenant, name)
         if url.scheme == "ssh":
             return self._ssh(url, cname)
         if cname is None:
@@ -207,3 +209,9 @@ class Credentials:
             argv += ["-o", "IdentitiesOnly=yes", "-o", "IdentityFile=none"]
         env = {"GIT_SSH_COMMAND": shlex.join(argv), "GIT_SSH_VARIANT": "ssh"}
         return GitAuth(env=env, secrets=secrets, credential=cname)
+
+
+def _admits(tenants: list[str] | None, tenant: TenantRef | None) -> bool:
+    if tenants is None:
+        return True
+    return tenant is not None and tenant.in_scope(tenants)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from crewwork.config import Settings
-from crewwork.models import EnvironmentSpec
+from crewwork.models import EnvironmentSpec, TenantRef
 from crewwork.repos.credentials import CredentialError, read_secret
 from crewwork.sandbox.config import DEFAULT_IMAGE
 from crewwork.sandbox.prepare import SetupPlan
@@ -25,7 +25,7 @@ def resolve_environment(requested: EnvironmentSpec | None, settings: Settings, l
     return requested if requested is not None else settings.repo_environments.get(locator)
 
 
-def check_environment(env: EnvironmentSpec, settings: Settings, tenant_id: str | None) -> None:
+def check_environment(env: EnvironmentSpec, settings: Settings, tenant: TenantRef | None) -> None:
     """Everything about `env` that can be checked before anything runs."""
     if env.network and not settings.setup_allowlist():
         raise EnvironmentRejected(
@@ -36,7 +36,7 @@ def check_environment(env: EnvironmentSpec, settings: Settings, tenant_id: str |
         secret = settings.setup_secrets.get(name)
         if secret is None:
             raise EnvironmentRejected(f"environment.secrets: no setup secret named {name!r} is configured")
-        if secret.tenants is not None and tenant_id not in secret.tenants:
+        if secret.tenants is not None and (tenant is None or not tenant.in_scope(secret.tenants)):
             raise EnvironmentRejected(f"environment.secrets: setup secret {name!r} is not available to this tenant")
     if env.image is not None and env.image not in settings.environment_image_set() | {DEFAULT_IMAGE}:
         allowed = ", ".join(sorted(settings.environment_image_set() | {DEFAULT_IMAGE}))
@@ -48,14 +48,14 @@ def check_environment(env: EnvironmentSpec, settings: Settings, tenant_id: str |
 def setup_plan(
     env: EnvironmentSpec,
     settings: Settings,
-    tenant_id: str | None,
+    tenant: TenantRef | None,
     *,
     exposed: Iterable[Path] = (),
     redact: Callable[[str], str] | None = None,
 ) -> SetupPlan:
     """The plan the prepared-environment cache builds with: the allowlist only when asked for, the named secrets
     read from their files now (so a rotated secret is picked up by the next build)."""
-    check_environment(env, settings, tenant_id)
+    check_environment(env, settings, tenant)
     secrets: dict[str, str] = {}
     for name in env.secrets:
         ref = settings.setup_secrets[name]

@@ -159,9 +159,11 @@ class AllowlistProxy:
     def relay_path(self) -> Path:
         return self.sock_dir / "relay.py"
 
-    def wrap(self, argv: Sequence[str], python: str = "python3") -> list[str]:
-        """`argv` run behind the relay: it gets HTTP(S)_PROXY pointing at the relay, nothing else changes."""
-        return [python, str(self.relay_path), str(self.sock_path), "--", *argv]
+    def wrap(self, argv: Sequence[str], python: str = "python3", inside: str | None = None) -> list[str]:
+        """`argv` run behind the relay: it gets HTTP(S)_PROXY pointing at the relay, nothing else changes. `inside`:
+        where the sandbox sees `sock_dir` (default: its host path)."""
+        where = inside or str(self.sock_dir)
+        return [python, f"{where}/{self.relay_path.name}", f"{where}/{self.sock_path.name}", "--", *argv]
 
     async def __aenter__(self) -> AllowlistProxy:
         self.sock_dir.mkdir(parents=True, exist_ok=True)

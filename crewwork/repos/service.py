@@ -13,7 +13,7 @@ from pathlib import Path
 from crewwork.activities.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.config import Settings
 from crewwork.forge.github import PullRequest
-from crewwork.models import PullRequestSpec
+from crewwork.models import PullRequestSpec, TenantRef
 from crewwork.outbound import Resolver
 from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.repos.credentials import CredentialError, Credentials, GitAuth, read_secret
@@ -84,19 +84,19 @@ class Repositories:
         """The URL of a stored locator (already checked at submission)."""
         return parse_repo_url(locator)
 
-    def remote(self, url: RepoURL, tenant_id: str | None = None, credential: str | None = None) -> Remote:
+    def remote(self, url: RepoURL, tenant: TenantRef | None = None, credential: str | None = None) -> Remote:
         return Remote(
             url=url,
-            auth=self.auth(url, tenant_id, credential),
+            auth=self.auth(url, tenant, credential),
             timeout_s=self.settings.git_timeout_s,
             fsck=self.settings.mirror_fsck,
             address=self.address,
         )
 
-    def auth(self, url: RepoURL, tenant_id: str | None = None, credential: str | None = None) -> GitAuth:
+    def auth(self, url: RepoURL, tenant: TenantRef | None = None, credential: str | None = None) -> GitAuth:
         """Host git's credential for `url`: the named one (a registered repository's), else the operator's
         credential with the longest matching scope."""
-        return self.credentials.auth_for(url, tenant_id, credential)
+        return self.credentials.auth_for(url, tenant, credential)
 
     def redactor(self) -> Redactor:
         """Masks every configured credential and URL user info (for text of unknown origin)."""
@@ -111,7 +111,7 @@ class Repositories:
         self,
         raw_url: str,
         ref: str,
-        tenant_id: str | None = None,
+        tenant: TenantRef | None = None,
         *,
         credential: str | None = None,
         roots: Roots = CONFIGURED,
@@ -125,7 +125,7 @@ class Repositories:
             # The address first, so a refused one is what the tenant is told (and is checked again, and pinned,
             # by every git command the remote runs).
             await self.address.pin(url)
-            remote = self.remote(url, tenant_id, credential)
+            remote = self.remote(url, tenant, credential)
             return url, await remote.resolve(ref, timeout_s=self.settings.repo_check_timeout_s)
         except CredentialError as exc:
             raise RepoPolicyError(f"repository {url.url}: {exc}") from None
@@ -160,18 +160,18 @@ class Repositories:
     # ------------------------------------------------------------------ activities
 
     async def hold(
-        self, locator: str, commit: str, tenant_id: str | None = None, credential: str | None = None
+        self, locator: str, commit: str, tenant: TenantRef | None = None, credential: str | None = None
     ) -> MirrorHold:
         """This host's mirror of the repository holding `commit` (fetched when it lacks it), kept from eviction until
         the hold is released: the git directory workspaces are made from."""
         url = self.locate(locator)
-        return await self.mirrors.hold(self.remote(url, tenant_id, credential), commit)
+        return await self.mirrors.hold(self.remote(url, tenant, credential), commit)
 
     async def land(
         self,
         locator: str,
         *,
-        tenant_id: str | None,
+        tenant: TenantRef | None,
         work_item_id: str,
         base_commit: str,
         diff: str,
@@ -182,7 +182,7 @@ class Repositories:
         url = self.locate(locator)
         return await land_by_push(
             self.mirrors,
-            self.remote(url, tenant_id, credential),
+            self.remote(url, tenant, credential),
             work_item_id=work_item_id,
             base_commit=base_commit,
             diff=diff,
@@ -218,7 +218,7 @@ class Repositories:
         self,
         locator: str,
         *,
-        tenant_id: str | None,
+        tenant: TenantRef | None,
         branch: str,
         spec: PullRequestSpec | None,
         ref: str | None,
@@ -237,7 +237,7 @@ class Repositories:
         if forge is None:
             return None
         cred = self.settings.repo_credentials[forge.credential]
-        if cred.tenants is not None and tenant_id not in cred.tenants:
+        if not (tenant is not None and tenant.in_scope(cred.tenants)):
             raise ForgeError(
                 f"the forge's credential {forge.credential!r} is not available to this tenant", retryable=False
             )

@@ -57,7 +57,9 @@ class RepoCredential(BaseModel):
         default=None, description="ssh_key: known_hosts file for these hosts (default CREWWORK_SSH_KNOWN_HOSTS)."
     )
     tenants: list[str] | None = Field(
-        default=None, description="Tenants whose work items may use this credential. None: every tenant."
+        default=None,
+        description="Tenants whose work items may use this credential, by name (`crewwork keys create --tenant "
+        "NAME`) or id. None: every tenant.",
     )
 
     @field_validator("match")
@@ -105,7 +107,9 @@ class SetupSecret(BaseModel):
         pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$",
         description="Environment variable the setup commands see it as (e.g. PIP_INDEX_URL).",
     )
-    tenants: list[str] | None = Field(default=None, description="Tenants that may name it. None: every tenant.")
+    tenants: list[str] | None = Field(
+        default=None, description="Tenants that may name it, by name or id. None: every tenant."
+    )
 
 
 def matches(prefix: str, url: str) -> bool:

@@ -100,21 +100,22 @@ class RepositoryRegistry:
         if await self.store.count_repositories(tenant_id) >= cap:
             raise TooManyRepositories(f"a tenant may register at most {cap} repositories; remove one first")
         url = await self.normalise(reg.url, tenant_id, must_exist=True)
+        tenant = await self.store.tenant_ref(tenant_id)
         if reg.credential is not None:
             if url.is_local:
                 raise RegistrationRejected("credential: local repositories take no credential", "credential")
             try:
-                self.repos.credentials.select(url, tenant_id, reg.credential)
+                self.repos.credentials.select(url, tenant, reg.credential)
             except CredentialError as exc:
                 raise RegistrationRejected(f"credential: {exc}", "credential") from None
         if reg.environment is not None:
             try:
-                check_environment(reg.environment, self.settings, tenant_id)
+                check_environment(reg.environment, self.settings, tenant)
             except EnvironmentRejected as exc:
                 raise RegistrationRejected(str(exc), "environment") from None
         # The remote is reachable with the credential and has the default ref (raises RepoPolicyError).
         await self.repos.check(
-            url.url, reg.default_ref, tenant_id, credential=reg.credential, roots=await self.roots(tenant_id)
+            url.url, reg.default_ref, tenant, credential=reg.credential, roots=await self.roots(tenant_id)
         )
         return await self.store.create_repository(
             tenant_id=tenant_id,

@@ -3,13 +3,19 @@
 Every command crewwork runs on behalf of an agent or a validation goes through one `Sandbox.run`. Hitting a
 cap (time, memory, processes) is not an error: it is evidence, reported in the result's flags. Only a
 failure of the sandbox machinery itself (engine down, image missing, cgroup setup failed) raises.
+
+What a run sees of the host is only what it is given, at paths that say nothing about the host: the workspace at
+`/workspace`, each `Mount` at its own `inside` path (a prepared environment at `/crewwork/env`, the setup proxy's
+socket at `/crewwork/net`), and on host-filesystem backends the sandbox's own clean interpreter at
+`/opt/crewwork/python` (crewwork/sandbox/toolchain.py). Where the worker's data directory, its virtualenv or other
+work items' workspaces live is never visible inside. The `local` backend cannot remap anything: it runs on the host
+paths themselves (`Sandbox.remaps` is False), which callers learn through `Sandbox.inside`.
 """
 
 from __future__ import annotations
 
 import abc
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +24,47 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from crewwork.models import SandboxReport
     from crewwork.sandbox.config import SandboxSettings
+
+
+WORKSPACE = "/workspace"
+"""Where every isolating backend shows the run's workspace (and its working directory)."""
+
+# Paths inside a sandbox that a Mount may not cover: the system, the workspace, the private scratch space, and the
+# sandbox's own interpreter.
+RESERVED_INSIDE = ("/", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32", "/etc", "/proc", "/dev",
+                   "/sys", "/tmp", WORKSPACE, "/opt/crewwork/python")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory a run sees at `inside` (read-only unless `writable`)."""
+
+    host: Path
+    inside: str
+    """Absolute, normalised path inside the sandbox; it says nothing about where `host` is."""
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.inside.startswith("/") or os.path.normpath(self.inside) != self.inside:
+            raise ValueError(f"mount point {self.inside!r} must be an absolute, normalised path")
+        for reserved in RESERVED_INSIDE:
+            if self.inside == reserved or (reserved != "/" and self.inside.startswith(reserved + "/")):
+                raise ValueError(f"mount point {self.inside} lies in {reserved}, which the sandbox provides itself")
+
+
+def check_mounts(mounts: Sequence[Mount]) -> list[tuple[str, Mount]]:
+    """(resolved host path, mount) of each mount; refuses a missing source or two mounts at one place."""
+    seen: set[str] = set()
+    out = []
+    for m in mounts:
+        host = os.path.realpath(m.host)
+        if not os.path.exists(host):
+            raise ValueError(f"mount source {m.host} does not exist")
+        if m.inside in seen:
+            raise ValueError(f"two mounts at {m.inside}")
+        seen.add(m.inside)
+        out.append((host, m))
+    return out
 
 
 @dataclass(frozen=True)
@@ -150,6 +197,21 @@ class Sandbox(abc.ABC):
 
     name: ClassVar[str]
     isolating: ClassVar[bool]
+    remaps: ClassVar[bool] = True
+    """The workspace appears at WORKSPACE and each mount at its `inside` path. False (only `local`): on the host's
+    own paths."""
+
+    def inside(self, mount: Mount) -> str:
+        """Where a run of this backend sees `mount`: what to put in the run's environment and arguments."""
+        return mount.inside if self.remaps else str(Path(mount.host).resolve())
+
+    def runner(self) -> dict[str, str]:
+        """What runs commands in this backend (its name; its interpreter or image), for keys of what runs built."""
+        return {"backend": self.name}
+
+    def workspace_inside(self, workspace: Path) -> str:
+        """Where a run of this backend sees its workspace (its working directory)."""
+        return WORKSPACE if self.remaps else str(Path(workspace).resolve())
 
     def __init__(self, settings: SandboxSettings | None = None) -> None:  # noqa: B027  # a default, not abstract
         """Every backend is built from the operator's sandbox settings (its part: `settings.backend_config`)."""
@@ -168,9 +230,10 @@ class Sandbox(abc.ABC):
         workspace: Path,
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
-        ro_mounts: Sequence[Path] = (),
+        mounts: Sequence[Mount] = (),
     ) -> SandboxRunResult:
-        """Run `argv` with cwd = `workspace` (the only writable place besides a private /tmp).
+        """Run `argv` with cwd = `workspace` (seen at `workspace_inside`; writable, like a private /tmp and the
+        writable `mounts`), and nothing else of the host but the system directories.
 
         The environment inside is exactly PATH, LANG, HOME plus `env`; the caller's own environment never
         leaks in. Caps being hit show up as flags in the result. Cancelling the awaiting task kills
@@ -200,15 +263,17 @@ def sandbox_owner(uid: int, gid: int) -> tuple[int, int] | None:
     return (uid, gid) if os.geteuid() == 0 else None
 
 
-def hand_over(ws: Path, owner: tuple[int, int] | None) -> None:
-    """Make the sandbox user own a workspace it is about to run in (links are never followed)."""
+def hand_over(ws: Path, owner: tuple[int, int] | None, mounts: Sequence[Mount] = ()) -> None:
+    """Make the sandbox user own a workspace (and the writable mounts) it is about to run in (links are never
+    followed)."""
     if owner is None:
         return
-    st = ws.stat()
-    if (st.st_uid, st.st_gid) != owner:
-        from crewwork.safefs import chown_tree
+    for path in [ws, *(Path(m.host) for m in mounts if m.writable)]:
+        st = path.stat()
+        if (st.st_uid, st.st_gid) != owner:
+            from crewwork.safefs import chown_tree
 
-        chown_tree(ws, owner)
+            chown_tree(path, owner)
 
 
 def base_env(path: str, env: Mapping[str, str] | None) -> dict[str, str]:
@@ -220,12 +285,6 @@ def base_env(path: str, env: Mapping[str, str] | None) -> dict[str, str]:
                 raise ValueError(f"invalid environment variable name or value for {key!r}")
             out[key] = value
     return out
-
-
-def host_python_path() -> str:
-    """PATH for host-filesystem backends: this interpreter's directory first, so `python -m pytest` works."""
-    parts = [os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]
-    return ":".join(dict.fromkeys(parts))
 
 
 def check_argv_and_workspace(argv: Sequence[str], workspace: Path) -> Path:

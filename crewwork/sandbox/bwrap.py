@@ -3,8 +3,10 @@
 No daemon, ~10-30 ms to start. The sandbox gets fresh user, pid, net, ipc, uts, cgroup and mount namespaces, a
 read-only root that holds only the host's system directories (`/usr` and the `/lib*`, `/bin` links), an
 explicit allowlist of `/etc` files (never the whole directory: no shadow files, no SSH host keys, no engine
-keys) plus a synthetic passwd/group/hosts, a private sized `/tmp` and `/dev/shm`, and the workspace as its
-single writable bind.
+keys) plus a synthetic passwd/group/hosts, a private sized `/tmp` and `/dev/shm`, the workspace at `/workspace`
+as its single writable bind (with any writable `Mount`), and the sandbox's own Python (crewwork/sandbox/toolchain.py)
+at `/opt/crewwork/python`, first on PATH. The worker's virtualenv is never mounted; the base interpreter it was made
+from is, at its own path, with its global site-packages hidden under an empty tmpfs.
 
 The sandbox never runs as host root. When the worker is root, each run first enters a private mount namespace
 where the bind sources are bind-mounted onto a fresh staging tmpfs (so no parent directory has to be opened to
@@ -17,13 +19,13 @@ it; use gVisor for untrusted code that may try one.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import glob
 import math
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,8 @@ from crewwork.sandbox._proc import (
     signal_from_returncode,
 )
 from crewwork.sandbox.base import (
+    WORKSPACE,
+    Mount,
     Sandbox,
     SandboxError,
     SandboxLimits,
@@ -45,13 +49,21 @@ from crewwork.sandbox.base import (
     SandboxUnavailable,
     base_env,
     check_argv_and_workspace,
+    check_mounts,
     disk_limited,
     hand_over,
-    host_python_path,
 )
 from crewwork.sandbox.cgroups import JOIN_FAILED, RunCgroup
 from crewwork.sandbox.config import BwrapConfig, SandboxSettings
 from crewwork.sandbox.seccomp import filter_fd
+from crewwork.sandbox.toolchain import (
+    TOOLCHAIN_INSIDE,
+    Toolchain,
+    base_prefixes,
+    base_site_packages,
+    ensure_toolchain,
+    toolchain_fingerprint,
+)
 
 INSTALL_HINT = "install bubblewrap: `apt-get install -y bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"
 NOBODY = 65534
@@ -102,12 +114,6 @@ exec "$@"
 """
 
 
-def _python_dirs() -> list[str]:
-    """The interpreter's prefixes, so `python -m pytest` works inside even when Python lives in a home dir."""
-    dirs = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(sys.executable))}
-    return sorted(d for d in dirs if not any(d == s or d.startswith(s + "/") for s in ("/usr",)))
-
-
 def _etc_entries() -> list[tuple[str, str | None]]:
     """(path, symlink target or None) of the allowlisted /etc entries present on this host."""
     out: list[tuple[str, str | None]] = []
@@ -153,6 +159,15 @@ class BwrapSandbox(Sandbox):
         self.bwrap = shutil.which("bwrap")
         if self.bwrap is None:
             raise SandboxUnavailable(f"bubblewrap (bwrap) is not on PATH; {INSTALL_HINT}")
+        self._toolchain: Toolchain | None = None
+
+    def runner(self) -> dict[str, str]:
+        return {"backend": self.name, "python": toolchain_fingerprint()}
+
+    async def toolchain(self) -> Toolchain:
+        if self._toolchain is None:
+            self._toolchain = await asyncio.to_thread(ensure_toolchain, self.settings.toolchain_root())
+        return self._toolchain
 
     @classmethod
     def available(cls, settings: SandboxSettings | None = None) -> tuple[bool, str]:
@@ -163,7 +178,8 @@ class BwrapSandbox(Sandbox):
         argv: Sequence[str],
         ws: Path,
         limits: SandboxLimits,
-        ro_mounts: Sequence[Path],
+        mounts: Sequence[Mount],
+        toolchain: Toolchain,
         seccomp_fd: int | None = None,
         data_fds: Sequence[tuple[int, str]] = (),
     ) -> list[str]:
@@ -187,13 +203,11 @@ class BwrapSandbox(Sandbox):
         scratch = str(limits.tmpfs_mb * 1024 * 1024)
         args += ["--size", scratch, "--tmpfs", "/tmp", "--size", scratch, "--tmpfs", "/dev/shm"]
         # After the private /tmp, so an interpreter that lives under /tmp (a CI checkout, say) stays visible.
-        binds = [_Bind(d, d, False) for d in _python_dirs()]
-        for m in ro_mounts:
-            p = os.path.realpath(m)
-            if not os.path.exists(p):
-                raise ValueError(f"read-only mount {m} does not exist")
-            binds.append(_Bind(p, p, False))
-        binds.append(_Bind(str(ws), str(ws), True))
+        binds = [_Bind(d, d, False) for d in base_prefixes()]
+        binds.append(_Bind(str(toolchain.root), TOOLCHAIN_INSIDE, False))
+        for host, m in check_mounts(mounts):
+            binds.append(_Bind(host, m.inside, m.writable))
+        binds.append(_Bind(str(ws), WORKSPACE, True))
         prefix: list[str] = []
         if owner is not None:
             stage = str(self.config.stage_dir)
@@ -206,7 +220,10 @@ class BwrapSandbox(Sandbox):
             prefix += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
         for b in binds:
             args += ["--bind" if b.writable else "--ro-bind", b.src, b.dest]
-        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", str(ws), "--", *argv]
+        # Whatever was installed into the base interpreter globally stays out of sight (not only off sys.path).
+        for site in base_site_packages():
+            args += ["--size", "4096", "--perms", "0555", "--tmpfs", site, "--remount-ro", site]
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKSPACE, "--", *argv]
         return prefix + args
 
     async def run(
@@ -216,17 +233,18 @@ class BwrapSandbox(Sandbox):
         workspace: Path,
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
-        ro_mounts: Sequence[Path] = (),
+        mounts: Sequence[Mount] = (),
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
+        toolchain = await self.toolchain()
         owner = self.settings.owner()
-        hand_over(ws, owner)
+        hand_over(ws, owner, mounts)
         if owner is not None:
             self.config.stage_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
         seccomp_fd = filter_fd() if self.config.seccomp else None
         data_fds = _synthetic_fds()
         try:
-            return await self._run(argv, ws, limits, env, ro_mounts, seccomp_fd, data_fds)
+            return await self._run(argv, ws, limits, env, mounts, toolchain, seccomp_fd, data_fds)
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
@@ -239,11 +257,12 @@ class BwrapSandbox(Sandbox):
         ws: Path,
         limits: SandboxLimits,
         env: Mapping[str, str] | None,
-        ro_mounts: Sequence[Path],
+        mounts: Sequence[Mount],
+        toolchain: Toolchain,
         seccomp_fd: int | None,
         data_fds: Sequence[tuple[int, str]],
     ) -> SandboxRunResult:
-        cmd = self.command(argv, ws, limits, ro_mounts, seccomp_fd, data_fds)
+        cmd = self.command(argv, ws, limits, mounts, toolchain, seccomp_fd, data_fds)
         cg: RunCgroup | None = None
         if self.config.cgroups:
             try:
@@ -267,7 +286,7 @@ class BwrapSandbox(Sandbox):
             outcome = await run_process(
                 cmd,
                 cwd=ws,
-                env=base_env(host_python_path(), env),
+                env=base_env(toolchain.path(TOOLCHAIN_INSIDE), env),
                 timeout_s=limits.timeout_s,
                 max_log_bytes=limits.max_log_bytes,
                 preexec_fn=preexec,

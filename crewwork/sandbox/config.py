@@ -6,6 +6,7 @@ CREWWORK_SANDBOX_MAX_MEMORY_MB=4096). A work item may ask for different limits, 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -103,6 +104,12 @@ class SandboxSettings(BaseSettings):
         description="Disk cap of one prepared environment (a repository's venv plus what its setup commands "
         "write), in MiB: each entry is its own ext4 image while the workspace disk cap is on; off with it.",
     )
+    toolchain_dir: Path | None = Field(
+        default=None,
+        description="Where the bwrap and local backends keep the sandbox's own Python (a clean virtualenv with "
+        "pytest, pip, setuptools and wheel, built once per host from installed files). None: "
+        "$XDG_CACHE_HOME/crewwork/sandbox-python (default ~/.cache/...). Must belong to the worker's user.",
+    )
     bwrap_stage_dir: Path = Field(
         default=Path("/run/crewwork/bwrap-stage"),
         description="Empty directory over which each bwrap run (as root) mounts its private staging tmpfs, so "
@@ -148,6 +155,14 @@ class SandboxSettings(BaseSettings):
             tmpfs_mb=self.tmpfs_mb,
             disk_mb=self.disk_mb,
         )
+
+    def toolchain_root(self) -> Path:
+        """Where the sandbox's own Python is kept (crewwork/sandbox/toolchain.py): the setting, else the per-user
+        cache directory (XDG_CACHE_HOME, else ~/.cache)."""
+        if self.toolchain_dir is not None:
+            return self.toolchain_dir
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "crewwork" / "sandbox-python"
 
     def owner(self) -> tuple[int, int] | None:
         """(uid, gid) workspaces belong to and sandboxes run as, or None when the worker is not root."""

@@ -3,7 +3,8 @@
 `docker` (runc) gives namespaces, a seccomp filter, no capabilities and cgroup caps: about 0.3 s to start.
 `gvisor` is the same container under gVisor's `runsc` runtime: the command talks to a user-space kernel, so a
 host kernel bug is no longer a way out (about 0.7 s). Both run with no network, a read-only root, only the
-workspace writable (plus a small tmpfs /tmp), a non-root user, no capabilities and no new privileges.
+workspace writable (at `/workspace`, plus a small tmpfs /tmp and any writable `Mount`), a non-root user, no
+capabilities and no new privileges. The image's own Python runs everything (crewwork/sandbox/image.py).
 
 The Docker SDK is blocking, so every engine call runs in a thread; the asyncio side owns the deadline and
 cancellation, and always removes the container.
@@ -22,6 +23,8 @@ from typing import Any, ClassVar
 
 from crewwork.sandbox._proc import signal_from_returncode
 from crewwork.sandbox.base import (
+    WORKSPACE,
+    Mount,
     Sandbox,
     SandboxError,
     SandboxLimits,
@@ -29,6 +32,7 @@ from crewwork.sandbox.base import (
     SandboxUnavailable,
     base_env,
     check_argv_and_workspace,
+    check_mounts,
     disk_limited,
     hand_over,
 )
@@ -122,6 +126,9 @@ class DockerSandbox(Sandbox):
         what = f"runtime {runtime}" if runtime else f"runtime {info.get('DefaultRuntime', 'runc')}"
         return True, f"Docker {info.get('ServerVersion', '?')}, {what}, image {config.image}"
 
+    def runner(self) -> dict[str, str]:
+        return {"backend": self.name, "image": self.image, "runtime": self.runtime or ""}
+
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
@@ -132,25 +139,21 @@ class DockerSandbox(Sandbox):
 
     def container_kwargs(
         self, argv: Sequence[str], ws: Path, limits: SandboxLimits, env: Mapping[str, str] | None,
-        ro_mounts: Sequence[Path],
+        mounts: Sequence[Mount],
     ) -> dict[str, Any]:  # fmt: skip
         docker = _docker()
         environment = base_env("", env)
         if not env or "PATH" not in env:
             del environment["PATH"]  # the image's PATH finds its own python
-        volumes: dict[str, dict[str, str]] = {}
-        for m in ro_mounts:
-            p = os.path.realpath(m)
-            if not os.path.exists(p):
-                raise ValueError(f"read-only mount {m} does not exist")
-            volumes[p] = {"bind": p, "mode": "ro"}
-        volumes[str(ws)] = {"bind": str(ws), "mode": "rw"}
+        # Docker's `volumes` are keyed by host path: two mounts of one host directory need the list form.
+        volumes = [f"{host}:{m.inside}:{'rw' if m.writable else 'ro'}" for host, m in check_mounts(mounts)]
+        volumes.append(f"{ws}:{WORKSPACE}:rw")
         mem = f"{limits.memory_mb}m"
         uid, gid = self.user().split(":")
         kwargs: dict[str, Any] = dict(
             image=self.image,
             command=list(argv),
-            working_dir=str(ws),
+            working_dir=WORKSPACE,
             user=self.user(),
             environment=environment,
             network_mode="none",
@@ -189,12 +192,12 @@ class DockerSandbox(Sandbox):
         workspace: Path,
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
-        ro_mounts: Sequence[Path] = (),
+        mounts: Sequence[Mount] = (),
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
-        kwargs = self.container_kwargs(argv, ws, limits, env, ro_mounts)
+        kwargs = self.container_kwargs(argv, ws, limits, env, mounts)
         client = await asyncio.to_thread(self.client)
-        await asyncio.to_thread(hand_over, ws, self.settings.owner())
+        await asyncio.to_thread(hand_over, ws, self.settings.owner(), mounts)
         await asyncio.to_thread(reap_orphans, client)
         container = await asyncio.to_thread(self._create, client, kwargs)
         try:

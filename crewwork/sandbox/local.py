@@ -1,15 +1,18 @@
 """The `local` backend: runs on the host with no isolation. Development only, refused unless asked for.
 
 It still applies a wall-clock timeout and rlimits so a runaway command cannot take the worker down, and every
-result it produces says `isolated=False`.
+result it produces says `isolated=False`. It runs the sandbox's own Python (crewwork/sandbox/toolchain.py) first on
+PATH, never the worker's virtualenv. It cannot remap paths: the workspace and every mount are where they are on the
+host (`remaps = False`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from crewwork.sandbox._proc import (
     apply_rlimits,
@@ -19,18 +22,18 @@ from crewwork.sandbox._proc import (
     signal_from_returncode,
 )
 from crewwork.sandbox.base import (
+    Mount,
     Sandbox,
     SandboxError,
     SandboxLimits,
     SandboxRunResult,
     base_env,
     check_argv_and_workspace,
+    check_mounts,
     disk_limited,
-    host_python_path,
 )
-
-if TYPE_CHECKING:
-    from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.toolchain import ensure_toolchain, toolchain_fingerprint
 
 
 class LocalSandbox(Sandbox):
@@ -38,13 +41,17 @@ class LocalSandbox(Sandbox):
 
     name: ClassVar[str] = "local"
     isolating: ClassVar[bool] = False
+    remaps: ClassVar[bool] = False
 
-    def __init__(self, settings: object | None = None) -> None:
-        self.settings = settings
+    def __init__(self, settings: SandboxSettings | None = None) -> None:
+        self.settings = settings or SandboxSettings()
 
     @classmethod
     def available(cls, settings: SandboxSettings | None = None) -> tuple[bool, str]:
         return True, "always available; UNSAFE: no isolation (development only)"
+
+    def runner(self) -> dict[str, str]:
+        return {"backend": self.name, "python": toolchain_fingerprint()}
 
     async def run(
         self,
@@ -53,9 +60,11 @@ class LocalSandbox(Sandbox):
         workspace: Path,
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
-        ro_mounts: Sequence[Path] = (),
+        mounts: Sequence[Mount] = (),
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
+        check_mounts(mounts)  # nothing to mount (the command sees the host), but a missing source is an error
+        toolchain = await asyncio.to_thread(ensure_toolchain, self.settings.toolchain_root())
         cpu_s = math.ceil(limits.timeout_s * limits.cpus) + 1
 
         def preexec() -> None:
@@ -65,7 +74,7 @@ class LocalSandbox(Sandbox):
             outcome = await run_process(
                 argv,
                 cwd=ws,
-                env=base_env(host_python_path(), env),
+                env=base_env(toolchain.path(), env),
                 timeout_s=limits.timeout_s,
                 max_log_bytes=limits.max_log_bytes,
                 preexec_fn=preexec,

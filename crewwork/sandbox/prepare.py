@@ -1,15 +1,26 @@
-"""Prepared environments: a work item's setup runs once per (repository, base commit, setup spec), then every
-attempt and every validation run reuses the result through a read-only mount.
+"""Prepared environments: a work item's setup runs once per (owner, repository, base commit, environment), then
+every attempt and every validation run of that owner reuses the result through a read-only mount.
 
 A cache entry is a directory `<root>/<key>/` holding `src/` (the repository tree the setup ran against) and
-`env/` (what the setup installed). Setup commands run in a sandbox with cwd `src/` and `$CREWWORK_ENV`
-pointing at `env/`, e.g. `python -m pip install --prefix "$CREWWORK_ENV" -r requirements.txt`. Because the
-entry is used at the same absolute path it was built at, scripts and .pth files with baked-in paths keep
-working. Later runs mount `env/` read-only and get PATH/PYTHONPATH pointing into it (see `PreparedEnv.env`).
+`env/` (what the setup installed). Setup commands run in a sandbox whose workspace is `src/` and which sees `env/`
+writable at ENV_INSIDE (`/crewwork/env`, `$CREWWORK_ENV`), e.g. `python -m pip install --prefix "$CREWWORK_ENV" -r
+requirements.txt`. Later runs see `env/` read-only at the same ENV_INSIDE and their own workspace at `/workspace`,
+so scripts and .pth files with baked-in paths keep working (an editable install of `/workspace` points at the
+validated change). The `local` backend cannot remap: there the entry's host paths are used both times.
 
-Invalidation is by construction: the key hashes the repository, the base commit and the setup spec, so a
-new commit or a changed setup is a different entry. `evict()` removes least-recently-used entries beyond
-a byte budget. Entries are built under a per-key file lock, so concurrent attempts on one host build once.
+**Whose an entry is.** The key (`prepare_key`) hashes everything that can change what a setup produces or sees: the
+owner (tenant and the tenant's registration of the repository), the repository, the base commit, the setup
+commands, the environment definition (interpreter, image, network allowlist), the backend and interpreter that run
+it, and each secret by name and by a keyed digest of its value (HMAC-SHA256 under a random key kept in the cache
+root, readable by the worker only: the key in evidence reveals nothing about a secret). So an entry is never served
+to another tenant, nor to the same tenant after its secret changed: anything a setup builds from a secret or from
+what the tenant controls stays that tenant's. Two tenants with identical public inputs build twice; that costs one
+cold build each (docs/sandbox.md, "Caches and tenants") and closes a class of cross-tenant poisoning through a
+setup that is not reproducible.
+
+Invalidation is by construction: a new commit or a changed setup is a different key. `evict()` removes
+least-recently-used entries beyond a byte budget. Entries are built under a per-key file lock, so concurrent
+attempts on one host build once.
 
 Disk cap: setup commands are the tenant's, so with `disk_mb` set each entry is its own ext4 loop image
 (`<root>/.<key>.img`, sparse, see crewwork.sandbox.disk) mounted at the entry directory itself before anything is
@@ -22,7 +33,8 @@ rebuilt. For the LRU budget an imaged entry counts the blocks its image really h
 A repository's environment (`SetupPlan`, from `EnvironmentSpec`) adds three things to a build:
 - `python`: first create a virtual environment `env/venv` from that interpreter (inside the sandbox); its `bin`
   leads PATH for the setup commands and for every later run, and PYTHONPATH is not set, so tests run with the
-  repository's interpreter and packages, never crewwork's own.
+  repository's interpreter and packages, never crewwork's own. Without it, runs use the sandbox's own clean
+  interpreter (crewwork/sandbox/toolchain.py, or the image's) with PYTHONPATH into `env/`.
 - `allowlist`: setup commands reach the network through `crewwork.repos.proxy` (an allowlisting proxy on a unix
   socket bind-mounted into the setup sandbox only). Later runs get no socket: no network.
 - `secrets`: environment variables for the setup commands only, masked in the setup log.
@@ -39,8 +51,10 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -48,7 +62,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from crewwork.sandbox.base import Sandbox, SandboxLimits, SandboxRunResult
+from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits, SandboxRunResult
 from crewwork.sandbox.disk import WorkspaceDisk, is_mountpoint, unmount_blocking
 
 # Run with the environment's interpreter inside the sandbox: `python -m venv`, and where the interpreter has no
@@ -77,22 +91,46 @@ if not has_ensurepip:
 READY = "READY.json"
 SETUP_LOG = "setup.log"
 DEFAULT_MAX_BYTES = 10 * 1024**3
+ENV_INSIDE = "/crewwork/env"
+"""Where a run sees its prepared environment (writable while it is built, read-only afterwards)."""
+NET_INSIDE = "/crewwork/net"
+"""Where a setup run sees the allowlisting proxy's socket and relay."""
+DIGEST_KEY = ".secret-digest-key"
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheOwner:
+    """Whose inputs an entry is built from; it is served to nobody else."""
+
+    tenant_id: str
+    repository: str
+    """The tenant's registration of the repository (its id; its URL where there is no registration)."""
 
 
 def prepare_key(
+    owner: CacheOwner,
     repo: str,
     base_commit: str,
     setup: Sequence[Sequence[str]],
+    *,
+    runner: Mapping[str, Any],
     env: Mapping[str, str] | None = None,
     plan: SetupPlan | None = None,
+    secret_digests: Mapping[str, str] | None = None,
 ) -> str:
-    """Content key of a prepared environment. Any change in the inputs gives a different key (secret *values* and
-    the allowlist's contents are not inputs: rotating a token or widening the allowlist reuses what was built)."""
+    """Key of a prepared environment: any change in anything the setup could produce or see gives another key.
+
+    `runner` says what runs the setup (`Sandbox.runner()`: backend, interpreter or image); `secret_digests` maps each
+    secret's variable name to a keyed digest of its value (`PreparedEnvCache.secret_digests`)."""
     spec: dict[str, Any] = {
+        "tenant": owner.tenant_id,
+        "repository": owner.repository,
         "repo": repo,
         "commit": base_commit,
         "setup": [list(c) for c in setup],
         "env": dict(env or {}),
+        "runner": dict(runner),
+        "secrets": dict(secret_digests or {}),
     }
     if plan is not None and not plan.empty:
         spec["plan"] = plan.key_fields()
@@ -118,9 +156,10 @@ class SetupPlan:
         return self.python is None and not self.allowlist and not self.secrets and self.image is None
 
     def key_fields(self) -> dict[str, Any]:
+        """What the plan contributes to the key (secret values enter only as keyed digests, see `prepare_key`)."""
         return {
             "python": self.python,
-            "network": bool(self.allowlist),
+            "allowlist": sorted(self.allowlist),
             "secrets": sorted(self.secrets),
             "image": self.image,
         }
@@ -133,7 +172,7 @@ class SetupPlan:
 
 @dataclasses.dataclass
 class PreparedEnv:
-    """A ready environment: mount `env_dir` read-only and add `env()` to the run's environment."""
+    """A ready environment: give a run `mounts()` and add `env()` to its environment."""
 
     key: str
     root: Path
@@ -141,35 +180,32 @@ class PreparedEnv:
     setup_results: list[SandboxRunResult]
     prepare_s: float
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    inside: str = ENV_INSIDE
+    """Where runs of the backend it was built for see `env_dir` (its host path on `local`)."""
 
     @property
     def env_dir(self) -> Path:
         return self.root / "env"
 
     @property
-    def venv(self) -> Path | None:
-        v = self.env_dir / "venv"
-        return v if self.meta.get("venv") or (v / "pyvenv.cfg").is_file() else None
+    def has_venv(self) -> bool:
+        return bool(self.meta.get("venv")) or (self.env_dir / "venv" / "pyvenv.cfg").is_file()
 
-    def mounts(self) -> list[Path]:
-        return [self.env_dir]
+    def mounts(self) -> list[Mount]:
+        return [Mount(self.env_dir, ENV_INSIDE)]
 
     def env(self, python_version: str | None = None) -> dict[str, str]:
         """What a run in this environment needs: the venv's bin first on PATH (no PYTHONPATH) when there is a
         venv, else PYTHONPATH into what `pip install --prefix $CREWWORK_ENV` put there."""
-        venv = self.venv
-        if venv is not None:
+        if self.has_venv:
+            venv = f"{self.inside}/venv"
             return {
-                "CREWWORK_ENV": str(self.env_dir),
-                "VIRTUAL_ENV": str(venv),
+                "CREWWORK_ENV": self.inside,
+                "VIRTUAL_ENV": venv,
                 "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
             }
         version = python_version or f"python{sys.version_info.major}.{sys.version_info.minor}"
-        site = self.env_dir / "lib" / version / "site-packages"
-        return {"CREWWORK_ENV": str(self.env_dir), "PYTHONPATH": str(site)}
-
-    def path_prefix(self) -> str:
-        return str(self.env_dir / "bin")
+        return {"CREWWORK_ENV": self.inside, "PYTHONPATH": f"{self.inside}/lib/{version}/site-packages"}
 
     def setup_log(self) -> bytes:
         """The setup commands' output as the build recorded it (secrets masked)."""
@@ -266,9 +302,50 @@ class PreparedEnvCache:
             return entry
         return None
 
+    def secret_digests(self, values: Mapping[str, str]) -> dict[str, str]:
+        """Variable name -> HMAC-SHA256 of the value under this cache's own random key (made on first use, 0600):
+        a changed secret is another entry, and no one holding an entry's key can test guesses of a secret."""
+        if not values:
+            return {}
+        path = self.root / DIGEST_KEY
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            key = f.read(64)
+        if len(key) != 32:
+            raise OSError(f"{path} is damaged (remove it: entries built with secrets are then rebuilt)")
+        return {
+            name: hmac.new(key, f"{name}\0{value}".encode(), hashlib.sha256).hexdigest()
+            for name, value in sorted(values.items())
+        }
+
+    def key_for(
+        self,
+        owner: CacheOwner,
+        sandbox: Sandbox,
+        repo: str,
+        base_commit: str,
+        setup: Sequence[Sequence[str]],
+        env: Mapping[str, str] | None = None,
+        plan: SetupPlan | None = None,
+    ) -> str:
+        """The key `get_or_prepare` files these inputs under (see `prepare_key`)."""
+        plan = plan or SetupPlan()
+        digests = self.secret_digests(plan.secrets)
+        return prepare_key(
+            owner, repo, base_commit, setup, runner=sandbox.runner(), env=env, plan=plan, secret_digests=digests
+        )
+
     async def get_or_prepare(
         self,
         *,
+        owner: CacheOwner,
         sandbox: Sandbox,
         repo: str,
         base_commit: str,
@@ -276,21 +353,25 @@ class PreparedEnvCache:
         source: Path,
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
-        ro_mounts: Sequence[Path] = (),
+        mounts: Sequence[Mount] = (),
         plan: SetupPlan | None = None,
     ) -> PreparedEnv:
-        """The entry for these inputs; on a miss, runs `setup` in `sandbox` against a copy of `source`."""
+        """`owner`'s entry for these inputs; on a miss, runs `setup` in `sandbox` against a copy of `source`."""
         started = time.monotonic()
-        key = prepare_key(repo, base_commit, setup, env, plan)
+        plan = plan or SetupPlan()
+        key = await asyncio.to_thread(self.key_for, owner, sandbox, repo, base_commit, setup, env, plan)
+        inside = sandbox.inside(Mount(self.root / key / "env", ENV_INSIDE))
         entry = self.lookup(key)
         if entry is not None:
-            return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry))
+            return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry), inside)
         async with self._lock(key):
             entry = self.lookup(key)  # built by someone else while we waited
             if entry is not None:
-                return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry))
-            results = await self._build(key, sandbox, setup, source, limits, env, ro_mounts, plan or SetupPlan())
-        prepared = PreparedEnv(key, self.root / key, True, results, time.monotonic() - started, _meta(self.root / key))
+                return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry), inside)
+            results = await self._build(key, sandbox, setup, source, limits, env, mounts, plan)
+        prepared = PreparedEnv(
+            key, self.root / key, True, results, time.monotonic() - started, _meta(self.root / key), inside
+        )
         await asyncio.to_thread(self.evict, keep={key})
         return prepared
 
@@ -302,7 +383,7 @@ class PreparedEnvCache:
         source: Path,
         limits: SandboxLimits,
         env: Mapping[str, str] | None,
-        ro_mounts: Sequence[Path],
+        mounts: Sequence[Mount],
         plan: SetupPlan,
     ) -> list[SandboxRunResult]:
         entry = self.root / key
@@ -330,33 +411,32 @@ class PreparedEnvCache:
                 ) from exc
             env_dir = entry / "env"
             env_dir.mkdir()
-            run_env = {**(env or {}), "CREWWORK_ENV": str(env_dir)}
+            run_mounts = [*mounts, Mount(env_dir, ENV_INSIDE, writable=True)]
+            env_inside = sandbox.inside(run_mounts[-1])
+            run_env = {**(env or {}), "CREWWORK_ENV": env_inside}
             commands: list[tuple[str, list[str], list[str]]] = []  # (kind, argv, argv as shown in evidence)
             if plan.python:
-                venv = env_dir / "venv"
-                commands.append(
-                    ("venv", [plan.python, "-c", MAKE_VENV, str(venv)], [plan.python, "-m", "venv", str(venv)])
-                )
-                run_env["VIRTUAL_ENV"] = str(venv)
+                venv = f"{env_inside}/venv"
+                commands.append(("venv", [plan.python, "-c", MAKE_VENV, venv], [plan.python, "-m", "venv", venv]))
+                run_env["VIRTUAL_ENV"] = venv
                 run_env["PATH"] = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
             commands += [("setup", list(c), list(c)) for c in setup]
-            mounts = list(ro_mounts)
             if plan.allowlist:
                 from crewwork.repos.proxy import AllowlistProxy, new_sock_dir
 
                 proxy = AllowlistProxy(list(plan.allowlist), new_sock_dir(self.root))
                 await proxy.__aenter__()
-                mounts.append(proxy.sock_dir)
+                run_mounts.append(Mount(proxy.sock_dir, NET_INSIDE))
             results: list[SandboxRunResult] = []
             for kind, command, shown in commands:
-                # cwd is the repository copy; the entry itself is the sandbox's one writable place.
-                argv = ["sh", "-c", 'cd src && exec "$@"', "setup", *command]
+                # The workspace is the repository copy; it and the environment are the run's writable places.
+                argv = list(command)
                 step_env = dict(run_env)
                 if kind == "setup":
                     step_env.update(plan.secrets)
                     if proxy is not None:
-                        argv = proxy.wrap(argv, python=plan.python or "python3")
-                r = await sandbox.run(argv, workspace=entry, limits=limits, env=step_env, ro_mounts=mounts)
+                        argv = proxy.wrap(argv, python=plan.python or "python3", inside=sandbox.inside(run_mounts[-1]))
+                r = await sandbox.run(argv, workspace=entry / "src", limits=limits, env=step_env, mounts=run_mounts)
                 results.append(r)
                 steps.append({"kind": kind, "argv": shown, "seconds": round(r.duration_s, 3), "exit": r.exit_code})
                 log.append(

@@ -10,6 +10,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 
 from crewwork.ids import new_id
+from crewwork.models import TenantRef
 from crewwork.store.engine import Database
 from crewwork.store.tables import Repository, Tenant
 
@@ -23,6 +24,8 @@ class RepositoryExists(ValueError):
 
 
 class RepositoryStore(Database):
+    _tenant_refs: dict[str, TenantRef] | None = None
+
     async def create_repository(
         self,
         *,
@@ -105,3 +108,14 @@ class RepositoryStore(Database):
     async def tenant_name(self, tenant_id: str) -> str | None:
         async with self.session() as s:
             return await s.scalar(select(Tenant.name).where(Tenant.id == tenant_id))
+
+    async def tenant_ref(self, tenant_id: str) -> TenantRef:
+        """The tenant by id and name, as operator scopes name it. Names never change, so each is asked once."""
+        if self._tenant_refs is None:
+            self._tenant_refs = {}
+        ref = self._tenant_refs.get(tenant_id)
+        if ref is None:
+            ref = TenantRef(id=tenant_id, name=await self.tenant_name(tenant_id))
+            if ref.name is not None:
+                self._tenant_refs[tenant_id] = ref
+        return ref

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,8 +65,9 @@ def cli_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def operator_env(cli_dir: Path, **spec: Any) -> dict[str, str]:
     command = {
-        "argv": [sys.executable, str(cli_dir / "fake_agent.py"), "{instruction_file}"],
-        "mounts": [str(cli_dir)],
+        # The sandbox's own python (never the worker's), the CLI where the operator mounts it.
+        "argv": ["python3", "/opt/fake-agent/fake_agent.py", "{instruction_file}"],
+        "mounts": [f"{cli_dir}:/opt/fake-agent"],
         "pass_env": ["CLI_TOKEN"],
         **spec,
     }
@@ -98,7 +98,7 @@ async def test_cli_runs_in_a_real_sandbox_and_its_change_is_in_the_workspace(
     seen = json.loads((result.claims or "").splitlines()[0])
     assert seen["instruction"].startswith("Fix add()") and seen["diagnostics"].startswith("FAILED")
     assert seen["tampered"] is False  # the input directory is read-only inside the sandbox
-    assert seen["cwd"] == str(git_repo)
+    assert seen["cwd"] == "/workspace", "the CLI sees its workspace at a path that says nothing about the host"
     # The passed-through secret reached the CLI but is masked in everything stored.
     assert "tok-0123456789-very-secret" not in (result.transcript or "") + (result.claims or "")
     assert CommandAgent.mock is False

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, SandboxSettings, get_sandbox
-from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed, SetupPlan
+from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed, SetupPlan
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.conftest import make_settings, running_crew
 from tests.repos.pkgindex import TOOLZ_BUG, TOOLZ_FILE, TOOLZ_RIGHT, PackageIndex, packages_ready, toolz_repo
 from tests.repos.servers import GitDaemon, _wait_port, bare_from, git
 
 LIMITS = SandboxLimits(memory_mb=512, pids=128, timeout_s=120)
+OWNER = CacheOwner(tenant_id="tn_a", repository="rp_a")
 # Asks a URL through the proxy the relay exported (urllib honours HTTP_PROXY), then directly without any proxy.
 PROBE = (
     "import json, os, sys, urllib.request, socket\n"
@@ -72,9 +73,9 @@ async def test_setup_reaches_only_the_allowlist_and_later_runs_reach_nothing(san
         allowed, denied = f"http://127.0.0.1:{ok_port}/", f"http://127.0.0.1:{bad_port}/"
         cache = PreparedEnvCache(tmp_path / "data" / "prepared")
         plan = SetupPlan(allowlist=(f"127.0.0.1:{ok_port}",))
-        setup = [["python3", "probe.py", allowed, denied, "../env/setup-probe.json"]]
+        setup = [["sh", "-c", 'exec python3 probe.py "$0" "$1" "$CREWWORK_ENV/setup-probe.json"', allowed, denied]]
         prepared = await cache.get_or_prepare(
-            sandbox=sandbox, repo="r", base_commit="c", setup=setup, source=src, limits=LIMITS, plan=plan
+            owner=OWNER, sandbox=sandbox, repo="r", base_commit="c", setup=setup, source=src, limits=LIMITS, plan=plan
         )
         seen = json.loads((prepared.env_dir / "setup-probe.json").read_text())
         assert seen["allowed"].startswith("hello from the host"), seen
@@ -96,7 +97,7 @@ async def test_setup_reaches_only_the_allowlist_and_later_runs_reach_nothing(san
             workspace=ws,
             limits=LIMITS,
             env=prepared.env(),
-            ro_mounts=prepared.mounts(),
+            mounts=prepared.mounts(),
         )
         assert r.ok, r.stderr
         later = json.loads((ws / "out.json").read_text())
@@ -112,7 +113,7 @@ async def test_secrets_reach_setup_only_and_are_masked_in_its_log(sandbox: Sandb
     setup = [["sh", "-c", 'echo "token is $INDEX_TOKEN"; test -n "$INDEX_TOKEN" && echo ok > "$CREWWORK_ENV/had-it"']]
     cache = PreparedEnvCache(tmp_path / "prepared")
     prepared = await cache.get_or_prepare(
-        sandbox=sandbox, repo="r", base_commit="c", setup=setup, source=src, limits=LIMITS, plan=plan
+        owner=OWNER, sandbox=sandbox, repo="r", base_commit="c", setup=setup, source=src, limits=LIMITS, plan=plan
     )
     assert (prepared.env_dir / "had-it").read_text() == "ok\n"
     log = prepared.setup_log().decode()
@@ -126,12 +127,13 @@ async def test_secrets_reach_setup_only_and_are_masked_in_its_log(sandbox: Sandb
         workspace=ws,
         limits=LIMITS,
         env=prepared.env(),
-        ro_mounts=prepared.mounts(),
+        mounts=prepared.mounts(),
     )
     assert r.stdout == b"[]\n", "validation runs never see setup secrets"
     # A failing setup's evidence is masked too.
     with pytest.raises(SetupFailed) as err:
         await cache.get_or_prepare(
+            owner=OWNER,
             sandbox=sandbox,
             repo="r",
             base_commit="c2",
@@ -150,28 +152,35 @@ async def test_validation_runs_the_environments_interpreter_not_crewworks(sandbo
     python = "/usr/bin/python3" if sandbox.name == "bwrap" else "python3"
     cache = PreparedEnvCache(tmp_path / "prepared")
     prepared = await cache.get_or_prepare(
-        sandbox=sandbox, repo="r", base_commit="c", setup=[], source=src, limits=LIMITS, plan=SetupPlan(python=python)
+        owner=OWNER,
+        sandbox=sandbox,
+        repo="r",
+        base_commit="c",
+        setup=[],
+        source=src,
+        limits=LIMITS,
+        plan=SetupPlan(python=python),
     )
-    assert prepared.venv is not None and (prepared.venv / "pyvenv.cfg").is_file()
+    assert prepared.has_venv and (prepared.env_dir / "venv" / "pyvenv.cfg").is_file()
     ws = tmp_path / "ws"
     ws.mkdir()
     ws.chmod(0o777)
     probe = "import sys, importlib.util as u; print(sys.prefix); print(u.find_spec('temporalio') is None)"
     r = await sandbox.run(
-        ["python", "-c", probe], workspace=ws, limits=LIMITS, env=prepared.env(), ro_mounts=prepared.mounts()
+        ["python", "-c", probe], workspace=ws, limits=LIMITS, env=prepared.env(), mounts=prepared.mounts()
     )
     assert r.ok, r.stderr
     prefix, isolated = r.stdout.decode().split()
-    assert prefix == str(prepared.venv), "`python` is the environment's venv"
+    assert prefix == "/crewwork/env/venv", "`python` is the environment's venv, at a path that says nothing of the host"
     assert isolated == "True", "crewwork's own packages are not importable in the repository's environment"
     r = await sandbox.run(
         ["python", "-m", "pip", "--version"],
         workspace=ws,
         limits=LIMITS,
         env=prepared.env(),
-        ro_mounts=prepared.mounts(),
+        mounts=prepared.mounts(),
     )
-    assert r.ok and str(prepared.venv) in r.stdout.decode(), "setup can pip-install into the venv"
+    assert r.ok and "/crewwork/env/venv" in r.stdout.decode(), "setup can pip-install into the venv"
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -248,7 +257,7 @@ async def test_toolz_installed_from_a_loopback_index_and_judged_by_its_own_tests
             assert "pip install" in setup_log
             val_log = (await crew.store.artifact_content(second.log_ref.id) or b"").decode()  # type: ignore[union-attr]
             line = next(ln for ln in val_log.splitlines() if ln.startswith("prefix "))
-            assert "/prepared/" in line and line.endswith("None"), "tests ran in the environment's venv, not crewwork's"
+            assert line == "prefix /crewwork/env/venv None", "tests ran in the environment's venv, not crewwork's"
             landed = git(bare, "show", f"refs/heads/crewwork/{wid}:{TOOLZ_FILE}")
             assert TOOLZ_BUG not in landed + "\n" and TOOLZ_RIGHT.strip() in landed
 

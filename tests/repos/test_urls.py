@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from crewwork.models import RepoSpec
+from crewwork.models import RepoSpec, TenantRef
 from crewwork.repos.credentials import CredentialError, Credentials, check_secret_location
 from crewwork.repos.settings import RepoCredential, matches
 from crewwork.repos.urls import RepoURLError, parse_repo_url, redact_url
@@ -113,15 +113,39 @@ def test_credentials_are_chosen_by_scope_and_tenant(tmp_path: Path) -> None:
         }
     )
     special = parse_repo_url("https://github.com/acme/special.git")
-    assert creds.select(special, "t1") == "repo", "the narrower scope wins"
-    assert creds.select(special, "t2") == "org", "a tenant-restricted credential is skipped for other tenants"
-    assert creds.select(parse_repo_url("https://github.com/other/x.git"), "t1") is None
+    t1, t2 = TenantRef(id="t1", name="acme"), TenantRef(id="t2", name="globex")
+    assert creds.select(special, t1) == "repo", "the narrower scope wins"
+    assert creds.select(special, t2) == "org", "a tenant-restricted credential is skipped for other tenants"
+    assert creds.select(special, None) == "org", "without a tenant only unrestricted credentials are used"
+    assert creds.select(parse_repo_url("https://github.com/other/x.git"), t1) is None
     with pytest.raises(CredentialError, match="not scoped"):
-        creds.select(parse_repo_url("https://gitlab.com/acme/x.git"), "t1", name="org")
-    auth = creds.auth_for(special, "t2")
+        creds.select(parse_repo_url("https://gitlab.com/acme/x.git"), t1, name="org")
+    with pytest.raises(CredentialError, match="not available to this tenant"):
+        creds.select(special, t2, name="repo")
+    auth = creds.auth_for(special, t2)
     assert "abcdef123456" not in " ".join(auth.env.keys())
     assert auth.env["GIT_CONFIG_KEY_0"] == "http.https://github.com/acme/.extraHeader"
     assert auth.redact("token abcdef123456 in a message") == "token [REDACTED] in a message"
+
+
+def test_tenant_scopes_name_tenants_by_name_or_by_id(tmp_path: Path) -> None:
+    """docs/repositories.md scopes credentials with `"tenants": ["acme"]`, the name `crewwork keys create --tenant
+    acme` gave the tenant; its id (`tn_…`) works too, and neither admits anyone else."""
+    token = tmp_path / "tok"
+    token.write_text("abcdef123456\n")
+    by_name = RepoCredential(
+        kind="https_token", match=["https://github.com/acme/"], secret_file=token, tenants=["acme"]
+    )
+    by_id = RepoCredential(kind="https_token", match=["https://github.com/acme/"], secret_file=token, tenants=["tn_1"])
+    url = parse_repo_url("https://github.com/acme/x.git")
+    acme, other = TenantRef(id="tn_1", name="acme"), TenantRef(id="tn_2", name="acme-evil")
+    for cred in (by_name, by_id):
+        creds = Credentials({"c": cred})
+        assert creds.select(url, acme, name="c") == "c"
+        with pytest.raises(CredentialError, match="not available to this tenant"):
+            creds.select(url, other, name="c")
+        assert creds.select(url, other) is None and creds.select(url, None) is None
+    assert not TenantRef(id="acme", name=None).in_scope(["tn_1"]) and TenantRef(id="x", name="acme").in_scope(["acme"])
 
 
 def test_secret_files_a_sandbox_could_read_are_refused(tmp_path: Path) -> None:

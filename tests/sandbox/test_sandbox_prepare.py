@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, SandboxSettings, get_sandbox
-from crewwork.sandbox.prepare import PreparedEnvCache, SetupFailed, prepare_key
+from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed, prepare_key
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, timeout_s=60)
+OWNER = CacheOwner(tenant_id="tn_a", repository="rp_a")
 # The setup "installs" a module into $CREWWORK_ENV and counts how often it ran.
 SETUP = [
     [
@@ -42,7 +43,7 @@ async def test_setup_runs_once_and_every_attempt_reuses_it_read_only(
     sandbox: Sandbox, repo: Path, tmp_path: Path
 ) -> None:
     cache = PreparedEnvCache(tmp_path / "cache")
-    args = dict(sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS)
+    args = dict(owner=OWNER, sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS)
     first = await cache.get_or_prepare(**args)  # type: ignore[arg-type]
     assert first.cold and len(first.setup_results) == 1
     ws = tmp_path / "attempt"
@@ -60,7 +61,7 @@ async def test_setup_runs_once_and_every_attempt_reuses_it_read_only(
             "    print('read-only')\n"
         )
         r = await sandbox.run(
-            ["python", "-c", probe], workspace=ws, limits=LIMITS, env=again.env(), ro_mounts=again.mounts()
+            ["python", "-c", probe], workspace=ws, limits=LIMITS, env=again.env(), mounts=again.mounts()
         )
         assert r.stdout.split() == [b"42", b"read-only"], r.stderr
     assert (first.env_dir / "setup-runs").read_text() == "ran\n"
@@ -68,7 +69,7 @@ async def test_setup_runs_once_and_every_attempt_reuses_it_read_only(
 
 async def test_new_commit_or_new_setup_gets_a_fresh_environment(sandbox: Sandbox, repo: Path, tmp_path: Path) -> None:
     cache = PreparedEnvCache(tmp_path / "cache")
-    base = dict(sandbox=sandbox, repo="r", setup=SETUP, source=repo, limits=LIMITS)
+    base = dict(owner=OWNER, sandbox=sandbox, repo="r", setup=SETUP, source=repo, limits=LIMITS)
     a = await cache.get_or_prepare(base_commit="abc", **base)  # type: ignore[arg-type]
     b = await cache.get_or_prepare(base_commit="def", **base)  # type: ignore[arg-type]
     changed = [*SETUP, ["true"]]
@@ -81,7 +82,7 @@ async def test_failed_setup_is_reported_and_leaves_nothing_cached(sandbox: Sandb
     cache = PreparedEnvCache(tmp_path / "cache")
     with pytest.raises(SetupFailed, match="exit 5") as info:
         await cache.get_or_prepare(
-            sandbox=sandbox, repo="r", base_commit="abc", setup=[["sh", "-c", "echo boom >&2; exit 5"]],
+            owner=OWNER, sandbox=sandbox, repo="r", base_commit="abc", setup=[["sh", "-c", "echo boom >&2; exit 5"]],
             source=repo, limits=LIMITS,
         )  # fmt: skip
     assert info.value.results[-1].stderr == b"boom\n"
@@ -105,19 +106,51 @@ def test_eviction_removes_least_recently_used_entries_beyond_the_budget(tmp_path
 
 
 def test_key_depends_on_every_input() -> None:
-    k = prepare_key("r", "c", [["a"]])
-    assert k == prepare_key("r", "c", [["a"]])
-    assert (
-        len(
-            {
-                k,
-                prepare_key("r2", "c", [["a"]]),
-                prepare_key("r", "c2", [["a"]]),
-                prepare_key("r", "c", [["b"]]),
-            }
-        )
-        == 4
-    )
+    from crewwork.sandbox.prepare import SetupPlan
+
+    runner = {"backend": "bwrap", "python": "fp1"}
+
+    def key(
+        owner: CacheOwner = OWNER, repo: str = "r", commit: str = "c", setup: object = (("a",),), **kw: object
+    ) -> str:
+        return prepare_key(owner, repo, commit, setup, **{"runner": runner, **kw})  # type: ignore[arg-type]
+
+    k = key()
+    assert k == key()
+    variants = {
+        k,
+        key(owner=CacheOwner("tn_b", "rp_a")),
+        key(owner=CacheOwner("tn_a", "rp_b")),
+        key(repo="r2"),
+        key(commit="c2"),
+        key(setup=(("b",),)),
+        key(runner={"backend": "docker", "image": "i"}),
+        key(runner={"backend": "bwrap", "python": "fp2"}),
+        key(env={"X": "1"}),
+        key(plan=SetupPlan(python="python3")),
+        key(plan=SetupPlan(allowlist=("pypi.org:443",))),
+        key(plan=SetupPlan(image="img")),
+        key(plan=SetupPlan(secrets={"TOKEN": "v"}), secret_digests={"TOKEN": "d1"}),
+        key(plan=SetupPlan(secrets={"TOKEN": "v"}), secret_digests={"TOKEN": "d2"}),
+    }
+    assert len(variants) == 14
+
+
+def test_secret_digests_are_keyed_and_never_the_value(tmp_path: Path) -> None:
+    import hashlib
+
+    cache = PreparedEnvCache(tmp_path / "cache")
+    d = cache.secret_digests({"IDX_TOKEN": "hunter2"})
+    assert d == cache.secret_digests({"IDX_TOKEN": "hunter2"})
+    assert d != cache.secret_digests({"IDX_TOKEN": "hunter3"})
+    # Keyed: nobody without the cache's own key can test a guess against a digest (or the entry key holding it).
+    assert d["IDX_TOKEN"] not in {
+        hashlib.sha256(b"hunter2").hexdigest(),
+        hashlib.sha256(b"IDX_TOKEN\0hunter2").hexdigest(),
+    }
+    assert "hunter2" not in d["IDX_TOKEN"]
+    assert (cache.root / ".secret-digest-key").stat().st_mode & 0o777 == 0o600
+    assert PreparedEnvCache(tmp_path / "other").secret_digests({"IDX_TOKEN": "hunter2"}) != d
 
 
 # ---------------------------------------------------------------- the disk cap of an entry (setup is the tenant's)
@@ -161,7 +194,13 @@ async def test_setup_writing_past_the_disk_cap_fails_naming_the_cap_and_leaves_n
     fill = 'dd if=/dev/zero of="$CREWWORK_ENV/big" bs=64k count=1024' + ("; true" if swallow else "")
     with pytest.raises(SetupFailed, match=r"disk cap of 32 MiB.*CREWWORK_SANDBOX_PREPARE_DISK_MB") as info:
         await cache.get_or_prepare(
-            sandbox=sandbox, repo="r", base_commit="abc", setup=[["sh", "-c", fill]], source=repo, limits=LIMITS
+            owner=OWNER,
+            sandbox=sandbox,
+            repo="r",
+            base_commit="abc",
+            setup=[["sh", "-c", fill]],
+            source=repo,
+            limits=LIMITS,
         )
     last = info.value.results[-1]
     assert last.disk_limited and b"CREWWORK_SANDBOX_PREPARE_DISK_MB" in last.stderr
@@ -179,7 +218,7 @@ async def test_repository_larger_than_the_cap_fails_setup_naming_the_cap(
     (big / "blob.bin").write_bytes(b"\x01" * (40 << 20))
     with pytest.raises(SetupFailed, match=r"copying the repository filled .* 32 MiB") as info:
         await capped.get_or_prepare(
-            sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=big, limits=LIMITS
+            owner=OWNER, sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=big, limits=LIMITS
         )
     assert info.value.results[-1].disk_limited
     assert _mounts_under(capped.root) == [] and [p for p in capped.root.iterdir() if p.suffix != ".lock"] == []
@@ -191,7 +230,7 @@ async def test_environment_on_its_own_disk_is_used_and_eviction_unmounts_and_del
     from crewwork.sandbox.disk import is_mountpoint
 
     cache = capped
-    args = dict(sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS)
+    args = dict(owner=OWNER, sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS)
     first = await cache.get_or_prepare(**args)  # type: ignore[arg-type]
     assert first.cold and first.evidence()["disk"] == "loop-32m"
     assert is_mountpoint(first.root) and cache.image(first.key).is_file()
@@ -204,7 +243,7 @@ async def test_environment_on_its_own_disk_is_used_and_eviction_unmounts_and_del
     ws.mkdir()
     r = await sandbox.run(
         ["python", "-c", "import prepared_mod; print(prepared_mod.VALUE)"],
-        workspace=ws, limits=LIMITS, env=again.env(), ro_mounts=again.mounts(),
+        workspace=ws, limits=LIMITS, env=again.env(), mounts=again.mounts(),
     )  # fmt: skip
     assert r.stdout.split() == [b"42"], r.stderr
     cache.max_bytes = 0
@@ -220,9 +259,11 @@ async def test_cancelled_build_leaves_no_mount_or_image_behind(
     cache = capped
     slow = [["sh", "-c", 'touch "$CREWWORK_ENV/started"; sleep 60']]
     task = asyncio.create_task(
-        cache.get_or_prepare(sandbox=sandbox, repo="r", base_commit="abc", setup=slow, source=repo, limits=LIMITS)
+        cache.get_or_prepare(
+            owner=OWNER, sandbox=sandbox, repo="r", base_commit="abc", setup=slow, source=repo, limits=LIMITS
+        )
     )
-    key = prepare_key("r", "abc", slow)
+    key = cache.key_for(OWNER, sandbox, "r", "abc", slow)
     for _ in range(300):
         if (cache.root / key / "env" / "started").exists():
             break
@@ -242,7 +283,7 @@ async def test_a_killed_workers_half_built_entry_is_cleaned_up_and_rebuilt(
     from crewwork.sandbox.disk import WorkspaceDisk
 
     cache = capped
-    key = prepare_key("r", "abc", SETUP)
+    key = cache.key_for(OWNER, sandbox, "r", "abc", SETUP)
     owner = (os.geteuid(), os.getegid())
     # What a worker killed mid-build leaves: the entry's image still mounted, no READY marker.
     await WorkspaceDisk.create(cache.image(key), cache.root / key, 32, owner)
@@ -250,7 +291,7 @@ async def test_a_killed_workers_half_built_entry_is_cleaned_up_and_rebuilt(
     (cache.root / key / "junk").write_bytes(b"x" * 4096)
     assert cache.lookup(key) is None
     built = await cache.get_or_prepare(
-        sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS
+        owner=OWNER, sandbox=sandbox, repo="r", base_commit="abc", setup=SETUP, source=repo, limits=LIMITS
     )
     assert built.cold and not (built.root / "junk").exists()
     # The orphan's key is never asked for again: eviction's sweep removes it, the ready entry stays.

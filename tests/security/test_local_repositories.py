@@ -258,7 +258,7 @@ async def test_landing_into_a_local_repository_runs_nothing_its_config_names(two
     diff = "diff --git a/f.txt b/f.txt\n--- a/f.txt\n+++ b/f.txt\n@@ -1 +1 @@\n-mine\n+changed\n"
     # A delivery branch the work tree does not have checked out lands, running nothing of the repository's.
     landed = await two.repos.land(
-        url.url, tenant_id=None, work_item_id="one", base_commit=base, diff=diff, message="m", scratch=tmp_path / "s1"
+        url.url, tenant=None, work_item_id="one", base_commit=base, diff=diff, message="m", scratch=tmp_path / "s1"
     )
     assert landed.created and git("rev-parse", "refs/heads/crewwork/one", cwd=repo).strip() == landed.commit
     assert sorted(os.listdir(markers)) == []
@@ -268,7 +268,7 @@ async def test_landing_into_a_local_repository_runs_nothing_its_config_names(two
     with pytest.raises(LandingConflictError, match="checked out"):
         await two.repos.land(
             url.url,
-            tenant_id=None,
+            tenant=None,
             work_item_id="two",
             base_commit=base,
             diff=diff,

@@ -19,6 +19,7 @@ import pytest
 from crewwork import gitops
 from crewwork.activities.execute import read_report
 from crewwork.sandbox import Sandbox, SandboxLimits, SandboxSettings, get_sandbox
+from crewwork.sandbox.base import Mount
 from crewwork.sandbox.bwrap import ETC_ALLOWLIST, SYNTHETIC_ETC
 from crewwork.workspace import Workspace
 from tests.conftest import make_repo
@@ -80,9 +81,9 @@ async def test_root_only_host_files_are_unreadable_inside(sandbox: Sandbox, ws: 
         "    except OSError as e:\n        out[p] = 'denied %d' % e.errno\n"
         "print(json.dumps(out))\n"
     )
-    targets = [str(shared / "root-only.key"), "/etc/shadow", "/etc/shadow-", "/etc/gshadow-", "/etc/docker/key.json"]
-    out = await run_py(sandbox, ws, code, *targets, ro_mounts=[shared])
-    assert out[str(shared / "root-only.key")].startswith("denied")
+    targets = ["/crewwork/shared/root-only.key", "/etc/shadow", "/etc/shadow-", "/etc/gshadow-", "/etc/docker/key.json"]
+    out = await run_py(sandbox, ws, code, *targets, mounts=[Mount(shared, "/crewwork/shared")])
+    assert out["/crewwork/shared/root-only.key"].startswith("denied")
     for p in targets[1:]:
         if os.path.exists(p):
             host = Path(p).read_text(errors="replace")
