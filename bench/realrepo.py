@@ -189,8 +189,9 @@ async def run(rounds: int, cold_runs: int) -> dict[str, Any]:
                 pairs.append((b, c))
             cold: list[float] = []
             for _ in range(cold_runs):
-                # An empty environment cache (the mirror stays): setup runs again, through the proxy.
-                shutil.rmtree(prepared_root)
+                # An empty environment cache (the mirror stays): setup runs again, through the proxy. Entries are
+                # loop images while disk caps are on, so they are evicted (unmounted), not just deleted.
+                PreparedEnvCache(prepared_root, max_bytes=0).evict()
                 cold.append(await crewwork_validate())
             phases = await phase_pass(settings, url, base, diff, env, tenant, tmp / "phases")
             await store.close()
