@@ -1,5 +1,3 @@
-import sys
+from crewwork.cli import run
 
-from crewwork.cli import main
-
-sys.exit(main())
+run()

@@ -299,5 +299,31 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
 
 
+def run() -> None:
+    """The `crewwork` program: `main()`, then an exit that cannot race the Temporal SDK's native threads.
+
+    A short-lived process that used a Temporal client can abort while the interpreter finalizes ("Fatal Python error:
+    PyGILState_Release: thread state ... must be current when releasing", temporalio/sdk-python#300): the SDK's Rust
+    runtime threads outlive the interpreter. `crewwork reconcile` died of it in CI with SIGABRT after printing its
+    result. So once this process has made a Temporal runtime, it flushes its output, shuts tracing and logging down,
+    and leaves with `os._exit`, skipping the finalization that crashes; otherwise it exits normally."""
+    code = main()
+    temporal_runtime = sys.modules.get("temporalio.runtime")
+    if temporal_runtime is None or temporal_runtime._runtime_ref._default_runtime is None:
+        sys.exit(code)
+    import logging
+
+    from crewwork import tracing
+
+    try:
+        tracing.shutdown()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed pipe (`| head`): nothing more to say
+        pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
