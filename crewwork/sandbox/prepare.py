@@ -58,6 +58,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -317,23 +318,54 @@ class PreparedEnvCache:
         a changed secret is another entry, and no one holding an entry's key can test guesses of a secret."""
         if not values:
             return {}
-        path = self.root / DIGEST_KEY
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            key = f.read(64)
-        if len(key) != 32:
-            raise OSError(f"{path} is damaged (remove it: entries built with secrets are then rebuilt)")
+        key = self._digest_key()
         return {
             name: hmac.new(key, f"{name}\0{value}".encode(), hashlib.sha256).hexdigest()
             for name, value in sorted(values.items())
         }
+
+    def _digest_key(self) -> bytes:
+        """The cache's digest key: made on first use, complete or absent (written aside and linked into place, so
+        workers racing on a fresh cache, or one killed mid-write, never leave or read a short key); refused if it is
+        a link, another user's, or readable or writable by others."""
+        path = self.root / DIGEST_KEY
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                break
+            except FileNotFoundError:
+                self._make_digest_key(path)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise OSError(f"{path} is a symbolic link: refused (it must be a file of the worker's)") from None
+                raise
+        else:
+            raise OSError(f"{path} could not be made")
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise OSError(
+                    f"{path} must be a regular file of uid {os.geteuid()} that nobody else can read or write (mode "
+                    f"0600); remove it if in doubt: entries built with secrets are then rebuilt"
+                )
+            key = f.read(64)
+        if len(key) != 32:
+            raise OSError(f"{path} is damaged (remove it: entries built with secrets are then rebuilt)")
+        return key
+
+    def _make_digest_key(self, path: Path) -> None:
+        tmp = self.root / f"{DIGEST_KEY}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)  # never replaces: the first complete key wins, the others read it
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
     def key_for(
         self,
