@@ -200,7 +200,9 @@ class PreparedEnv:
 
     @property
     def has_venv(self) -> bool:
-        return bool(self.meta.get("venv")) or (self.env_dir / "venv" / "pyvenv.cfg").is_file()
+        # Decided when the build ended, without following links (`_made_venv`); never by looking into the
+        # tenant's environment again, where a link could make the host answer for a path of its own.
+        return bool(self.meta.get("venv"))
 
     def mounts(self) -> list[Mount]:
         return [Mount(self.env_dir, ENV_INSIDE)]
@@ -541,7 +543,7 @@ class PreparedEnvCache:
                 "built_at": time.time(),
                 "build_seconds": round(time.monotonic() - build_started, 3),
                 "backend": sandbox.name,
-                "venv": bool(plan.python),
+                "venv": bool(plan.python) or await asyncio.to_thread(_made_venv, env_dir),
                 "steps": steps,
                 "network": proxy.summary() if proxy is not None else [],
                 "disk": self.disk_enforcement,
@@ -656,6 +658,21 @@ def _disk_result(backend: str, why: str) -> SandboxRunResult:
         backend=backend, isolated=True, exit_code=None, duration_s=0.0, stdout=b"", stderr=why.encode(),
         disk_limited=True,
     )  # fmt: skip
+
+
+def _made_venv(env_dir: Path) -> bool:
+    """Whether a setup made a virtualenv at `env/venv` itself: a real directory holding a real `pyvenv.cfg`. Nothing
+    is followed (a link there points wherever the setup liked, on the host too)."""
+    try:
+        fd = os.open(env_dir / "venv", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.stat("pyvenv.cfg", dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _du(path: Path) -> int:
