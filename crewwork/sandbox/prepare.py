@@ -65,6 +65,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from crewwork.safefs import delete_tree
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits, SandboxRunResult
 from crewwork.sandbox.disk import WorkspaceDisk, is_mountpoint, unmount_blocking
 
@@ -297,7 +298,7 @@ class PreparedEnvCache:
             unmount_blocking(entry)
         with contextlib.suppress(FileNotFoundError):
             self.image(key).unlink()
-        shutil.rmtree(entry, ignore_errors=True)
+        delete_tree(entry)  # also what the setup made unwritable (a worker that is not root has no override)
 
     def _disk_full(self, what: str) -> str:
         return (
