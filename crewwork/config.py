@@ -379,7 +379,12 @@ class Settings(BaseSettings):
         return [Path(p).resolve() for p in self.repo_roots.split(":") if p.strip()]
 
     def tenant_setting(self, mapping: dict[str, T], tenant_id: str | None, tenant_name: str | None) -> T | None:
-        """A per-tenant setting's entry for the tenant, keyed by its id or by its name (the id wins)."""
+        """A per-tenant setting's entry for the tenant, keyed by its id or by its name (the id wins). A name shaped
+        like a tenant id matches nothing (crewwork.models.TenantRef.scope_name)."""
+        from crewwork.ids import is_tenant_id
+
+        if tenant_name is not None and is_tenant_id(tenant_name):
+            tenant_name = None
         for key in (tenant_id, tenant_name):
             if key is not None and key in mapping:
                 return mapping[key]

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from crewwork.ids import is_tenant_id
 from crewwork.paths import PathPattern, RelPath, ReportPath
 
 # Hard ceilings on what a submission may carry. Large content belongs in the repository or the artifact store.
@@ -33,10 +34,17 @@ class TenantRef(BaseModel):
     id: str
     name: str | None = None
 
+    @property
+    def scope_name(self) -> str | None:
+        """The name scopes may match: None when the tenant has none, or when it has the shape of a tenant id (a
+        tenant an older release let `crewwork keys create --tenant tn_…` create): an entry shaped like an id means
+        that id and nothing else."""
+        return self.name if self.name is not None and not is_tenant_id(self.name) else None
+
     def in_scope(self, tenants: list[str] | None) -> bool:
         """Whether an operator scope (`"tenants": [...]` of a credential or a setup secret; None: every tenant)
         admits this tenant."""
-        return tenants is None or self.id in tenants or (self.name is not None and self.name in tenants)
+        return tenants is None or self.id in tenants or (self.scope_name is not None and self.scope_name in tenants)
 
 
 class WorkItemKind(enum.StrEnum):

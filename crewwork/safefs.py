@@ -19,6 +19,7 @@ import ctypes
 import errno
 import functools
 import os
+import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -395,6 +396,38 @@ def _rmtree_at(parent_fd: int, name: bytes) -> None:
             else:
                 os.unlink(child, dir_fd=fd)
     os.rmdir(name, dir_fd=parent_fd)
+
+
+def delete_tree(root: Path) -> None:
+    """Delete a tree a sandbox wrote (a workspace, a prepared environment) completely, never following a link.
+
+    A sandbox may have taken its own directories' permissions away (`chmod 500`, `chmod 000`). Root ignores that,
+    but a worker that is not root (and whose sandbox runs as itself) has no override: `shutil.rmtree` then leaves
+    those directories and everything below them on disk for good. So when a first pass leaves something, each
+    directory is given back to its owner (u+rwx, through an O_PATH descriptor: a link is never followed) and the
+    tree is deleted again. Errors beyond that are ignored, as shutil.rmtree(ignore_errors=True) does."""
+    root = Path(root)
+    shutil.rmtree(root, ignore_errors=True)
+    if not os.path.lexists(root):
+        return
+    with contextlib.suppress(OSError):
+        _grant_dir(None, os.fsencode(root))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _grant_dir(parent_fd: int | None, name: bytes) -> None:
+    """Give directory `name` (beneath `parent_fd`) u+rwx, then every directory below it."""
+    path_fd = os.open(name, _DIR_PATH, dir_fd=parent_fd)  # O_NOFOLLOW: a link here is not a directory
+    with opened(path_fd):
+        mode = stat.S_IMODE(os.fstat(path_fd).st_mode)
+        if mode & 0o700 != 0o700:
+            os.chmod(f"/proc/self/fd/{path_fd}", mode | 0o700)  # the directory the descriptor holds, nothing else
+        # Reopened for listing through the descriptor's own magic link (which names that directory and no path).
+        with opened(os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)) as fd:
+            for child, st in entries(fd):
+                if stat.S_ISDIR(st.st_mode):
+                    with contextlib.suppress(OSError):
+                        _grant_dir(fd, child)
 
 
 def chown_tree(root: Path, owner: tuple[int, int]) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import stat
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -494,9 +493,10 @@ async def remove_tree(root: Path) -> None:
     """Remove a workspace home (or a whole directory of them): unmount what is mounted below, then delete.
 
     Deletion never follows links (shutil.rmtree works on descriptors), so a link the sandbox left in a
-    workspace cannot make the host delete anything outside it."""
+    workspace cannot make the host delete anything outside it; what the sandbox made unwritable is deleted too
+    (safefs.delete_tree)."""
     root = Path(root)
     if not root.exists() and not root.is_symlink():
         return
     await unmount_all_under(root)
-    await asyncio.to_thread(shutil.rmtree, root, True)
+    await asyncio.to_thread(safefs.delete_tree, root)

@@ -20,7 +20,7 @@ from crewwork.models import (
 )
 from crewwork.repos.environment import EnvironmentRejected, setup_plan
 from crewwork.sandbox.base import Mount
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed
+from crewwork.sandbox.prepare import CacheOwner, PreparedEnv, PreparedEnvCache, SetupFailed
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
 from crewwork.validation.protect import Protection, apply_protection, strip_platform
@@ -47,6 +47,7 @@ class ValidateStep(StepBase):
         setup_commands = [*(environment.setup if environment else []), *spec.setup]
         needs_setup = bool(setup_commands) or (environment is not None and environment.python is not None)
         mirror = await self._mirror(w, inp.repo_path, inp.base_commit, inp.attempt)
+        prepared: PreparedEnv | None = None
         try:
             ws = await self._workspace(
                 mirror.gitdir,
@@ -119,6 +120,8 @@ class ValidateStep(StepBase):
                         source=ws.path,
                         limits=setup_limits,
                         plan=plan,
+                        # Kept from eviction while the tests below run on it (released in `finally`).
+                        hold=True,
                     )
                 except SetupFailed as exc:
                     setup = exc.results[-1]
@@ -195,6 +198,8 @@ class ValidateStep(StepBase):
             )
             return self._judge(inp, evidence, outcome_extra, sandbox_report=rep)
         finally:
+            if prepared is not None:
+                prepared.release()
             await ws.remove()
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._forget_item_dir(w))

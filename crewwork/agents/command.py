@@ -86,8 +86,9 @@ class CommandSpec(BaseModel):
     are masked in the stored transcript. Note the sandbox has no network unless the backend grants it."""
     mounts: list[str] = Field(default_factory=list)
     """Host directories mounted read-only into the sandbox (the CLI's installation, its config): `HOST` (seen at the
-    same path, e.g. `/opt/aider`) or `HOST:INSIDE`. The place inside may not be one the sandbox provides itself
-    (/usr, /etc, /tmp, /workspace, /opt/crewwork/python, ...)."""
+    same path, e.g. `/opt/aider`) or `HOST:INSIDE` (split at the last colon). The place inside may not be one the
+    sandbox provides itself (/usr, /etc, /tmp, /workspace, /opt/crewwork/python, ...), nor cover one from above
+    (/opt), nor lie inside another mount."""
     timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock cap of one run; lowers (never raises) the sandbox limit of the work item."""
     success_exit_codes: list[int] = Field(default_factory=lambda: [0])
@@ -103,6 +104,18 @@ class CommandSpec(BaseModel):
         for name in v:
             if not name or "=" in name or not name.replace("_", "").isalnum():
                 raise ValueError(f"pass_env entries are variable names, got {name!r}")
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        # Checked when the settings load, so a place the sandbox provides (or covers from above) is an operator
+        # error at start-up, not a failed agent run; the host paths are checked when a run mounts them.
+        for entry in v:
+            try:
+                _operator_mount(entry)
+            except ValueError as e:
+                raise ValueError(f"mounts: {e}") from None
         return v
 
 
@@ -348,8 +361,14 @@ def _write_inputs(io_dir: Path, ctx: AgentContext) -> dict[str, Path]:
 
 
 def _operator_mount(entry: str) -> Mount:
-    host, _, inside = entry.partition(":")
-    return Mount(Path(host), os.path.normpath(inside or host))
+    """`HOST` (seen at the same path) or `HOST:INSIDE` (the last colon separates them, so a host path may hold one when
+    the place inside is given). Raises ValueError for a place inside that Mount refuses."""
+    host, sep, inside = entry.rpartition(":")
+    if not sep:
+        host, inside = entry, entry
+    if not host:
+        raise ValueError(f"mount {entry!r}: no host path")
+    return Mount(Path(host), os.path.normpath(inside))
 
 
 def _substitute(arg: str, values: Mapping[str, str]) -> str:

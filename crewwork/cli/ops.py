@@ -127,7 +127,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             if args.action == "create":
                 if not args.tenant:
                     raise CliError("keys create needs --tenant")
-                kid, plain = await st.create_api_key(args.tenant, ["admin"] if args.admin else [])
+                try:
+                    kid, plain = await st.create_api_key(args.tenant, ["admin"] if args.admin else [])
+                except ValueError as exc:  # a name shaped like a tenant id that names no tenant
+                    raise CliError(str(exc)) from None
                 out.result(
                     {"id": kid, "tenant": args.tenant, "key": plain, "admin": bool(args.admin)},
                     f"key id {kid} for tenant {args.tenant}\n{plain}\n(shown once; only its hash is stored)",

@@ -45,24 +45,37 @@ class Mount:
     writable: bool = False
 
     def __post_init__(self) -> None:
+        if any(c in self.inside for c in _ODD_INSIDE) or any(ord(c) < 32 or ord(c) == 127 for c in self.inside):
+            # `:` and `,` are Docker's volume and mount-option syntax; control characters name nothing real.
+            raise ValueError(f"mount point {self.inside!r} may not contain ':', ',' or control characters")
         if not self.inside.startswith("/") or os.path.normpath(self.inside) != self.inside:
             raise ValueError(f"mount point {self.inside!r} must be an absolute, normalised path")
         for reserved in RESERVED_INSIDE:
             if self.inside == reserved or (reserved != "/" and self.inside.startswith(reserved + "/")):
                 raise ValueError(f"mount point {self.inside} lies in {reserved}, which the sandbox provides itself")
+            if reserved.startswith(self.inside + "/"):
+                # Covering it from above hides it just the same (a mount at /opt hides /opt/crewwork/python).
+                raise ValueError(f"mount point {self.inside} would cover {reserved}, which the sandbox provides itself")
+
+
+_ODD_INSIDE = (":", ",")
 
 
 def check_mounts(mounts: Sequence[Mount]) -> list[tuple[str, Mount]]:
-    """(resolved host path, mount) of each mount; refuses a missing source or two mounts at one place."""
-    seen: set[str] = set()
+    """(resolved host path, mount) of each mount; refuses a missing source, two mounts at one place, or one inside
+    another (which of the two a run sees would depend on their order)."""
+    seen: list[str] = []
     out = []
     for m in mounts:
         host = os.path.realpath(m.host)
         if not os.path.exists(host):
             raise ValueError(f"mount source {m.host} does not exist")
-        if m.inside in seen:
-            raise ValueError(f"two mounts at {m.inside}")
-        seen.add(m.inside)
+        for other in seen:
+            if m.inside == other:
+                raise ValueError(f"two mounts at {m.inside}")
+            if m.inside.startswith(other + "/") or other.startswith(m.inside + "/"):
+                raise ValueError(f"mounts at {m.inside} and {other}: one lies inside the other")
+        seen.append(m.inside)
         out.append((host, m))
     return out
 

@@ -19,8 +19,10 @@ cold build each (docs/sandbox.md, "Caches and tenants") and closes a class of cr
 setup that is not reproducible.
 
 Invalidation is by construction: a new commit or a changed setup is a different key. `evict()` removes
-least-recently-used entries beyond a byte budget. Entries are built under a per-key file lock, so concurrent
-attempts on one host build once.
+least-recently-used entries beyond a byte budget, counting the blocks each entry really holds (a setup's sparse files
+and hard links do not make it look bigger). Entries are built under a per-key file lock, so concurrent attempts on
+one host build once; a run that uses an entry holds the same lock shared (`hold=True`), so eviction, which takes it
+exclusively without waiting, never deletes an entry from under a run.
 
 Disk cap: setup commands are the tenant's, so with `disk_mb` set each entry is its own ext4 loop image
 (`<root>/.<key>.img`, sparse, see crewwork.sandbox.disk) mounted at the entry directory itself before anything is
@@ -56,12 +58,14 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from crewwork.safefs import delete_tree
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits, SandboxRunResult
 from crewwork.sandbox.disk import WorkspaceDisk, is_mountpoint, unmount_blocking
 
@@ -182,14 +186,24 @@ class PreparedEnv:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     inside: str = ENV_INSIDE
     """Where runs of the backend it was built for see `env_dir` (its host path on `local`)."""
+    _hold: int | None = dataclasses.field(default=None, repr=False, compare=False)
+    """With `get_or_prepare(hold=True)`: the open lock file whose shared lock keeps the entry from eviction."""
 
     @property
     def env_dir(self) -> Path:
         return self.root / "env"
 
+    def release(self) -> None:
+        """Let eviction have the entry again (`get_or_prepare(hold=True)`); safe to call twice."""
+        fd, self._hold = self._hold, None
+        if fd is not None:
+            os.close(fd)
+
     @property
     def has_venv(self) -> bool:
-        return bool(self.meta.get("venv")) or (self.env_dir / "venv" / "pyvenv.cfg").is_file()
+        # Decided when the build ended, without following links (`_made_venv`); never by looking into the
+        # tenant's environment again, where a link could make the host answer for a path of its own.
+        return bool(self.meta.get("venv"))
 
     def mounts(self) -> list[Mount]:
         return [Mount(self.env_dir, ENV_INSIDE)]
@@ -284,7 +298,7 @@ class PreparedEnvCache:
             unmount_blocking(entry)
         with contextlib.suppress(FileNotFoundError):
             self.image(key).unlink()
-        shutil.rmtree(entry, ignore_errors=True)
+        delete_tree(entry)  # also what the setup made unwritable (a worker that is not root has no override)
 
     def _disk_full(self, what: str) -> str:
         return (
@@ -307,23 +321,54 @@ class PreparedEnvCache:
         a changed secret is another entry, and no one holding an entry's key can test guesses of a secret."""
         if not values:
             return {}
-        path = self.root / DIGEST_KEY
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            key = f.read(64)
-        if len(key) != 32:
-            raise OSError(f"{path} is damaged (remove it: entries built with secrets are then rebuilt)")
+        key = self._digest_key()
         return {
             name: hmac.new(key, f"{name}\0{value}".encode(), hashlib.sha256).hexdigest()
             for name, value in sorted(values.items())
         }
+
+    def _digest_key(self) -> bytes:
+        """The cache's digest key: made on first use, complete or absent (written aside and linked into place, so
+        workers racing on a fresh cache, or one killed mid-write, never leave or read a short key); refused if it is
+        a link, another user's, or readable or writable by others."""
+        path = self.root / DIGEST_KEY
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                break
+            except FileNotFoundError:
+                self._make_digest_key(path)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise OSError(f"{path} is a symbolic link: refused (it must be a file of the worker's)") from None
+                raise
+        else:
+            raise OSError(f"{path} could not be made")
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise OSError(
+                    f"{path} must be a regular file of uid {os.geteuid()} that nobody else can read or write (mode "
+                    f"0600); remove it if in doubt: entries built with secrets are then rebuilt"
+                )
+            key = f.read(64)
+        if len(key) != 32:
+            raise OSError(f"{path} is damaged (remove it: entries built with secrets are then rebuilt)")
+        return key
+
+    def _make_digest_key(self, path: Path) -> None:
+        tmp = self.root / f"{DIGEST_KEY}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)  # never replaces: the first complete key wins, the others read it
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
     def key_for(
         self,
@@ -355,24 +400,45 @@ class PreparedEnvCache:
         env: Mapping[str, str] | None = None,
         mounts: Sequence[Mount] = (),
         plan: SetupPlan | None = None,
+        hold: bool = False,
     ) -> PreparedEnv:
-        """`owner`'s entry for these inputs; on a miss, runs `setup` in `sandbox` against a copy of `source`."""
+        """`owner`'s entry for these inputs; on a miss, runs `setup` in `sandbox` against a copy of `source`.
+
+        `hold`: the entry stays (eviction skips it) until `PreparedEnv.release()`, for as long as a run uses it. The
+        entry's lock file is shared by users and exclusive for a build or an eviction, so an entry is never deleted
+        from under a run, whichever tenant's build pushed the cache over its budget."""
         started = time.monotonic()
         plan = plan or SetupPlan()
         key = await asyncio.to_thread(self.key_for, owner, sandbox, repo, base_commit, setup, env, plan)
         inside = sandbox.inside(Mount(self.root / key / "env", ENV_INSIDE))
-        entry = self.lookup(key)
-        if entry is not None:
-            return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry), inside)
-        async with self._lock(key):
-            entry = self.lookup(key)  # built by someone else while we waited
-            if entry is not None:
-                return PreparedEnv(key, entry, False, [], time.monotonic() - started, _meta(entry), inside)
-            results = await self._build(key, sandbox, setup, source, limits, env, mounts, plan)
-        prepared = PreparedEnv(
-            key, self.root / key, True, results, time.monotonic() - started, _meta(self.root / key), inside
-        )
-        await asyncio.to_thread(self.evict, keep={key})
+        fd = os.open(self.root / f".{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            cold = False
+            results: list[SandboxRunResult] = []
+            while True:
+                # Shared while it is looked up and used; READY only goes away under the exclusive lock.
+                await _flock(fd, fcntl.LOCK_SH)
+                entry = self.lookup(key)
+                if entry is not None:
+                    break
+                # Not while holding the shared lock: two users both waiting to upgrade would wait on each other.
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                await _flock(fd, fcntl.LOCK_EX)
+                if self.lookup(key) is None:  # else built by someone else while we waited
+                    results = await self._build(key, sandbox, setup, source, limits, env, mounts, plan)
+                    cold = True
+                # Back to shared (and READY checked again: an eviction may come between the two locks).
+            assert entry is not None
+            prepared = PreparedEnv(
+                key, entry, cold, results, time.monotonic() - started, _meta(entry), inside, _hold=fd if hold else None
+            )
+            if cold:
+                await asyncio.to_thread(self.evict, keep={key})
+        except BaseException:
+            os.close(fd)
+            raise
+        if not hold:
+            os.close(fd)
         return prepared
 
     async def _build(
@@ -478,7 +544,7 @@ class PreparedEnvCache:
                 "built_at": time.time(),
                 "build_seconds": round(time.monotonic() - build_started, 3),
                 "backend": sandbox.name,
-                "venv": bool(plan.python),
+                "venv": bool(plan.python) or await asyncio.to_thread(_made_venv, env_dir),
                 "steps": steps,
                 "network": proxy.summary() if proxy is not None else [],
                 "disk": self.disk_enforcement,
@@ -502,22 +568,6 @@ class PreparedEnvCache:
             if proxy is not None:
                 await proxy.__aexit__(None, None, None)
                 await asyncio.to_thread(shutil.rmtree, proxy.sock_dir, True)
-
-    @contextlib.asynccontextmanager
-    async def _lock(self, key: str):  # type: ignore[no-untyped-def]
-        fd = os.open(self.root / f".{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await asyncio.sleep(0.1)
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
 
     def entries(self) -> list[tuple[str, float, int]]:
         """(key, last use, bytes) of every ready entry."""
@@ -572,7 +622,8 @@ class PreparedEnvCache:
 
     @contextlib.contextmanager
     def _try_lock(self, key: str) -> Iterator[bool]:
-        """The entry's build lock without waiting: yields whether it was taken (no build of `key` is running)."""
+        """The entry's lock, exclusively, without waiting: yields whether it was taken (no build of `key` is running
+        and no run holds it)."""
         lock_fd = os.open(self.root / f".{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             try:
@@ -583,6 +634,16 @@ class PreparedEnvCache:
             yield True
         finally:
             os.close(lock_fd)
+
+
+async def _flock(fd: int, op: int) -> None:
+    """`flock(fd, op)` without blocking the event loop (a build can take minutes)."""
+    while True:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(0.1)
 
 
 def _no_space(exc: BaseException) -> bool:
@@ -600,10 +661,32 @@ def _disk_result(backend: str, why: str) -> SandboxRunResult:
     )  # fmt: skip
 
 
+def _made_venv(env_dir: Path) -> bool:
+    """Whether a setup made a virtualenv at `env/venv` itself: a real directory holding a real `pyvenv.cfg`. Nothing
+    is followed (a link there points wherever the setup liked, on the host too)."""
+    try:
+        fd = os.open(env_dir / "venv", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.stat("pyvenv.cfg", dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _du(path: Path) -> int:
+    """Host disk the tree under `path` takes: the blocks each inode really holds, each inode once, directories
+    included. Never the apparent size: a setup's sparse file or hard links would make its entry look big enough to
+    evict every other tenant's (tests/security/test_prepared_eviction.py). Links are not followed."""
+    seen: set[tuple[int, int]] = set()
     total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
+    for root, dirs, files in os.walk(path):
+        for name in [".", *dirs, *files]:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, name))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
     return total

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from crewwork.ids import new_id
+from crewwork.ids import is_tenant_id, new_id
 from crewwork.store.engine import Database
 from crewwork.store.tables import ApiKey, Tenant
 
@@ -36,7 +36,18 @@ def hash_api_key(key: str) -> str:
 
 class AuthStore(Database):
     async def ensure_tenant(self, name: str) -> str:
+        """The id of the tenant called `name`, created if there is none. `name` may also be a tenant's id (as
+        `crewwork repos --tenant` takes either): a new tenant is never given a name shaped like an id, which
+        operator scopes would take for another tenant's id (crewwork.models.TenantRef)."""
         async with self.session() as s:
+            if is_tenant_id(name):
+                existing = await s.scalar(select(Tenant.id).where(Tenant.id == name))
+                if existing:
+                    return existing
+                raise ValueError(
+                    f"tenant name {name!r} looks like a tenant id, and no tenant has that id: give a tenant a name "
+                    "(or the id of an existing tenant)"
+                )
             existing = await s.scalar(select(Tenant.id).where(Tenant.name == name))
             if existing:
                 return existing

@@ -93,11 +93,12 @@ def test_eviction_removes_least_recently_used_entries_beyond_the_budget(tmp_path
     import os
     import time
 
-    cache = PreparedEnvCache(tmp_path / "cache", max_bytes=2500)
+    # An entry counts the disk it holds (blocks, each inode once): about 1 MiB each here.
+    cache = PreparedEnvCache(tmp_path / "cache", max_bytes=2_500_000)
     for i, key in enumerate(["old", "mid", "new"]):
         entry = cache.root / key
         (entry / "env").mkdir(parents=True)
-        (entry / "env" / "blob").write_bytes(b"x" * 1000)
+        (entry / "env" / "blob").write_bytes(b"x" * 1_000_000)
         (entry / "READY.json").write_text("{}")
         os.utime(entry / "READY.json", (time.time() - 100 + i, time.time() - 100 + i))
     assert cache.lookup("old") is not None  # a hit makes "old" the most recently used
