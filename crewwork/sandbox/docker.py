@@ -145,9 +145,12 @@ class DockerSandbox(Sandbox):
         environment = base_env("", env)
         if not env or "PATH" not in env:
             del environment["PATH"]  # the image's PATH finds its own python
-        # Docker's `volumes` are keyed by host path: two mounts of one host directory need the list form.
-        volumes = [f"{host}:{m.inside}:{'rw' if m.writable else 'ro'}" for host, m in check_mounts(mounts)]
-        volumes.append(f"{ws}:{WORKSPACE}:rw")
+        # Structured bind mounts, not `volumes` strings: a ':' or ',' in a host path cannot change what is mounted.
+        binds = [
+            docker.types.Mount(target=m.inside, source=host, type="bind", read_only=not m.writable)
+            for host, m in check_mounts(mounts)
+        ]
+        binds.append(docker.types.Mount(target=WORKSPACE, source=str(ws), type="bind", read_only=False))
         mem = f"{limits.memory_mb}m"
         uid, gid = self.user().split(":")
         kwargs: dict[str, Any] = dict(
@@ -161,7 +164,7 @@ class DockerSandbox(Sandbox):
             # Owned by the sandbox user: this engine ignores `mode=1777` on tmpfs options, which left /tmp unwritable.
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,uid={uid},gid={gid},mode=0700"},
             shm_size=f"{limits.tmpfs_mb}m",
-            volumes=volumes,
+            mounts=binds,
             mem_limit=mem,
             memswap_limit=mem,
             nano_cpus=int(limits.cpus * 1e9),
