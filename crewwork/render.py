@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 
-def render_item(item: dict[str, Any]) -> str:
+def render_item(item: dict[str, Any], *, temporal_link: bool = True) -> str:
+    """`temporal_link`: end with the workflow's Temporal Web UI link (False where the UI is not up to follow it)."""
     lines = [
         f"work item   {item['id']}  ({item['kind']}{', MOCK agent' if item.get('mock') else ''})",
         f"state       {item['state']}  {item['reason']}",
@@ -26,5 +27,6 @@ def render_item(item: dict[str, Any]) -> str:
         )
     if item.get("result") and item["result"].get("output") is not None:
         lines.append(f"output      {json.dumps(item['result']['output'])}")
-    lines.append(f"temporal    {item['links'].get('temporal_ui', '')}")
+    if temporal_link:
+        lines.append(f"temporal    {item['links'].get('temporal_ui', '')}")
     return "\n".join(lines)

@@ -224,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--serve", action="store_true", help="keep the stack (API, console, Temporal UI) up after the demo until Ctrl-C"
     )
+    d.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="where no isolating sandbox is available, run the demo's own sample with the `local` backend (NO "
+        "isolation) instead of stopping with what to install",
+    )
 
     d = add("worker", "run one worker pool (--json: JSON log lines)", cmd_worker)
     d.add_argument("--pool", required=True, choices=["control", "agent", "validate"])

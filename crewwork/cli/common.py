@@ -21,6 +21,7 @@ EXIT_API = 3
 EXIT_UNAVAILABLE = 4
 EXIT_TIMEOUT = 5
 EXIT_VERIFY = 6
+EXIT_NO_SANDBOX = 7
 EXIT_FAILED = 10
 EXIT_REJECTED = 11
 EXIT_CANCELLED = 12
@@ -35,6 +36,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_UNAVAILABLE: "the API is unreachable or unavailable (connection refused, 5xx, Temporal unavailable)",
     EXIT_TIMEOUT: "--timeout passed before the work item reached the state waited for",
     EXIT_VERIFY: "`webhooks verify`: the delivery does not verify",
+    EXIT_NO_SANDBOX: "`demo`: no isolating sandbox here (the message says what to install; `--unsafe` runs without)",
     EXIT_FAILED: "the work item ended `failed`",
     EXIT_REJECTED: "the work item ended `rejected` (by its reviewer)",
     EXIT_CANCELLED: "the work item ended `cancelled`",

@@ -198,11 +198,25 @@ def cmd_dev(args: argparse.Namespace) -> int:
         f"  API key      in {stack.data_dir / 'api_key'}\n"
         f"Submit with `crewwork submit FILE.json`. Ctrl-C stops everything.\n",
     )
+    _warn_without_sandbox(out, s)
     while not stop:
         time.sleep(0.5)
     out.note("[dev] stopping…")
     stack.stop()
     return EXIT_OK
+
+
+def _warn_without_sandbox(out: Output, s: Settings) -> None:
+    """Work items run code only in an isolating sandbox: where none works, say so once, at start, with the fix."""
+    from crewwork.sandbox.registry import INSTALL_HINT, best_available
+
+    try:
+        name, _why = best_available(s.sandbox)
+    except Exception as exc:
+        out.note(f"[dev] warning: the configured sandbox cannot run here ({exc}); work items that run code will fail")
+        return
+    if name == "local" and not s.allow_unsafe_sandbox:
+        out.note(f"[dev] warning: {INSTALL_HINT}; until then work items that run code fail")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -213,6 +227,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         data_dir=Path(args.data_dir) if args.data_dir else None,
         serve=args.serve,
         json_output=bool(args.json),
+        unsafe=args.unsafe,
     )
 
 
