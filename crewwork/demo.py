@@ -6,7 +6,7 @@ change on attempt 1 and the right one on attempt 2, approves it as the reviewer,
 Exit status 0 only if the work item succeeded.
 
 It runs the agent and the tests in the best isolating sandbox this host offers (gVisor, Docker, bubblewrap). With
-none, it starts nothing: one line says what to install and how, and it exits 7 (EXIT_NO_SANDBOX); `--unsafe` runs
+none, it starts nothing (NoSandbox: one line saying what to install and how; `crewwork demo` exits 7); `--unsafe` runs
 the demo's own sample with the `local` backend instead, which isolates nothing, and the output says so.
 
 `--serve` keeps the stack (API, console, Temporal UI) up after the summary until Ctrl-C, so its links work; without
@@ -145,19 +145,14 @@ def run_demo(
     json_output: bool = False,
     unsafe: bool = False,
 ) -> int:
-    from crewwork.cli.common import EXIT_NO_SANDBOX
+    """Run the demo; its exit status. Raises NoSandbox, before starting anything, where no isolating sandbox works
+    and `unsafe` was not asked for."""
     from crewwork.stack import Stack
 
     global _narrative
     _narrative = sys.stderr if json_output else sys.stdout
     started = time.monotonic()
-    try:
-        sandbox = choose_sandbox(unsafe=unsafe)
-    except NoSandbox as exc:
-        print(str(exc), file=sys.stderr, flush=True)
-        if json_output:
-            print(json.dumps({"ok": False, "error": str(exc)}, indent=2), flush=True)
-        return EXIT_NO_SANDBOX
+    sandbox = choose_sandbox(unsafe=unsafe)
     tmp = None
     if data_dir is None:
         tmp = tempfile.mkdtemp(prefix="crewwork-demo-")
@@ -320,4 +315,6 @@ def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox:
 
 
 if __name__ == "__main__":
-    sys.exit(run_demo())
+    from crewwork.cli import main
+
+    sys.exit(main(["demo", *sys.argv[1:]]))

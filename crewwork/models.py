@@ -21,9 +21,10 @@ MAX_VALIDATION_ARGS = 64
 
 
 class Strict(BaseModel):
-    """Base for submitted documents: unknown fields are errors, not silently dropped."""
+    """Base for submitted documents: unknown fields are errors, not silently dropped, and a number field holds a
+    finite number (NaN and infinity cannot be stored as JSON)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class WorkItemKind(enum.StrEnum):

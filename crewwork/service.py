@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 from crewwork.agents.base import AgentConfigError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
+from crewwork.jsonvalues import JsonRefused, refuse_nonfinite
 from crewwork.masking import MAX_NESTING, too_deep_at, unstorable_at
 from crewwork.models import (
     EnvironmentSpec,
@@ -245,7 +246,8 @@ def refuse_unstorable(data: Any, field_prefix: str = "") -> None:
     """Refuse what a client sent that the store cannot keep, with the field that holds it, before anything is
     stored: text with NUL or a lone surrogate (crewwork.masking.unstorable_at; PostgreSQL refuses NUL in text and
     jsonb, so such a submission failed halfway with a server error, or was stored and then failed every write of its
-    workflow), and JSON nested deeper than MAX_NESTING (pydantic's serializer failed on it: a server error)."""
+    workflow), JSON nested deeper than MAX_NESTING (pydantic's serializer failed on it: a server error), and numbers
+    that are not finite (crewwork.jsonvalues)."""
     deep = too_deep_at(data)
     if deep is not None:
         field = f"{field_prefix}{deep}"
@@ -258,6 +260,13 @@ def refuse_unstorable(data: Any, field_prefix: str = "") -> None:
         raise SubmissionRejected(
             f"{field}: text must not contain NUL (U+0000) or a lone surrogate (U+D800-U+DFFF)", field, "invalid_text"
         )
+    try:
+        # NaN and infinity: no JSON column nor Temporal payload holds them (a typed field failed as a server
+        # error, `input`/`agent.config` stored `null`). The API refuses them in the raw body already; this covers
+        # what reaches the service from Python.
+        refuse_nonfinite(data, field_prefix)
+    except JsonRefused as exc:
+        raise SubmissionRejected(str(exc), exc.field, exc.code) from None
 
 
 def submission_hash(spec: WorkItemSpec) -> str:

@@ -9,12 +9,13 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, ServiceDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.api.schemas import SubmitResponse
 from crewwork.models import AgentSpec, BudgetSpec, RepoSpec, ReviewSpec, ValidationSpec, WorkItemKind, WorkItemSpec
 
-router = APIRouter(prefix="/v1", tags=["work items"], responses=PROBLEM_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["work items"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
 
 MAX_TRACE_CHARS = 12_000
 DEFAULT_TEST_COMMAND = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]

@@ -12,6 +12,7 @@ when stderr is a terminal, one line per change otherwise; `--quiet` silences it)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -65,6 +66,17 @@ def _exit_codes_epilog() -> str:
     return "exit codes:\n" + "\n".join(f"  {code:<4} {why}" for code, why in EXIT_CODES.items())
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds, at least 0 (`float` alone takes `nan` and `inf`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, at least 0, not {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -116,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="STATE",
                 help="stop waiting in this state (repeatable; default: a terminal state)",
             )
-        d.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 5)")
+        d.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds (exit 5)")
 
     d = add("submit", "submit a work item from a JSON file ('-' for stdin)", cmd_submit)
     d.add_argument("file")
@@ -198,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         ws.add_parser(name, help=help_, parents=[common]).add_argument("id")
     w = ws.add_parser("rotate", help="new secret (printed once); the old one signs on for --overlap", parents=[common])
     w.add_argument("id")
-    w.add_argument("--overlap", type=float, metavar="S", help="seconds the old secret keeps signing (default 86400)")
+    w.add_argument("--overlap", type=_seconds, metavar="S", help="seconds the old secret keeps signing (default 86400)")
     w = ws.add_parser("deliveries", help="recent deliveries, newest first", parents=[common])
     w.add_argument("id")
     w.add_argument("--limit", type=int, default=100)
@@ -210,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--secret-env", required=True, metavar="VAR", help="environment variable holding the secret")
     w.add_argument("--header", "-H", action="append", metavar="'NAME: VALUE'", help="a delivery header (repeatable)")
     w.add_argument("--body", default="-", metavar="FILE", help="the raw body (default: stdin)")
-    w.add_argument("--tolerance", type=float, default=300.0, metavar="S", help="allowed clock skew (default 300)")
+    w.add_argument("--tolerance", type=_seconds, default=300.0, metavar="S", help="allowed clock skew (default 300)")
 
     d = add("dev", "run Temporal, the API and all worker pools on this machine", cmd_dev)
     d.add_argument("--data-dir")
@@ -248,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_reconcile,
     )
     d.add_argument("--batch", type=_positive_int, default=1000, help="open items read per page (default 1000)")
-    d.add_argument("--min-age", type=float, help="skip items younger than this, seconds (default: the setting)")
+    d.add_argument("--min-age", type=_seconds, help="skip items younger than this, seconds (default: the setting)")
 
     d = add("keys", "API keys", cmd_keys)
     d.add_argument("action", choices=["create", "revoke", "list"])

@@ -140,17 +140,30 @@ def make_client(args: argparse.Namespace) -> Any:
     return Client(url, key)
 
 
-def _read_json(path_arg: str, what: str = "") -> Any:
+def _read_json(path_arg: str, what: str = "", *, obj: bool = True) -> Any:
+    """The JSON document in file `path_arg` ('-': stdin), as crewwork.jsonvalues parses a request body: what the
+    store cannot keep (NaN, 1e999, a duplicate key) is a usage error naming the field, never a traceback later.
+    `obj`: the document must be a JSON object."""
+    from crewwork.jsonvalues import JsonRefused, loads
+
+    name = path_arg if path_arg != "-" else "stdin"
     try:
-        text = sys.stdin.read() if path_arg == "-" else Path(path_arg).read_text()
+        text = sys.stdin.read() if path_arg == "-" else Path(path_arg).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise CliError(f"no such file: {path_arg}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{name} is not UTF-8 text{what}: {exc}") from None
     except OSError as exc:
-        raise CliError(f"cannot read {path_arg}: {exc}") from None
+        raise CliError(f"cannot read {path_arg}: {exc.strerror or exc}") from None
     try:
-        return json.loads(text)
+        value = loads(text)
     except json.JSONDecodeError as exc:
-        raise CliError(f"{path_arg if path_arg != '-' else 'stdin'} is not valid JSON{what}: {exc}") from None
+        raise CliError(f"{name} is not valid JSON{what}: {exc}") from None
+    except JsonRefused as exc:
+        raise CliError(f"{name}{what}: {exc}") from None
+    if obj and not isinstance(value, dict):
+        raise CliError(f"{name}{what} must hold a JSON object ({{...}}), not {type(value).__name__}")
+    return value
 
 
 def _stamp() -> str:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crewwork.cli.common import EXIT_ERROR, EXIT_OK, CliError, Output
+from crewwork.cli.common import EXIT_ERROR, EXIT_NO_SANDBOX, EXIT_OK, CliError, Output
 from crewwork.config import Settings, get_settings
 
 # ---------------------------------------------------------------------------------------------- local commands
@@ -220,15 +220,20 @@ def _warn_without_sandbox(out: Output, s: Settings) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from crewwork.demo import run_demo
+    from crewwork.demo import NoSandbox, run_demo
 
-    return run_demo(
-        keep=args.keep,
-        data_dir=Path(args.data_dir) if args.data_dir else None,
-        serve=args.serve,
-        json_output=bool(args.json),
-        unsafe=args.unsafe,
-    )
+    try:
+        return run_demo(
+            keep=args.keep,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+            serve=args.serve,
+            json_output=bool(args.json),
+            unsafe=args.unsafe,
+        )
+    except NoSandbox as exc:
+        if args.json:
+            Output(args).result({"ok": False, "error": str(exc)})
+        raise CliError(str(exc), EXIT_NO_SANDBOX) from None
 
 
 def cmd_config(args: argparse.Namespace) -> int:
