@@ -129,6 +129,12 @@ class Settings(BaseSettings):
     max_review_timeout_s_ceiling: float = Field(
         default=30 * 86400, gt=0, description="Ceiling on review.timeout_s; also the deadline where none is set."
     )
+    review_required_default: bool = Field(
+        default=True,
+        description="review.required of code_change and hotfix work items that leave it out: true, a person "
+        "approves every change before it lands; false, validated changes land unreviewed unless the submission "
+        "asks for review. A submission may still set it either way; per tenant: CREWWORK_TENANT_POLICIES.",
+    )
     # ---------------------------------------------------------------- operator policy (crewwork/policy.py)
     policy_agents: str = Field(
         default="*",
@@ -150,7 +156,8 @@ class Settings(BaseSettings):
         default={},
         description="Per-tenant policy overrides (JSON: tenant name or id -> {agents, sandbox_backends, "
         "max_memory_mb, max_cpus, max_pids, max_disk_mb, max_timeout_s, max_attempts, max_wall_clock_s, "
-        "max_tokens, max_cost_usd, max_review_timeout_s}); unset fields keep the deployment's value.",
+        "max_tokens, max_cost_usd, max_review_timeout_s, review_required_default}); unset fields keep the deployment's "
+        "value.",
     )
     tenant_max_in_flight: int = Field(
         default=20,

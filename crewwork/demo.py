@@ -312,9 +312,3 @@ def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox:
             text=True,
         ).stdout
         _say(f"\ngit log {item['delivery_branch']}:\n" + "\n".join("    " + ln for ln in log.splitlines()))
-
-
-if __name__ == "__main__":
-    from crewwork.cli import main
-
-    sys.exit(main(["demo", *sys.argv[1:]]))

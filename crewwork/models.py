@@ -276,7 +276,12 @@ class BudgetSpec(Strict):
 
 
 class ReviewSpec(Strict):
-    required: bool = Field(default=False, description="Wait for a person to approve before landing.")
+    required: bool | None = Field(
+        default=None,
+        description="Wait for a person to approve before landing. Unset: the operator's default, "
+        "CREWWORK_REVIEW_REQUIRED_DEFAULT (true unless changed: code changes wait for review), filled in at "
+        "submission; a `task` never waits.",
+    )
     timeout_s: float | None = Field(default=None, gt=0, description="End the item if nobody reviews in time.")
 
 

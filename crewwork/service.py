@@ -30,6 +30,7 @@ from crewwork.models import (
     WorkItemSpec,
     WorkItemStatus,
 )
+from crewwork.policy import Policy
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
 from crewwork.store.work_items import IdempotencyConflict
@@ -73,22 +74,29 @@ class WorkItemService:
             raise WorkflowUnavailable("not connected to Temporal")
         return self.client
 
-    async def check(self, spec: WorkItemSpec, tenant_id: str) -> tuple[WorkItemSpec, str | None, str | None]:
+    async def policy(self, tenant_id: str) -> Policy:
+        """The operator policy for `tenant_id` (its CREWWORK_TENANT_POLICIES entry over the deployment's)."""
+        name = await self.store.tenant_name(tenant_id) if self.settings.tenant_policies else None
+        return Policy.for_tenant(self.settings, tenant_id, name)
+
+    async def check(
+        self, spec: WorkItemSpec, tenant_id: str, policy: Policy | None = None
+    ) -> tuple[WorkItemSpec, str | None, str | None]:
         """Everything that can be checked before anything is stored: the agent's config, operator policy
         (crewwork.policy) and the repository, which must be one the tenant registered (crewwork.repos.tenancy).
 
         Returns (the spec as it is stored and run, repository locator, base commit): the spec names the registered
         repository (its id, URL and the ref), with its protected paths and default environment filled in; the
         locator is the registered URL (a remote's normalised URL, or a local repository's absolute path)."""
-        from crewwork.policy import Policy, PolicyViolation
+        from crewwork.policy import PolicyViolation
 
         try:
             get_agent_class(spec.agent.name).validate_config(spec.kind, spec.agent.config)
         except AgentConfigError as exc:
             raise SubmissionRejected(str(exc), "agent") from exc
-        name = await self.store.tenant_name(tenant_id) if self.settings.tenant_policies else None
+        policy = policy or await self.policy(tenant_id)
         try:
-            Policy.for_tenant(self.settings, tenant_id, name).check(spec)
+            policy.check(spec)
         except PolicyViolation as exc:
             raise SubmissionRejected(str(exc), exc.field) from exc
         if spec.kind == WorkItemKind.task:
@@ -160,6 +168,10 @@ class WorkItemService:
         returns the earlier item (`created` False) without checking it again; with another submission it raises
         `IdempotencyConflict`."""
         refuse_unstorable(spec)
+        policy = await self.policy(tenant_id)
+        # Hashed as it is stored and run: leaving a field to the operator's default and spelling that default out
+        # are the same submission.
+        spec = policy.with_defaults(spec)
         digest = submission_hash(spec)
         if spec.idempotency_key:
             found = await self.store.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
@@ -168,7 +180,7 @@ class WorkItemService:
                     raise IdempotencyConflict(found)
                 await self._start(found, WorkItemSpec.model_validate(found.spec))
                 return Submitted(row=found, created=False)
-        spec, repo, commit = await self.check(spec, tenant_id)
+        spec, repo, commit = await self.check(spec, tenant_id, policy)
         row, created = await self.store.create_work_item(
             tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=repo, submission_hash=digest
         )

@@ -35,7 +35,9 @@ class HotfixReport(BaseModel):
     fail_to_pass: list[str] = Field(default_factory=list, max_length=200, description="Test ids that must pass.")
     agent: AgentSpec = Field(default_factory=AgentSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    review: ReviewSpec = Field(default_factory=lambda: ReviewSpec(required=True))
+    review: ReviewSpec = Field(
+        default_factory=ReviewSpec, description="Unset: the operator's default (a person reviews the fix)."
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
 

@@ -246,7 +246,9 @@ class WorkItemWorkflow(StepCalls):
             passed = await self._repair_until_pass(loop, limits)
             if isinstance(passed, WorkItemResult):
                 return passed
-            if not self._inp.spec.review.required:
+            if self._inp.spec.review.required is False:
+                # Unset never reaches a workflow from the service (crewwork.policy fills it in); were it to, a person
+                # decides, as the default says. Histories hold explicit values, so replay takes the same branch.
                 break
             decision = await self._review_gate(workspace, admitted.review_timeout_s)
             if decision is None:
