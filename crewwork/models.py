@@ -356,6 +356,9 @@ class WorkItemInput(BaseModel):
     spec: WorkItemSpec
     repo_path: str | None = None
     base_commit: str | None = None
+    mock: bool = False
+    """The agent is a mock (the scripted agent): known at submission, so every state of the item says so, not only
+    the results of attempts that ran."""
     # Carried over by continue-as-new in long repair loops.
     carry: LoopCarry | None = None
 

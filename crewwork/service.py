@@ -182,7 +182,13 @@ class WorkItemService:
                 return Submitted(row=found, created=False)
         spec, repo, commit = await self.check(spec, tenant_id, policy)
         row, created = await self.store.create_work_item(
-            tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=repo, submission_hash=digest
+            tenant_id=tenant_id,
+            spec=spec,
+            base_commit=commit,
+            repo_path=repo,
+            submission_hash=digest,
+            # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
+            mock=get_agent_class(spec.agent.name).mock,
         )
         # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
         # already running for this id is the same work item: not an error.
@@ -197,6 +203,7 @@ class WorkItemService:
             spec=spec,
             repo_path=row.repo_url,
             base_commit=row.base_commit,
+            mock=row.mock,
         )
         pairs: list[SearchAttributePair[Any]] = [
             SearchAttributePair(SA_STATE, "submitted"),
