@@ -483,6 +483,10 @@ async def review(
     work_item_id: str, decision: ReviewDecision, principal: PrincipalDep, store: StoreDep, service: ServiceDep
 ) -> ReviewResponse:
     refuse_unstorable_body(decision)
+    if decision.action == "request_changes" and not (decision.comment or "").strip():
+        # The request itself is incomplete, whatever the item's state: a 422 naming the field, not the workflow's 409.
+        message = "comment: request_changes needs a comment, which the next attempt's agent receives"
+        raise ProblemError(422, "invalid_request", message, errors=[{"field": "comment", "message": message}])
     row = await owned(store, principal, work_item_id)
     try:
         msg = await service.review(row, decision)

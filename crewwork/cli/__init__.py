@@ -77,6 +77,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, not {n}")
+    return n
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -226,9 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = add("dev", "run Temporal, the API and all worker pools on this machine", cmd_dev)
     d.add_argument("--data-dir")
-    d.add_argument("--temporal-port", type=int, default=7233)
-    d.add_argument("--ui-port", type=int, help="Temporal Web UI port (default: Temporal port + 1000)")
-    d.add_argument("--api-port", type=int, default=8080)
+    d.add_argument("--temporal-port", type=_port, default=7233)
+    d.add_argument("--ui-port", type=_port, help="Temporal Web UI port (default: Temporal port + 1000)")
+    d.add_argument("--api-port", type=_port, default=8080)
 
     d = add("demo", "the end-to-end demo on the embedded defaults", cmd_demo)
     d.add_argument("--keep", action="store_true", help="keep the demo's data directory")
@@ -248,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = add("api", "run the HTTP API (--json: JSON log lines)", cmd_api)
     d.add_argument("--host")
-    d.add_argument("--port", type=int)
+    d.add_argument("--port", type=_port)
 
     d = add("db", "store schema migrations", cmd_db)
     d.add_argument("action", choices=["upgrade", "current"])
@@ -302,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_UNAVAILABLE
     except ApiError as exc:
-        print(f"crewwork: {exc}", file=sys.stderr)
+        hint = ""
+        if exc.status == 401 and getattr(args, "key_source", None):
+            hint = f" (the key came from {args.key_source}; set CREWWORK_API_KEY to another, or `crewwork keys create`)"
+        print(f"crewwork: {exc}{hint}", file=sys.stderr)
         return EXIT_UNAVAILABLE if exc.status >= 500 else EXIT_API
     except WaitTimeout as exc:
         print(f"crewwork: {exc}", file=sys.stderr)
@@ -315,6 +328,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `crewwork ... | head`
         return EXIT_OK
+    except Exception as exc:
+        # A CREWWORK_* (or OTEL_*) variable that does not parse: name it, as a usage error, not a traceback.
+        from crewwork.config import invalid_settings_message
+
+        message = invalid_settings_message(exc)
+        if message is None:
+            raise
+        print(f"crewwork: {message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

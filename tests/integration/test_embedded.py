@@ -216,6 +216,17 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
                 break
             time.sleep(0.3)
         assert state == "succeeded"
+        # Started on another API port, it says what the CLI needs to reach it (it never said), and that works.
+        exports = dict(re.findall(r"^  export (CREWWORK_[A-Z_]+)=(\S+)$", text, re.M))
+        assert exports == {"CREWWORK_API_URL": f"http://127.0.0.1:{api_port}"}, text
+        status = subprocess.run(
+            [sys.executable, "-m", "crewwork", "status", wid],
+            env={**env, **exports},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0 and "succeeded" in status.stdout, status.stderr
     finally:
         proc.send_signal(signal.SIGINT)
         try:

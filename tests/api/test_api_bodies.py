@@ -1,5 +1,5 @@
-"""JSON the store cannot keep faithfully, in every request body: a 422 naming the field, never a server error and
-never a value stored altered.
+"""Request bodies: JSON the store cannot keep faithfully is a 422 naming the field, never a server error and never
+a value stored altered; malformed JSON says where; an incomplete review is a 422, not a conflict.
 
 Python's json accepts `NaN`, `Infinity`, `-Infinity` (not JSON) and `1e999` (JSON, but infinite as a float). A
 typed field holding one failed the submission as a 500 (its hash could not be computed); inside `input` or
@@ -135,3 +135,20 @@ def test_the_python_client_names_the_field_instead_of_failing_to_encode() -> Non
 
     with Client("http://127.0.0.1:9", "cw_none") as c, pytest.raises(ValueError, match=r"input\.x: not a finite"):
         c.submit({"kind": "task", "input": {"x": float("inf")}})
+
+
+async def test_malformed_json_says_where_as_a_person_counts_not_a_character_offset_as_a_field(stack: Stack) -> None:
+    async with stack.client() as c:
+        r = await c.post("/v1/work-items", content='{"kind": "task",\n "input": {},,}', headers=JSON)
+    p = r.json()
+    assert r.status_code == 422 and p["code"] == "invalid_request", p
+    assert p["errors"][0]["field"] == "", p  # it was "31", the character offset
+    assert p["detail"].startswith("the body is not valid JSON:") and "line 2, column 14" in p["detail"], p
+
+
+async def test_request_changes_without_a_comment_is_a_422_naming_the_comment(stack: Stack) -> None:
+    async with stack.client() as c:
+        for body in ({"action": "request_changes"}, {"action": "request_changes", "comment": "  "}):
+            r = await c.post("/v1/work-items/wi_none/review", json=body)
+            p = r.json()
+            assert r.status_code == 422 and p["errors"][0]["field"] == "comment", p
