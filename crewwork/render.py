@@ -20,10 +20,14 @@ def render_item(item: dict[str, Any], *, temporal_link: bool = True) -> str:
     for a in item.get("attempts") or []:
         val = a.get("validation") or {}
         tests = val.get("tests") or []
-        npass = sum(1 for t in tests if t["outcome"] == "passed")
+        # Counted from the tests that ran, not from the listed ones: without a JUnit report only failing tests are
+        # named (the terminal summary counts the rest), which read as `1 test of 2 failed ... [0/1 tests passed]`.
+        # Failing tests are listed first, so they are all here.
+        executed = int(val.get("tests_executed") or 0) or len(tests)
+        failing = sum(1 for t in tests if t["outcome"] in ("failed", "error"))
         lines.append(
             f"  attempt {a['number']}: {a['verdict']:7} {a['reason']}"
-            + (f"  [{npass}/{len(tests)} tests passed, exit {val.get('exit_code')}]" if tests else "")
+            + (f"  [{executed - failing}/{executed} tests passed, exit {val.get('exit_code')}]" if executed else "")
         )
     if item.get("result") and item["result"].get("output") is not None:
         lines.append(f"output      {json.dumps(item['result']['output'])}")

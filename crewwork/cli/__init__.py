@@ -154,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--test-command", help="a command that fails now and must pass after the fix (quoted)")
     d.add_argument("--agent-file", help="JSON file with the agent spec ({name, config})")
     d.add_argument("--no-review", action="store_true", help="land without waiting for a person")
-    d.add_argument("--wait", action="store_true")
-    wait_options(d, until=False)
+    d.add_argument("--wait", action="store_true", help="follow it until it ends (or --until); exit code by its state")
+    wait_options(d)
 
     d = add("status", "show a work item", cmd_status)
     d.add_argument("id")

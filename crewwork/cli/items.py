@@ -82,9 +82,9 @@ def cmd_hotfix(args: argparse.Namespace) -> int:
             return EXIT_OK
         if not out.json:
             out.result(None, line)
-        item = _follow(c, out, data["id"], None, args.timeout)
+        item = _follow(c, out, data["id"], args.until, args.timeout)
     out.result(item, lambda: f"{item['id']}  {item['state']}: {item['reason']}")
-    return state_exit_code(item["state"])
+    return state_exit_code(item["state"], args.until or ())
 
 
 def cmd_status(args: argparse.Namespace) -> int:
