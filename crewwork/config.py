@@ -133,7 +133,8 @@ class Settings(BaseSettings):
         default=True,
         description="review.required of code_change and hotfix work items that leave it out: true, a person "
         "approves every change before it lands; false, validated changes land unreviewed unless the submission "
-        "asks for review. A submission may still set it either way; per tenant: CREWWORK_TENANT_POLICIES.",
+        "asks for review. A submission may still set it either way; per tenant: CREWWORK_TENANT_POLICIES. Hotfix "
+        "reports (POST /v1/hotfix) wait for review unless they say otherwise.",
     )
     # ---------------------------------------------------------------- operator policy (crewwork/policy.py)
     policy_agents: str = Field(

@@ -36,7 +36,9 @@ class HotfixReport(BaseModel):
     agent: AgentSpec = Field(default_factory=AgentSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     review: ReviewSpec = Field(
-        default_factory=ReviewSpec, description="Unset: the operator's default (a person reviews the fix)."
+        default_factory=lambda: ReviewSpec(required=True),
+        description="A hotfix waits for a person unless this says otherwise (whatever the operator's default for "
+        "other code changes).",
     )
     labels: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)

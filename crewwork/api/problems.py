@@ -131,7 +131,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: _problem("Needs the admin scope (forbidden)"),
     404: _problem("No such resource for this tenant (not_found)"),
     413: _problem("Request body too large (payload_too_large)"),
-    422: _problem("Invalid request (invalid_request, invalid_work_item, invalid_repository, url_not_allowed)"),
+    422: _problem(
+        "Invalid request (invalid_request, invalid_work_item, invalid_repository, url_not_allowed, invalid_text, "
+        "invalid_number, duplicate_key, too_deeply_nested)"
+    ),
     429: _problem("Rate limited (rate_limited); see Retry-After"),
     503: _problem("Temporal or the store unreachable (temporal_unavailable, store_unavailable); see Retry-After"),
 }

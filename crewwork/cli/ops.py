@@ -51,6 +51,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     s = _settings_for(args)
     require_store(s, "api")
+    _check_ports_free(
+        [(args.port or s.api_port, "the API", "--port (or CREWWORK_API_PORT)")], "api", args.host or s.api_host
+    )
     setup_logging(s)
     tracing.configure(s, "crewwork-api")
     try:
@@ -241,22 +244,27 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_ports_free(ports: list[tuple[int, str, str]]) -> None:
+def _check_ports_free(ports: list[tuple[int, str, str]], command: str = "dev", host: str = "127.0.0.1") -> None:
     """A usage error naming the option for the first port that is out of range or taken (before: "a bug", exit 1,
-    once the Temporal server had failed to start)."""
+    once the Temporal server or uvicorn had failed to start)."""
     import socket
 
     for port, what, option in ports:
         if not 1 <= port <= 65535:
-            raise CliError(f"crewwork dev: {option} {port} is not a TCP port (1-65535)")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            raise CliError(f"crewwork {command}: {option} {port} is not a TCP port (1-65535)")
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise CliError(f"crewwork {command}: cannot listen on {host!r}: {exc}") from None
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind(("127.0.0.1", port))
+                sock.bind(address)
             except OSError as exc:
                 raise CliError(
-                    f"crewwork dev: port {port} for {what} is taken ({exc.strerror}); choose another with {option} "
-                    "(or stop what listens there)"
+                    f"crewwork {command}: port {port} for {what} on {host} is not free ({exc.strerror}); choose "
+                    f"another with {option} (or stop what listens there)"
                 ) from None
 
 

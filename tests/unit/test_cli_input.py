@@ -195,6 +195,9 @@ def test_dev_names_the_option_of_a_port_that_is_taken(tmp_path: Path) -> None:
             args = [a for o, v in others.items() if o != option for a in (o, str(free_port_number()))]
             line = one_line_usage_error(_bare(tmp_path, "dev", option, str(port), *args))
             assert f"port {port}" in line and option in line, line
+        memory = {"CREWWORK_DATABASE_URL": "sqlite+aiosqlite:///:memory:"}
+        line = one_line_usage_error(_bare(tmp_path, "api", "--port", str(port), **memory))
+        assert f"port {port}" in line and "--port" in line, line
     line = one_line_usage_error(_bare(tmp_path, "dev", "--api-port", "70000"))
     assert "1-65535" in line
     assert not (tmp_path / ".crewwork").exists(), "nothing is started or created"
