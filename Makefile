@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test install install-dev test-env lint typecheck pytest dev clean
+.PHONY: demo test install install-dev sandbox-env test-env lint typecheck pytest dev clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,12 +13,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-## The main job: one work item end to end on the embedded defaults (Temporal dev server + SQLite).
-demo: install
-	$(VENV)/bin/crewwork demo
+## An isolating sandbox: installs bubblewrap where none works yet and this machine can (root, apt-get).
+sandbox-env: install
+	bash scripts/sandbox-env.sh $(PY)
+
+## The main job: one work item end to end on the embedded defaults (Temporal dev server + SQLite), in an isolating
+## sandbox. Where none can be had it says what to install and fails; `make demo UNSAFE=1` runs it without isolation.
+demo: sandbox-env
+	$(VENV)/bin/crewwork demo $(if $(UNSAFE),--unsafe)
 
 ## Run crewwork on this machine (Temporal, API, console, worker pools) until Ctrl-C.
-dev: install
+dev: sandbox-env
 	$(VENV)/bin/crewwork dev
 
 ## Everything the tests need that is not a Python package: bubblewrap, git, Chromium, a Docker engine with gVisor,

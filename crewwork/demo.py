@@ -5,6 +5,10 @@ API, one process per pool), submits a work item through the HTTP API whose scrip
 change on attempt 1 and the right one on attempt 2, approves it as the reviewer, and prints what happened.
 Exit status 0 only if the work item succeeded.
 
+It runs the agent and the tests in the best isolating sandbox this host offers (gVisor, Docker, bubblewrap). With
+none, it starts nothing (NoSandbox: one line saying what to install and how; `crewwork demo` exits 7); `--unsafe` runs
+the demo's own sample with the `local` backend instead, which isolates nothing, and the output says so.
+
 `--serve` keeps the stack (API, console, Temporal UI) up after the summary until Ctrl-C, so its links work; without
 it the stack stops and the last line says how to keep it. `--json` prints the narrative on stderr and one JSON
 summary on stdout.
@@ -101,41 +105,61 @@ def demo_work_item(repo: Path, sandbox: str) -> dict[str, Any]:
     }
 
 
-def choose_sandbox() -> tuple[str, bool]:
-    """The best isolating backend available, or the local one (unsafe) for the demo's own trusted sample."""
+NO_SANDBOX = (
+    "crewwork demo: no isolating sandbox here; install bubblewrap (as root: `apt-get install -y bubblewrap`, which "
+    "`make demo` does where it can) or start Docker (docs/sandbox.md), or run `crewwork demo --unsafe` to run the "
+    "demo's own sample with no isolation"
+)
+
+
+class NoSandbox(Exception):
+    """No isolating sandbox works here and the person did not ask for the unsafe `local` backend."""
+
+
+def choose_sandbox(*, unsafe: bool = False) -> str:
+    """The best isolating backend available; `local` (no isolation) only when none is and `unsafe` was asked for.
+    Raises NoSandbox (its message: the one line saying what to install) otherwise."""
     try:
         from crewwork.sandbox.registry import best_available
 
         name, why = best_available()
     except Exception as exc:
         name, why = "local", f"sandbox discovery failed: {exc}"
-    if name == "local":
-        _say(
-            "! No isolating sandbox is available here (" + why + ").\n"
-            "  Install one to run untrusted code: `apt-get install bubblewrap` (fast, daemonless) or Docker with\n"
-            "  gVisor (see docs/sandbox.md). The demo runs its own trusted sample with the `local` backend,\n"
-            "  which has NO isolation (labelled unsafe)."
-        )
-        return name, True
-    _say(f"sandbox: {name} ({why})")
-    return name, False
+    if name != "local":
+        _say(f"sandbox: {name} ({why})" + ("  (--unsafe not needed: this one isolates)" if unsafe else ""))
+        return name
+    if not unsafe:
+        raise NoSandbox(NO_SANDBOX)
+    _say(
+        "! UNSAFE: no isolating sandbox is available (" + why + ").\n"
+        "  As asked with --unsafe, the demo runs its own sample with the `local` backend: NO isolation."
+    )
+    return "local"
 
 
 def run_demo(
-    *, keep: bool = False, data_dir: Path | None = None, serve: bool = False, json_output: bool = False
+    *,
+    keep: bool = False,
+    data_dir: Path | None = None,
+    serve: bool = False,
+    json_output: bool = False,
+    unsafe: bool = False,
 ) -> int:
+    """Run the demo; its exit status. Raises NoSandbox, before starting anything, where no isolating sandbox works
+    and `unsafe` was not asked for."""
     from crewwork.stack import Stack
 
     global _narrative
     _narrative = sys.stderr if json_output else sys.stdout
     started = time.monotonic()
+    sandbox = choose_sandbox(unsafe=unsafe)
     tmp = None
     if data_dir is None:
         tmp = tempfile.mkdtemp(prefix="crewwork-demo-")
         data_dir = Path(tmp)
     data_dir = data_dir.resolve()
     repo = data_dir / "sample-repo"
-    sandbox, unsafe = choose_sandbox()
+    unsafe = sandbox == "local"
     _say(f"1/5 creating a sample repository with a failing test at {repo}")
     make_sample_repo(repo)
     temporal_port = free_port()
@@ -147,6 +171,8 @@ def run_demo(
         api_port=free_port(),
         extra_env={
             "CREWWORK_ALLOW_UNSAFE_SANDBOX": "true" if unsafe else "false",
+            # The operator policy of the demo's own stack: the backend it chose, `local` only when asked for.
+            "CREWWORK_POLICY_SANDBOX_BACKENDS": sandbox,
             "CREWWORK_SANDBOX_BACKEND": sandbox,
             "CREWWORK_DATABASE_URL": f"sqlite+aiosqlite:///{data_dir / 'state' / 'crewwork.db'}",
         },
@@ -249,6 +275,7 @@ def _drive(stack: Any, repo: Path, sandbox: str, started: float, summary: dict[s
         delivery_branch=item.get("delivery_branch"),
         landed_commit=item.get("landed_commit"),
         sandbox=sandbox,
+        unsafe=sandbox == "local",
         temporal_ui=item["links"]["temporal_ui"],
         api_url=stack.api_url,
         wall_time_s=round(wall, 1),
@@ -257,10 +284,12 @@ def _drive(stack: Any, repo: Path, sandbox: str, started: float, summary: dict[s
 
 
 def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox: str) -> None:
+    """The summary, without the Temporal Web UI link: the UI stops with the stack right after it, unless --serve
+    keeps it, which then prints the link once with the other live ones."""
     from crewwork.render import render_item
 
     _say()
-    _say(render_item(item))
+    _say(render_item(item, temporal_link=False))
     _say(f"sandbox     {sandbox}" + ("  (UNSAFE: no isolation)" if sandbox == "local" else ""))
     _say("\nevidence per attempt (measured by the platform, not claimed by the agent):")
     for a in item.get("attempts") or []:
@@ -283,8 +312,3 @@ def _print_summary(api: httpx.Client, item: dict[str, Any], repo: Path, sandbox:
             text=True,
         ).stdout
         _say(f"\ngit log {item['delivery_branch']}:\n" + "\n".join("    " + ln for ln in log.splitlines()))
-    _say(f"\nTemporal UI: {item['links']['temporal_ui']}")
-
-
-if __name__ == "__main__":
-    sys.exit(run_demo())

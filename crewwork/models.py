@@ -22,9 +22,10 @@ MAX_VALIDATION_ARGS = 64
 
 
 class Strict(BaseModel):
-    """Base for submitted documents: unknown fields are errors, not silently dropped."""
+    """Base for submitted documents: unknown fields are errors, not silently dropped, and a number field holds a
+    finite number (NaN and infinity cannot be stored as JSON)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TenantRef(BaseModel):
@@ -296,7 +297,12 @@ class BudgetSpec(Strict):
 
 
 class ReviewSpec(Strict):
-    required: bool = Field(default=False, description="Wait for a person to approve before landing.")
+    required: bool | None = Field(
+        default=None,
+        description="Wait for a person to approve before landing. Unset: the operator's default, "
+        "CREWWORK_REVIEW_REQUIRED_DEFAULT (true unless changed: code changes wait for review), filled in at "
+        "submission; a `task` never waits.",
+    )
     timeout_s: float | None = Field(default=None, gt=0, description="End the item if nobody reviews in time.")
 
 
@@ -371,6 +377,9 @@ class WorkItemInput(BaseModel):
     spec: WorkItemSpec
     repo_path: str | None = None
     base_commit: str | None = None
+    mock: bool = False
+    """The agent is a mock (the scripted agent): known at submission, so every state of the item says so, not only
+    the results of attempts that ran."""
     # Carried over by continue-as-new in long repair loops.
     carry: LoopCarry | None = None
 

@@ -13,6 +13,9 @@ One `Policy` per submission, from the deployment's settings and the tenant's ove
 | `budget.*` | at most the ceilings | CREWWORK_MAX_*_CEILING |
 | `review.timeout_s` | at most the ceiling | CREWWORK_MAX_REVIEW_TIMEOUT_S_CEILING |
 
+Defaults a submission leaves to the operator are filled in first (`with_defaults`): `review.required` from
+CREWWORK_REVIEW_REQUIRED_DEFAULT (true: code changes wait for a person).
+
 The ceilings also apply where a submission set nothing: admission runs the item under `limits.effective_budget`.
 """
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 from crewwork.config import Settings
 from crewwork.limits import OperatorCeilings, ceiling_violations
-from crewwork.models import WorkItemSpec
+from crewwork.models import WorkItemKind, WorkItemSpec
 from crewwork.policy_model import TenantPolicy
 
 
@@ -79,6 +82,22 @@ class Policy:
 
     def review_timeout_ceiling_s(self) -> float:
         return self.tenant.max_review_timeout_s or self.settings.max_review_timeout_s_ceiling
+
+    def review_required_default(self) -> bool:
+        if self.tenant.review_required_default is not None:
+            return self.tenant.review_required_default
+        return self.settings.review_required_default
+
+    # ------------------------------------------------------------------ the operator's defaults
+
+    def with_defaults(self, spec: WorkItemSpec) -> WorkItemSpec:
+        """`spec` with what it left to the operator filled in, as it is stored, hashed and run: `review.required`
+        (a code change waits for review unless the operator's default or the submission says otherwise; a task
+        never does)."""
+        if spec.review.required is not None:
+            return spec
+        required = spec.kind != WorkItemKind.task and self.review_required_default()
+        return spec.model_copy(update={"review": spec.review.model_copy(update={"required": required})})
 
     def sandbox_maxima(self) -> dict[str, float]:
         sb = self.settings.sandbox

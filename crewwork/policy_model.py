@@ -23,3 +23,6 @@ class TenantPolicy(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0, description="Most budget.max_tokens.")
     max_cost_usd: float | None = Field(default=None, gt=0, description="Most budget.max_cost_usd.")
     max_review_timeout_s: float | None = Field(default=None, gt=0, description="Most review.timeout_s.")
+    review_required_default: bool | None = Field(
+        default=None, description="review.required of this tenant's code changes that leave it out."
+    )

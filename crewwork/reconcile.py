@@ -74,7 +74,7 @@ def open_items_query(horizon: float, after: tuple[float, str] | None, batch: int
     """The next `batch` open items submitted up to `horizon`, after `after` (submission time, id), oldest first."""
     t = WorkItem
     q = (
-        select(t.id, t.tenant_id, t.workflow_id, t.state, t.created_at)
+        select(t.id, t.tenant_id, t.workflow_id, t.state, t.created_at, t.mock)
         # The partial index's own condition, as text: SQLite uses a partial index only for a query whose WHERE
         # names its condition in literals (bound parameters it cannot match).
         .where(text(OPEN_ITEMS), t.created_at <= horizon)
@@ -176,6 +176,8 @@ class Reconciler:
             return
         state, reason, returned = await self._ending(handle, desc.run_id, status)
         result = returned or WorkItemResult(work_item_id=row.id, state=state, reason=reason)
+        # A mock agent's item stays labelled mock (known since submission), whatever the workflow got to return.
+        result = result.model_copy(update={"mock": result.mock or bool(row.mock)})
         fields: dict[str, Any] = {"result": result.model_dump(mode="json"), "mock": result.mock}
         if result.delivery_branch or result.landed_commit:
             fields.update(delivery_branch=result.delivery_branch, landed_commit=result.landed_commit)

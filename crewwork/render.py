@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 
-def render_item(item: dict[str, Any]) -> str:
+def render_item(item: dict[str, Any], *, temporal_link: bool = True) -> str:
+    """`temporal_link`: end with the workflow's Temporal Web UI link (False where the UI is not up to follow it)."""
     lines = [
         f"work item   {item['id']}  ({item['kind']}{', MOCK agent' if item.get('mock') else ''})",
         f"state       {item['state']}  {item['reason']}",
@@ -19,12 +20,17 @@ def render_item(item: dict[str, Any]) -> str:
     for a in item.get("attempts") or []:
         val = a.get("validation") or {}
         tests = val.get("tests") or []
-        npass = sum(1 for t in tests if t["outcome"] == "passed")
+        # Counted from the tests that ran, not from the listed ones: without a JUnit report only failing tests are
+        # named (the terminal summary counts the rest), which read as `1 test of 2 failed ... [0/1 tests passed]`.
+        # Failing tests are listed first, so they are all here.
+        executed = int(val.get("tests_executed") or 0) or len(tests)
+        failing = sum(1 for t in tests if t["outcome"] in ("failed", "error"))
         lines.append(
             f"  attempt {a['number']}: {a['verdict']:7} {a['reason']}"
-            + (f"  [{npass}/{len(tests)} tests passed, exit {val.get('exit_code')}]" if tests else "")
+            + (f"  [{executed - failing}/{executed} tests passed, exit {val.get('exit_code')}]" if executed else "")
         )
     if item.get("result") and item["result"].get("output") is not None:
         lines.append(f"output      {json.dumps(item['result']['output'])}")
-    lines.append(f"temporal    {item['links'].get('temporal_ui', '')}")
+    if temporal_link:
+        lines.append(f"temporal    {item['links'].get('temporal_ui', '')}")
     return "\n".join(lines)

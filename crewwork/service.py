@@ -20,6 +20,7 @@ from temporalio.service import RPCError
 from crewwork.agents.base import AgentConfigError
 from crewwork.agents.registry import get_agent_class
 from crewwork.config import Settings
+from crewwork.jsonvalues import JsonRefused, refuse_nonfinite
 from crewwork.masking import MAX_NESTING, too_deep_at, unstorable_at
 from crewwork.models import (
     EnvironmentSpec,
@@ -29,6 +30,7 @@ from crewwork.models import (
     WorkItemSpec,
     WorkItemStatus,
 )
+from crewwork.policy import Policy
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
 from crewwork.store.work_items import IdempotencyConflict
@@ -72,22 +74,29 @@ class WorkItemService:
             raise WorkflowUnavailable("not connected to Temporal")
         return self.client
 
-    async def check(self, spec: WorkItemSpec, tenant_id: str) -> tuple[WorkItemSpec, str | None, str | None]:
+    async def policy(self, tenant_id: str) -> Policy:
+        """The operator policy for `tenant_id` (its CREWWORK_TENANT_POLICIES entry over the deployment's)."""
+        name = await self.store.tenant_name(tenant_id) if self.settings.tenant_policies else None
+        return Policy.for_tenant(self.settings, tenant_id, name)
+
+    async def check(
+        self, spec: WorkItemSpec, tenant_id: str, policy: Policy | None = None
+    ) -> tuple[WorkItemSpec, str | None, str | None]:
         """Everything that can be checked before anything is stored: the agent's config, operator policy
         (crewwork.policy) and the repository, which must be one the tenant registered (crewwork.repos.tenancy).
 
         Returns (the spec as it is stored and run, repository locator, base commit): the spec names the registered
         repository (its id, URL and the ref), with its protected paths and default environment filled in; the
         locator is the registered URL (a remote's normalised URL, or a local repository's absolute path)."""
-        from crewwork.policy import Policy, PolicyViolation
+        from crewwork.policy import PolicyViolation
 
         try:
             get_agent_class(spec.agent.name).validate_config(spec.kind, spec.agent.config)
         except AgentConfigError as exc:
             raise SubmissionRejected(str(exc), "agent") from exc
-        name = await self.store.tenant_name(tenant_id) if self.settings.tenant_policies else None
+        policy = policy or await self.policy(tenant_id)
         try:
-            Policy.for_tenant(self.settings, tenant_id, name).check(spec)
+            policy.check(spec)
         except PolicyViolation as exc:
             raise SubmissionRejected(str(exc), exc.field) from exc
         if spec.kind == WorkItemKind.task:
@@ -163,6 +172,10 @@ class WorkItemService:
         returns the earlier item (`created` False) without checking it again; with another submission it raises
         `IdempotencyConflict`."""
         refuse_unstorable(spec)
+        policy = await self.policy(tenant_id)
+        # Hashed as it is stored and run: leaving a field to the operator's default and spelling that default out
+        # are the same submission.
+        spec = policy.with_defaults(spec)
         digest = submission_hash(spec)
         if spec.idempotency_key:
             found = await self.store.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
@@ -171,9 +184,15 @@ class WorkItemService:
                     raise IdempotencyConflict(found)
                 await self._start(found, WorkItemSpec.model_validate(found.spec))
                 return Submitted(row=found, created=False)
-        spec, repo, commit = await self.check(spec, tenant_id)
+        spec, repo, commit = await self.check(spec, tenant_id, policy)
         row, created = await self.store.create_work_item(
-            tenant_id=tenant_id, spec=spec, base_commit=commit, repo_path=repo, submission_hash=digest
+            tenant_id=tenant_id,
+            spec=spec,
+            base_commit=commit,
+            repo_path=repo,
+            submission_hash=digest,
+            # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
+            mock=get_agent_class(spec.agent.name).mock,
         )
         # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
         # already running for this id is the same work item: not an error.
@@ -188,6 +207,7 @@ class WorkItemService:
             spec=spec,
             repo_path=row.repo_url,
             base_commit=row.base_commit,
+            mock=row.mock,
         )
         pairs: list[SearchAttributePair[Any]] = [
             SearchAttributePair(SA_STATE, "submitted"),
@@ -249,7 +269,8 @@ def refuse_unstorable(data: Any, field_prefix: str = "") -> None:
     """Refuse what a client sent that the store cannot keep, with the field that holds it, before anything is
     stored: text with NUL or a lone surrogate (crewwork.masking.unstorable_at; PostgreSQL refuses NUL in text and
     jsonb, so such a submission failed halfway with a server error, or was stored and then failed every write of its
-    workflow), and JSON nested deeper than MAX_NESTING (pydantic's serializer failed on it: a server error)."""
+    workflow), JSON nested deeper than MAX_NESTING (pydantic's serializer failed on it: a server error), and numbers
+    that are not finite (crewwork.jsonvalues)."""
     deep = too_deep_at(data)
     if deep is not None:
         field = f"{field_prefix}{deep}"
@@ -262,6 +283,13 @@ def refuse_unstorable(data: Any, field_prefix: str = "") -> None:
         raise SubmissionRejected(
             f"{field}: text must not contain NUL (U+0000) or a lone surrogate (U+D800-U+DFFF)", field, "invalid_text"
         )
+    try:
+        # NaN and infinity: no JSON column nor Temporal payload holds them (a typed field failed as a server
+        # error, `input`/`agent.config` stored `null`). The API refuses them in the raw body already; this covers
+        # what reaches the service from Python.
+        refuse_nonfinite(data, field_prefix)
+    except JsonRefused as exc:
+        raise SubmissionRejected(str(exc), exc.field, exc.code) from None
 
 
 def submission_hash(spec: WorkItemSpec) -> str:

@@ -28,11 +28,13 @@ from crewwork.store.store import Store
 from crewwork.temporal.devserver import DevServer, free_port
 
 # The test suite's operator switches (docs/operations.md): repositories are registered for the submitting tenant
-# on first use, the scripted agent's fault injection is on, and repository remotes may be on loopback (the real git
-# servers of the tests listen there). Tests of the production defaults pass them as False / "".
+# on first use, the scripted agent's fault injection is on, repository remotes may be on loopback (the real git
+# servers of the tests listen there), and a code change that does not ask for review lands without one (tests of
+# review ask for it). Tests of the production defaults pass them as False / "" / True.
 os.environ.setdefault("CREWWORK_AUTO_REGISTER_REPOS", "true")
 os.environ.setdefault("CREWWORK_TEST_FAULTS", "true")
 os.environ.setdefault("CREWWORK_REPO_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")
+os.environ.setdefault("CREWWORK_REVIEW_REQUIRED_DEFAULT", "false")
 
 PG_ADMIN = os.environ.get("CREWWORK_TEST_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

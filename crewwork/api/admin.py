@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import AdminDep, PrincipalDep, ServiceDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 
-router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
 
 POOLS = ("control", "agent", "validate")
 

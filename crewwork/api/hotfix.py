@@ -9,12 +9,13 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, ServiceDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.api.schemas import SubmitResponse
 from crewwork.models import AgentSpec, BudgetSpec, RepoSpec, ReviewSpec, ValidationSpec, WorkItemKind, WorkItemSpec
 
-router = APIRouter(prefix="/v1", tags=["work items"], responses=PROBLEM_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["work items"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
 
 MAX_TRACE_CHARS = 12_000
 DEFAULT_TEST_COMMAND = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
@@ -34,7 +35,11 @@ class HotfixReport(BaseModel):
     fail_to_pass: list[str] = Field(default_factory=list, max_length=200, description="Test ids that must pass.")
     agent: AgentSpec = Field(default_factory=AgentSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    review: ReviewSpec = Field(default_factory=lambda: ReviewSpec(required=True))
+    review: ReviewSpec = Field(
+        default_factory=lambda: ReviewSpec(required=True),
+        description="A hotfix waits for a person unless this says otherwise (whatever the operator's default for "
+        "other code changes).",
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
 

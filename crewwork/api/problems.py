@@ -66,10 +66,32 @@ async def validation_handler(_req: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = []
     for e in exc.errors():
+        if e.get("type") == "json_invalid":
+            # Its loc is ("body", <character offset>): the offset is no field. Say where, as a person counts.
+            errors.append({"field": "", "message": _json_error(e, exc.body), "type": "json_invalid"})
+            continue
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
         errors.append({"field": loc, "message": e.get("msg", ""), "type": e.get("type", "")})
-    detail = "; ".join(f"{x['field'] or 'body'}: {x['message']}" for x in errors[:5])
+    detail = "; ".join(
+        x["message"] if x["type"] == "json_invalid" else f"{x['field'] or 'body'}: {x['message']}" for x in errors[:5]
+    )
     return problem_response(ProblemError(422, "invalid_request", detail, errors=jsonable_encoder(errors)))
+
+
+def _json_error(e: dict[str, Any], doc: Any) -> str:
+    """'the body is not valid JSON: <what> at line L, column C (character N)'."""
+    loc = e.get("loc", ())
+    pos = loc[-1] if loc and isinstance(loc[-1], int) else None
+    what = str((e.get("ctx") or {}).get("error") or e.get("msg") or "malformed")
+    where = ""
+    if pos is not None:
+        where = f" at character {pos}"
+        if isinstance(doc, str | bytes):
+            text = doc if isinstance(doc, str) else doc.decode(errors="replace")
+            line = text.count("\n", 0, pos) + 1
+            column = pos - (text.rfind("\n", 0, pos) + 1) + 1
+            where = f" at line {line}, column {column} (character {pos})"
+    return f"the body is not valid JSON: {what}{where}"
 
 
 async def http_handler(_req: Request, exc: Exception) -> JSONResponse:
@@ -109,7 +131,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: _problem("Needs the admin scope (forbidden)"),
     404: _problem("No such resource for this tenant (not_found)"),
     413: _problem("Request body too large (payload_too_large)"),
-    422: _problem("Invalid request (invalid_request, invalid_work_item, invalid_repository, url_not_allowed)"),
+    422: _problem(
+        "Invalid request (invalid_request, invalid_work_item, invalid_repository, url_not_allowed, invalid_text, "
+        "invalid_number, duplicate_key, too_deeply_nested)"
+    ),
     429: _problem("Rate limited (rate_limited); see Retry-After"),
     503: _problem("Temporal or the store unreachable (temporal_unavailable, store_unavailable); see Retry-After"),
 }

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.models import EnvironmentSpec, _check_ref_name
@@ -27,7 +28,9 @@ from crewwork.repos.tenancy import (
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Principal, Store
 
-router = APIRouter(prefix="/v1/repositories", tags=["repositories"], responses=PROBLEM_RESPONSES)
+router = APIRouter(
+    prefix="/v1/repositories", tags=["repositories"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute
+)
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 MAX_PROTECT_PATHS = 64

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
+from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.api.schemas import StreamEventView
@@ -219,7 +220,7 @@ SSE_RESPONSE: dict[int | str, dict[str, Any]] = {
     }
 }
 
-router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEM_RESPONSES)
+router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
 
 
 @router.get(

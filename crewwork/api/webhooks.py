@@ -8,13 +8,14 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.outbound import OutboundPolicy, OutboundRefused
 from crewwork.store.outbox import DEFAULT_OVERLAP_S, MAX_OVERLAP_S, OutboxStore
 from crewwork.store.tables import OutboxMessage, Webhook
 
-router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=PROBLEM_RESPONSES)
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
 
 EVENT_TYPES = ("work_item.state_changed",)
 

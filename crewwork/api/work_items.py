@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.api.schemas import (
@@ -33,7 +34,9 @@ from crewwork.store.store import Principal, Store
 from crewwork.store.tables import Artifact, Attempt, WorkItem
 from crewwork.store.work_items import IdempotencyConflict
 
-router = APIRouter(prefix="/v1/work-items", tags=["work items"], responses=PROBLEM_RESPONSES)
+router = APIRouter(
+    prefix="/v1/work-items", tags=["work items"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute
+)
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 _CURSOR_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -213,8 +216,8 @@ async def list_items(
     label: Annotated[
         list[str] | None, Query(max_length=16, description="key=value; repeat to require several labels")
     ] = None,
-    created_after: Annotated[float | None, Query(description="Unix seconds (inclusive)")] = None,
-    created_before: Annotated[float | None, Query(description="Unix seconds (exclusive)")] = None,
+    created_after: Annotated[float | None, Query(allow_inf_nan=False, description="Unix seconds (inclusive)")] = None,
+    created_before: Annotated[float | None, Query(allow_inf_nan=False, description="Unix seconds (exclusive)")] = None,
     q: Annotated[str | None, Query(min_length=1, max_length=100, description="Search: id prefix or repo text")] = None,
     all_tenants: Annotated[bool, Query(description="Admin only: list every tenant's work items.")] = False,
 ) -> WorkItemPage:
@@ -480,6 +483,10 @@ async def review(
     work_item_id: str, decision: ReviewDecision, principal: PrincipalDep, store: StoreDep, service: ServiceDep
 ) -> ReviewResponse:
     refuse_unstorable_body(decision)
+    if decision.action == "request_changes" and not (decision.comment or "").strip():
+        # The request itself is incomplete, whatever the item's state: a 422 naming the field, not the workflow's 409.
+        message = "comment: request_changes needs a comment, which the next attempt's agent receives"
+        raise ProblemError(422, "invalid_request", message, errors=[{"field": "comment", "message": message}])
     row = await owned(store, principal, work_item_id)
     try:
         msg = await service.review(row, decision)

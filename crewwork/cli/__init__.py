@@ -12,6 +12,7 @@ when stderr is a terminal, one line per change otherwise; `--quiet` silences it)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -65,6 +66,27 @@ def _exit_codes_epilog() -> str:
     return "exit codes:\n" + "\n".join(f"  {code:<4} {why}" for code, why in EXIT_CODES.items())
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds, at least 0 (`float` alone takes `nan` and `inf`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds, at least 0, not {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, not {n}")
+    return n
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -116,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="STATE",
                 help="stop waiting in this state (repeatable; default: a terminal state)",
             )
-        d.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 5)")
+        d.add_argument("--timeout", type=_seconds, metavar="S", help="give up after S seconds (exit 5)")
 
     d = add("submit", "submit a work item from a JSON file ('-' for stdin)", cmd_submit)
     d.add_argument("file")
@@ -132,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--test-command", help="a command that fails now and must pass after the fix (quoted)")
     d.add_argument("--agent-file", help="JSON file with the agent spec ({name, config})")
     d.add_argument("--no-review", action="store_true", help="land without waiting for a person")
-    d.add_argument("--wait", action="store_true")
-    wait_options(d, until=False)
+    d.add_argument("--wait", action="store_true", help="follow it until it ends (or --until); exit code by its state")
+    wait_options(d)
 
     d = add("status", "show a work item", cmd_status)
     d.add_argument("id")
@@ -198,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         ws.add_parser(name, help=help_, parents=[common]).add_argument("id")
     w = ws.add_parser("rotate", help="new secret (printed once); the old one signs on for --overlap", parents=[common])
     w.add_argument("id")
-    w.add_argument("--overlap", type=float, metavar="S", help="seconds the old secret keeps signing (default 86400)")
+    w.add_argument("--overlap", type=_seconds, metavar="S", help="seconds the old secret keeps signing (default 86400)")
     w = ws.add_parser("deliveries", help="recent deliveries, newest first", parents=[common])
     w.add_argument("id")
     w.add_argument("--limit", type=int, default=100)
@@ -210,13 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--secret-env", required=True, metavar="VAR", help="environment variable holding the secret")
     w.add_argument("--header", "-H", action="append", metavar="'NAME: VALUE'", help="a delivery header (repeatable)")
     w.add_argument("--body", default="-", metavar="FILE", help="the raw body (default: stdin)")
-    w.add_argument("--tolerance", type=float, default=300.0, metavar="S", help="allowed clock skew (default 300)")
+    w.add_argument("--tolerance", type=_seconds, default=300.0, metavar="S", help="allowed clock skew (default 300)")
 
     d = add("dev", "run Temporal, the API and all worker pools on this machine", cmd_dev)
     d.add_argument("--data-dir")
-    d.add_argument("--temporal-port", type=int, default=7233)
-    d.add_argument("--ui-port", type=int, help="Temporal Web UI port (default: Temporal port + 1000)")
-    d.add_argument("--api-port", type=int, default=8080)
+    d.add_argument("--temporal-port", type=_port, default=7233)
+    d.add_argument("--ui-port", type=_port, help="Temporal Web UI port (default: Temporal port + 1000)")
+    d.add_argument("--api-port", type=_port, default=8080)
 
     d = add("demo", "the end-to-end demo on the embedded defaults", cmd_demo)
     d.add_argument("--keep", action="store_true", help="keep the demo's data directory")
@@ -224,13 +246,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--serve", action="store_true", help="keep the stack (API, console, Temporal UI) up after the demo until Ctrl-C"
     )
+    d.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="where no isolating sandbox is available, run the demo's own sample with the `local` backend (NO "
+        "isolation) instead of stopping with what to install",
+    )
 
     d = add("worker", "run one worker pool (--json: JSON log lines)", cmd_worker)
     d.add_argument("--pool", required=True, choices=["control", "agent", "validate"])
 
     d = add("api", "run the HTTP API (--json: JSON log lines)", cmd_api)
     d.add_argument("--host")
-    d.add_argument("--port", type=int)
+    d.add_argument("--port", type=_port)
 
     d = add("db", "store schema migrations", cmd_db)
     d.add_argument("action", choices=["upgrade", "current"])
@@ -242,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_reconcile,
     )
     d.add_argument("--batch", type=_positive_int, default=1000, help="open items read per page (default 1000)")
-    d.add_argument("--min-age", type=float, help="skip items younger than this, seconds (default: the setting)")
+    d.add_argument("--min-age", type=_seconds, help="skip items younger than this, seconds (default: the setting)")
 
     d = add("keys", "API keys", cmd_keys)
     d.add_argument("action", choices=["create", "revoke", "list"])
@@ -284,7 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_UNAVAILABLE
     except ApiError as exc:
-        print(f"crewwork: {exc}", file=sys.stderr)
+        hint = ""
+        if exc.status == 401 and getattr(args, "key_source", None):
+            hint = f" (the key came from {args.key_source}; set CREWWORK_API_KEY to another, or `crewwork keys create`)"
+        print(f"crewwork: {exc}{hint}", file=sys.stderr)
         return EXIT_UNAVAILABLE if exc.status >= 500 else EXIT_API
     except WaitTimeout as exc:
         print(f"crewwork: {exc}", file=sys.stderr)
@@ -297,6 +328,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `crewwork ... | head`
         return EXIT_OK
+    except Exception as exc:
+        # A CREWWORK_* (or OTEL_*) variable that does not parse: name it, as a usage error, not a traceback.
+        from crewwork.config import invalid_settings_message
+
+        message = invalid_settings_message(exc)
+        if message is None:
+            raise
+        print(f"crewwork: {message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def run() -> None:

@@ -29,10 +29,10 @@ from crewwork.render import render_item
 
 def cmd_submit(args: argparse.Namespace) -> int:
     body = _read_json(args.file)
-    if isinstance(body, dict) and isinstance(body.get("repo"), dict):
+    if isinstance(body.get("repo"), dict):
         url = body["repo"].get("url", "")
         # A relative local path in a file means "relative to where I run the command".
-        if url and "://" not in url and not url.startswith("/") and Path(url).exists():
+        if isinstance(url, str) and url and "://" not in url and not url.startswith("/") and Path(url).exists():
             body["repo"]["url"] = str(Path(url).resolve())
     out = Output(args)
     with make_client(args) as c:
@@ -55,13 +55,20 @@ def cmd_hotfix(args: argparse.Namespace) -> int:
     trace = ""
     if args.trace_file:
         try:
-            trace = sys.stdin.read() if args.trace_file == "-" else Path(args.trace_file).read_text()
+            trace = sys.stdin.read() if args.trace_file == "-" else Path(args.trace_file).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise CliError(f"no such file: {args.trace_file}") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(f"--trace-file {args.trace_file} is not UTF-8 text: {exc}") from None
+        except OSError as exc:
+            raise CliError(f"cannot read {args.trace_file}: {exc.strerror or exc}") from None
     repo = args.repo if "://" in args.repo else str(Path(args.repo).resolve())
     body: dict[str, Any] = {"message": args.message, "stack_trace": trace, "repo": {"url": repo, "ref": args.ref}}
     if args.test_command:
-        body["test_command"] = shlex.split(args.test_command)
+        try:
+            body["test_command"] = shlex.split(args.test_command)
+        except ValueError as exc:  # unbalanced quotes
+            raise CliError(f"--test-command is not a shell command line: {exc}") from None
     if args.agent_file:
         body["agent"] = _read_json(args.agent_file, " (the agent spec)")
     if args.no_review:
@@ -75,9 +82,9 @@ def cmd_hotfix(args: argparse.Namespace) -> int:
             return EXIT_OK
         if not out.json:
             out.result(None, line)
-        item = _follow(c, out, data["id"], None, args.timeout)
+        item = _follow(c, out, data["id"], args.until, args.timeout)
     out.result(item, lambda: f"{item['id']}  {item['state']}: {item['reason']}")
-    return state_exit_code(item["state"])
+    return state_exit_code(item["state"], args.until or ())
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -8,10 +8,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crewwork.cli.common import EXIT_ERROR, EXIT_OK, CliError, Output
+from crewwork.cli.common import EXIT_ERROR, EXIT_NO_SANDBOX, EXIT_OK, CliError, Output
 from crewwork.config import Settings, get_settings
 
 # ---------------------------------------------------------------------------------------------- local commands
+
+
+def require_store(s: Settings, command: str) -> None:
+    """A usage error when a command that uses the store would create a new, empty SQLite store instead: run in
+    another directory, the default `.crewwork/crewwork.db` is a different file (before: silently a new store, with
+    none of the keys or items the user expected). `crewwork db upgrade` is the command that creates one."""
+    url = s.resolved_database_url()
+    if not url.startswith("sqlite"):
+        return
+    path = url.split(":///", 1)[-1].split("?", 1)[0]
+    if not path or path == ":memory:" or Path(path).exists():
+        return
+    where = "CREWWORK_DATABASE_URL" if s.database_url else "the data directory (CREWWORK_DATA_DIR, default ./.crewwork)"
+    raise CliError(
+        f"crewwork {command}: there is no store at {path} ({where}); run it where `crewwork dev` keeps its data, or "
+        "set CREWWORK_DATA_DIR or CREWWORK_DATABASE_URL to the store you mean; `crewwork db upgrade` creates a new one"
+    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -20,6 +37,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from crewwork.workers.pools import run_pool
 
     s = _settings_for(args)
+    require_store(s, "worker")
     setup_logging(s)
     asyncio.run(run_pool(args.pool, s))
     return EXIT_OK
@@ -32,6 +50,10 @@ def cmd_api(args: argparse.Namespace) -> int:
     from crewwork.api.app import create_app
 
     s = _settings_for(args)
+    require_store(s, "api")
+    _check_ports_free(
+        [(args.port or s.api_port, "the API", "--port (or CREWWORK_API_PORT)")], "api", args.host or s.api_host
+    )
     setup_logging(s)
     tracing.configure(s, "crewwork-api")
     try:
@@ -64,6 +86,8 @@ def cmd_db(args: argparse.Namespace) -> int:
     url = get_settings().resolved_database_url()
     if args.action == "upgrade":
         asyncio.run(upgrade(url))
+    else:
+        require_store(get_settings(), "db current")
     rev = asyncio.run(current_revision(url))
     shown = mask_secrets_in_text(url)
     if args.action == "upgrade":
@@ -84,6 +108,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     from crewwork.temporal.client import connect
 
     s = get_settings()
+    require_store(s, "reconcile")
 
     async def once() -> dict[str, Any]:
         store = Store(s.resolved_database_url())
@@ -118,6 +143,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     from crewwork.store.store import Store
 
     out = Output(args)
+    require_store(get_settings(), f"keys {args.action}")
 
     async def run() -> int:
         url = get_settings().resolved_database_url()
@@ -163,10 +189,18 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     out = Output(args)
     s = get_settings()
+    ui_port = args.ui_port or args.temporal_port + 1000
+    _check_ports_free(
+        [
+            (args.temporal_port, "the Temporal server", "--temporal-port"),
+            (ui_port, "the Temporal Web UI", "--ui-port"),
+            (args.api_port, "the API", "--api-port"),
+        ]
+    )
     stack = Stack(
         data_dir=Path(args.data_dir or s.data_dir).resolve(),
         temporal_port=args.temporal_port,
-        ui_port=args.ui_port or args.temporal_port + 1000,
+        ui_port=ui_port,
         api_port=args.api_port,
         database_url=s.database_url,
         on_event=lambda m: out.note(f"[dev] {m}"),
@@ -186,6 +220,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     except Exception as exc:
         stack.stop()
         raise CliError(f"crewwork dev: {exc}", EXIT_ERROR) from exc
+    cli_env = _cli_env_for(stack, s)
+    point = "".join(f"  export {k}={v}\n" for k, v in cli_env.items())
     out.result(
         {
             "api_url": stack.api_url,
@@ -193,14 +229,17 @@ def cmd_dev(args: argparse.Namespace) -> int:
             "temporal_ui_url": stack.ui_url,
             "data_dir": str(stack.data_dir),
             "api_key_file": str(stack.data_dir / "api_key"),
+            "cli_env": cli_env,
         },
         f"\ncrewwork is running (data in {stack.data_dir}).\n"
         f"  API          {stack.api_url}   (OpenAPI: {stack.api_url}/docs)\n"
         f"  console      {stack.api_url}/console\n"
         f"  Temporal UI  {stack.ui_url}\n"
         f"  API key      in {stack.data_dir / 'api_key'}\n"
-        f"Submit with `crewwork submit FILE.json`. Ctrl-C stops everything.\n",
+        + (f"Point the CLI (in another shell) at this stack:\n{point}" if point else "")
+        + "Submit with `crewwork submit FILE.json`. Ctrl-C stops everything.\n",
     )
+    _warn_without_sandbox(out, s)
     while not stop:
         time.sleep(0.5)
     out.note("[dev] stopping…")
@@ -208,24 +247,86 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from crewwork.demo import run_demo
+def _check_ports_free(ports: list[tuple[int, str, str]], command: str = "dev", host: str = "127.0.0.1") -> None:
+    """A usage error naming the option for the first port that is out of range or taken (before: "a bug", exit 1,
+    once the Temporal server or uvicorn had failed to start)."""
+    import socket
 
-    return run_demo(
-        keep=args.keep,
-        data_dir=Path(args.data_dir) if args.data_dir else None,
-        serve=args.serve,
-        json_output=bool(args.json),
-    )
+    for port, what, option in ports:
+        if not 1 <= port <= 65535:
+            raise CliError(f"crewwork {command}: {option} {port} is not a TCP port (1-65535)")
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise CliError(f"crewwork {command}: cannot listen on {host!r}: {exc}") from None
+        family, _, _, _, address = infos[0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise CliError(
+                    f"crewwork {command}: port {port} for {what} on {host} is not free ({exc.strerror}); choose "
+                    f"another with {option} (or stop what listens there)"
+                ) from None
+
+
+def _cli_env_for(stack: Any, s: Settings) -> dict[str, str]:
+    """What another shell must export for the CLI to reach this stack, where its defaults would not: the API URL
+    (another --api-port) and the data directory holding the API key (another --data-dir, or this one seen from
+    elsewhere)."""
+    env: dict[str, str] = {}
+    if s.api_url.rstrip("/") != stack.api_url:
+        env["CREWWORK_API_URL"] = stack.api_url
+    if not s.api_key and s.data_dir.resolve() != stack.data_dir:
+        env["CREWWORK_DATA_DIR"] = str(stack.data_dir)
+    return env
+
+
+def _warn_without_sandbox(out: Output, s: Settings) -> None:
+    """Work items run code only in an isolating sandbox: where none works, say so once, at start, with the fix."""
+    from crewwork.sandbox.registry import INSTALL_HINT, best_available
+
+    try:
+        name, _why = best_available(s.sandbox)
+    except Exception as exc:
+        out.note(f"[dev] warning: the configured sandbox cannot run here ({exc}); work items that run code will fail")
+        return
+    if name == "local" and not s.allow_unsafe_sandbox:
+        out.note(f"[dev] warning: {INSTALL_HINT}; until then work items that run code fail")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from crewwork.demo import NoSandbox, run_demo
+
+    try:
+        return run_demo(
+            keep=args.keep,
+            data_dir=Path(args.data_dir) if args.data_dir else None,
+            serve=args.serve,
+            json_output=bool(args.json),
+            unsafe=args.unsafe,
+        )
+    except NoSandbox as exc:
+        if args.json:
+            Output(args).result({"ok": False, "error": str(exc)})
+        raise CliError(str(exc), EXIT_NO_SANDBOX) from None
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from crewwork.config import describe_settings
+    """Every variable with the value in force here (from the environment, or the default), secrets masked."""
+    from crewwork.config import Settings, describe_settings
 
-    rows = describe_settings()
-    Output(args).result(
-        rows, lambda: "\n".join(f"{r['env']:36} default {r['default']!r:40} {r['description']}" for r in rows)
-    )
+    rows = describe_settings(current=Settings())  # a variable that does not parse: crewwork.cli.main names it
+
+    def human() -> str:
+        lines = []
+        for r in rows:
+            where = "set" if r["set"] else "default"
+            lines.append(f"{r['env']:36} {where:7} {r['value']!r:40} {r['description']}")
+        return "\n".join(lines)
+
+    Output(args).result(rows, human)
     return EXIT_OK
 
 

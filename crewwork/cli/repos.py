@@ -5,7 +5,6 @@ An operator (an admin key) acts for any tenant with `--tenant NAME` (or id)."""
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,16 +40,20 @@ def _line(r: dict[str, Any]) -> str:
 
 
 def cmd_repos(args: argparse.Namespace) -> int:
-    from crewwork.cli.common import EXIT_OK, Output, make_client
+    from crewwork.cli.common import EXIT_OK, Output, _read_json, make_client
 
     out = Output(args)
+    body: dict[str, Any] = {}
+    if args.repos_command == "add":
+        # A relative local path means "relative to where I run the command", as in `submit` and `hotfix`.
+        url = args.url if "://" in args.url or ":" in args.url.split("/", 1)[0] else str(Path(args.url).resolve())
+        body = {"url": url, "default_ref": args.ref, "protect_paths": args.protect or []}
+        if args.credential:
+            body["credential"] = args.credential
+        if args.environment_file:
+            body["environment"] = _read_json(args.environment_file, " (the environment)")
     with make_client(args) as c:
         if args.repos_command == "add":
-            body: dict[str, Any] = {"url": args.url, "default_ref": args.ref, "protect_paths": args.protect or []}
-            if args.credential:
-                body["credential"] = args.credential
-            if args.environment_file:
-                body["environment"] = json.loads(Path(args.environment_file).read_text())
             repo = c.create_repository(body, tenant=args.tenant)
             out.result(repo, _line(repo))
         elif args.repos_command == "list":

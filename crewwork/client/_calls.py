@@ -27,6 +27,7 @@ from crewwork.client.types import (
     WorkItem,
     WorkItemPage,
 )
+from crewwork.jsonvalues import refuse_nonfinite
 
 T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -104,6 +105,11 @@ class _Call(Generic[T]):
     json: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     parse: Callable[[httpx.Response], T] = field(default=lambda r: r.json())
+
+    def __post_init__(self) -> None:
+        if self.json is not None:
+            # What the API would refuse (and httpx cannot even encode): a ValueError naming the field, at the call.
+            refuse_nonfinite(self.json)
 
 
 def _body(spec: Any) -> Any:

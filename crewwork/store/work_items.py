@@ -44,11 +44,12 @@ class WorkItemStore(Database):
         base_commit: str | None,
         repo_path: str | None,
         submission_hash: str | None = None,
+        mock: bool = False,
     ) -> tuple[WorkItem, bool]:
         """Insert a work item, or return the existing one for the same (tenant, idempotency key) if its
         `submission_hash` is the same (else `IdempotencyConflict`).
 
-        Returns (row, created)."""
+        `mock`: the item's agent is a mock (labelled so from the start). Returns (row, created)."""
         if spec.idempotency_key:
             found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
             if found is not None:
@@ -74,7 +75,7 @@ class WorkItemStore(Database):
             "attempt_count": 0,
             "delivery_branch": None,
             "landed_commit": None,
-            "mock": False,
+            "mock": mock,
             "fence_rank": SUBMISSION.encode(),
         }
         event = {

@@ -243,7 +243,7 @@ class StepCalls:
             output=output,
             delivery_branch=branch,
             landed_commit=commit,
-            mock=mock,
+            mock=mock or self._inp.mock,
             pull_request_url=pull_request_url,
         )
         self._set(state, reason)
@@ -290,6 +290,7 @@ class StepCalls:
                 spec=inp.spec,
                 repo_path=inp.repo_path,
                 base_commit=inp.base_commit,
+                mock=inp.mock,
                 carry=carry.model_copy(update={"next_step": self._step + 1}),
             )
         )

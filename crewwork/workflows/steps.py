@@ -11,7 +11,14 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState, i
 with workflow.unsafe.imports_passed_through():
     from crewwork.activities.errors import ITEM_FAILURES
     from crewwork.limits import LoopState
-    from crewwork.models import AgentOutcome, AttemptSummary, LoopCarry, WorkItemInput
+    from crewwork.models import (
+        AgentOutcome,
+        AttemptSummary,
+        LoopCarry,
+        ValidationOutcome,
+        WorkItemInput,
+        WorkItemSpec,
+    )
     from crewwork.workflows.policies import EXECUTION_RETRY
 
 
@@ -138,6 +145,48 @@ def raise_item_failure(exc: BaseException, step: str) -> None:
         if isinstance(cur, ApplicationError) and cur.type in ITEM_FAILURES:
             raise Failed(f"{step}: {cur.type}: {cur.message}") from exc
         cur = cur.__cause__
+
+
+def submission_fault(validation: ValidationOutcome, spec: WorkItemSpec, attempt: int) -> str | None:
+    """Why no further attempt can succeed, when a failed validation says the submission itself is wrong, or None:
+
+    - the test command is a program named without a path (looked up on the sandbox's PATH, which no change to the
+      repository alters) that does not exist or is not executable there; a path (`./run_tests.sh`) is left to the
+      repair loop, since the agent's change can create the file or make it executable;
+    - a setup command does not exist or is not executable: setup runs on the base commit's content, which no
+      attempt changes.
+
+    No change an agent makes can fix either, so the item ends with this reason (naming the command) instead of
+    paying for more attempts."""
+    sandbox = validation.sandbox
+    if validation.passed or sandbox is None:
+        return None
+    # Setup commands run as `sh -c 'cd src && exec "$@"'` (crewwork/sandbox/prepare.py): a missing program is the
+    # shell's 127 (126: not executable), not the sandbox's command_not_found.
+    setup_missing = validation.cause == "setup_failed" and sandbox.exit_code in (126, 127)
+    if not (sandbox.command_not_found or setup_missing):
+        return None
+    said = next((ln.strip() for ln in (sandbox.stderr_tail or "").splitlines() if ln.strip()), "")
+    said = f" ({said[:200]})" if said else ""
+    after = f"the submission's problem, which no agent attempt can fix; stopped after attempt {attempt}"
+    if validation.cause == "command_not_found" and spec.validation is not None:
+        program = spec.validation.command[0]
+        if "/" in program:
+            return None
+        return (
+            f"validation.command[0] `{program[:200]}` does not exist or is not executable in the sandbox{said}: {after}"
+        )
+    if setup_missing:
+        setup = [
+            *(spec.environment.setup if spec.environment else []),
+            *(spec.validation.setup if spec.validation else []),
+        ]
+        programs = ", ".join(f"`{argv[0][:100]}`" for argv in setup if argv)
+        return (
+            f"a setup command ({programs or 'environment.setup / validation.setup'}) does not exist or is not "
+            f"executable in the sandbox{said}: {after}"
+        )
+    return None
 
 
 def validation_budget_s(inp: WorkItemInput) -> float:

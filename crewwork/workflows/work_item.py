@@ -54,12 +54,16 @@ with workflow.unsafe.imports_passed_through():
         RepairLoop,
         Workspace,
         commit_message,
+        submission_fault,
     )
 
 
 # workflow.patched marker: items sent back by reviewers are admitted again (histories from before it went on
 # without admission, and replay the same way).
 READMIT_AFTER_REVIEW = "readmit-after-review"
+# workflow.patched marker: a validation whose command (or a setup command) does not exist ends the item at once
+# (steps.submission_fault); histories from before it went on to the next attempt, and replay the same way.
+SUBMISSION_FAULT_ENDS_ITEM = "submission-fault-ends-item"
 
 
 @workflow.defn(name="WorkItemWorkflow")
@@ -246,7 +250,9 @@ class WorkItemWorkflow(StepCalls):
             passed = await self._repair_until_pass(loop, limits)
             if isinstance(passed, WorkItemResult):
                 return passed
-            if not self._inp.spec.review.required:
+            if self._inp.spec.review.required is False:
+                # Unset never reaches a workflow from the service (crewwork.policy fills it in); were it to, a person
+                # decides, as the default says. Histories hold explicit values, so replay takes the same branch.
                 break
             decision = await self._review_gate(workspace, admitted.review_timeout_s)
             if decision is None:
@@ -308,6 +314,9 @@ class WorkItemWorkflow(StepCalls):
             )
             if validation.passed:
                 return outcome
+            fault = submission_fault(validation, self._inp.spec, n)
+            if fault is not None and workflow.patched(SUBMISSION_FAULT_ENDS_ITEM):
+                return await self._finish(WorkItemState.failed, fault, mock=loop.mock)
             loop.failed(validation.diagnostics or validation.reason)
 
     async def _review_gate(self, workspace: Workspace, timeout_s: float | None) -> ReviewDecision | None:

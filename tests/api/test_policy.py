@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from crewwork.config import Settings
@@ -185,3 +186,59 @@ async def test_a_work_item_declaring_its_own_model_endpoint_is_422_unless_the_op
         assert r.status_code == 422, r.text
         assert field_of(r) == "agent" and "allow_work_item_endpoints" in r.json()["detail"]
         assert (await c.get("/v1/work-items")).json()["items"] == []
+
+
+async def test_code_changes_wait_for_review_by_default_unless_the_operator_says_otherwise(
+    api_settings: Settings, tmp_path: Path
+) -> None:
+    """The production default (CREWWORK_REVIEW_REQUIRED_DEFAULT=true): a code change that says nothing about review
+    waits for a person; before, it landed unreviewed while the docs promised a review. A tenant whose policy turns the
+    default off gets its change landed; a submission that asks, either way, is taken at its word."""
+    repo = make_repo(tmp_path / "calc", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
+    change = {
+        "kind": "code_change",
+        "repo": {"url": str(repo), "ref": "main"},
+        "instruction": "Fix add()",
+        "validation": {"command": ["python", "-m", "pytest", "-q"], "timeout_s": 60},
+        "agent": {"name": "scripted", "config": {"files": {"calc.py": RIGHT}}},
+    }
+    async with running_crew(api_settings) as crew:
+        alpha = await make_tenant(crew, "alpha")
+        beta = await make_tenant(crew, "beta")
+        settings = api_settings.model_copy(
+            update={
+                "review_required_default": True,
+                "tenant_policies": {beta.name: TenantPolicy(review_required_default=False)},
+            }
+        )
+        assert Settings.model_fields["review_required_default"].default is True
+        api = LiveApi(settings).start()
+        try:
+            async with httpx.AsyncClient(base_url=api.url, headers=alpha.headers, timeout=30) as c:
+                r = await c.post("/v1/work-items", json=change)
+                assert r.status_code == 202, r.text
+                waiting = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
+                assert waiting["state"] == "awaiting_review", waiting["reason"]
+                assert waiting["spec"]["review"]["required"] is True
+                assert waiting["landed_commit"] is None
+                # Spelling the default out is the same submission (same idempotency hash).
+                key = {"idempotency_key": "same"}
+                first = await c.post("/v1/work-items", json={**change, **key})
+                again = await c.post("/v1/work-items", json={**change, **key, "review": {"required": True}})
+                assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
+                # A task has nothing to land: it never waits.
+                task = await c.post("/v1/work-items", json=task_item())
+                done = await wait_state(c, task.json()["id"], {"succeeded", "failed"})
+                assert done["state"] == "succeeded" and done["spec"]["review"]["required"] is False
+            # Another repository: alpha's items waiting for review hold the workspace lease of theirs.
+            other = make_repo(tmp_path / "calc2", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
+            change = {**change, "repo": {"url": str(other), "ref": "main"}}
+            async with httpx.AsyncClient(base_url=api.url, headers=beta.headers, timeout=30) as c:
+                r = await c.post("/v1/work-items", json=change)
+                done = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
+                assert done["state"] == "succeeded" and done["spec"]["review"]["required"] is False, done["reason"]
+                r = await c.post("/v1/work-items", json={**change, "review": {"required": True}})
+                asked = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
+                assert asked["state"] == "awaiting_review"
+        finally:
+            api.stop()

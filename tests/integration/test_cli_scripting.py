@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import RIGHT, WRONG
-from tests.conftest import ApiServer, Crew
+from crewwork.demo import RIGHT
+from tests.conftest import ApiServer, Crew, make_repo
 from tests.integration.test_cli import cli
 from tests.integration.test_lifecycle import code_change
 
@@ -35,17 +35,29 @@ async def _tenant_key(crew: Crew) -> str:
     return key
 
 
-async def test_a_shell_script_drives_the_whole_lifecycle_with_json_and_jq(
-    crew: Crew, calc_repo: Path, tmp_path: Path
-) -> None:
+GREET = 'def greet(name):\n    return "Hello " + name\n'
+GREET_TEST = 'from greet import greet\n\n\ndef test_greets_with_a_comma():\n    assert greet("Ada") == "Hello, Ada!"\n'
+
+
+async def test_a_shell_script_drives_the_whole_lifecycle_with_json_and_jq(crew: Crew, tmp_path: Path) -> None:
+    """On a repository that is not the demo's (the script checked the calc fix's exact diff and exited 1 silently
+    anywhere else): whatever the repository, a change that passes, is reviewed and lands."""
     if shutil.which("jq") is None:
         pytest.skip("jq is not installed (scripts/test-env.sh installs it)")
     key = await _tenant_key(crew)
+    repo = make_repo(tmp_path / "greet", {"greet.py": GREET, "tests/test_greet.py": GREET_TEST, "conftest.py": ""})
+
+    def item(content: str, **kw: object) -> str:
+        fields = {"files": {"greet.py": f"def greet(name):\n    return {content}\n"}}
+        spec = code_change(repo, [fields], instruction="Greet with a comma", **kw)
+        return json.dumps({**spec, "validation": {**spec["validation"], "test_files": ["tests/test_greet.py"]}})
+
     good = tmp_path / "good.json"
-    good.write_text(json.dumps(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], review={"required": True})))
+    good.write_text(item('"Hello, " + name + "!"'))  # review left to the default the script expects: a person
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(code_change(calc_repo, [{"files": {"calc.py": WRONG}}], budget={"max_attempts": 1})))
-    async with ApiServer(crew.settings) as api:
+    bad.write_text(item('"Hi " + name', budget={"max_attempts": 1}))
+    # The operator's default: code changes wait for review (the suite's switch turns it off).
+    async with ApiServer(crew.settings.model_copy(update={"review_required_default": True})) as api:
         env = {
             **os.environ,
             "CREWWORK_API_URL": api.url,

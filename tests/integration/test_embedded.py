@@ -45,11 +45,51 @@ def test_demo_succeeds_after_a_repair_on_embedded_defaults(tmp_path: Path) -> No
     ).stdout
     assert log.startswith("Fix add()")
     assert "+    return a + b" in out
-    assert "/namespaces/default/workflows/work-item-" in out
+    # The Temporal UI stops with the stack: without --serve no link to it is printed (there were two, both dead).
+    assert "/workflows/work-item-" not in out, out
     assert "demo wall time" in out
     # The stack is gone when the demo ends: the last line says how to keep it, it is not a dead link.
     last = out.strip().splitlines()[-1]
     assert "--serve" in last and "http" not in last, last
+
+
+def _path_without_bwrap(tmp_path: Path) -> str:
+    """A PATH like this machine's, but with every program except `bwrap`: a host where bubblewrap is not installed
+    (the first thing a newcomer's machine lacks), without uninstalling it for the other tests."""
+    bin_dir = tmp_path / "bin-without-bwrap"
+    bin_dir.mkdir()
+    for d in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/sbin", "/sbin"]:
+        if not os.path.isdir(d):
+            continue
+        for name in os.listdir(d):
+            target = bin_dir / name
+            if name != "bwrap" and not target.exists() and not target.is_symlink():
+                target.symlink_to(os.path.join(d, name))
+    return str(bin_dir)
+
+
+def test_demo_without_an_isolating_sandbox_says_what_to_install_and_runs_local_only_when_asked(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
+    env["PATH"] = _path_without_bwrap(tmp_path)
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker-engine.sock"  # a docker client, but no engine
+    argv = [sys.executable, "-m", "crewwork", "demo", "--data-dir", str(tmp_path / "demo")]
+
+    refused = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 7, refused.stdout + refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1, refused.stderr
+    assert "apt-get install -y bubblewrap" in lines[0] and "--unsafe" in lines[0], lines[0]
+    assert not (tmp_path / "demo").exists(), "nothing is started or created without a sandbox"
+
+    # Asked for explicitly, it runs on `local` (before: a 422 from its own policy, exit 2), and says it is unsafe.
+    unsafe = subprocess.run([*argv, "--unsafe"], env=env, capture_output=True, text=True, timeout=300)
+    out = unsafe.stdout
+    assert unsafe.returncode == 0, out + unsafe.stderr
+    assert "UNSAFE" in out.splitlines()[0], out
+    assert re.search(r"^sandbox     local  \(UNSAFE: no isolation\)$", out, re.M), out
+    assert re.search(r"attempt 2: passed .*All 2 tests passed", out), out
 
 
 def test_demo_serve_keeps_the_stack_up_until_ctrl_c_and_its_links_work(tmp_path: Path) -> None:
@@ -176,6 +216,17 @@ def test_dev_stack_serves_restarts_a_killed_pool_and_stops_cleanly(tmp_path: Pat
                 break
             time.sleep(0.3)
         assert state == "succeeded"
+        # Started on another API port, it says what the CLI needs to reach it (it never said), and that works.
+        exports = dict(re.findall(r"^  export (CREWWORK_[A-Z_]+)=(\S+)$", text, re.M))
+        assert exports == {"CREWWORK_API_URL": f"http://127.0.0.1:{api_port}"}, text
+        status = subprocess.run(
+            [sys.executable, "-m", "crewwork", "status", wid],
+            env={**env, **exports},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0 and "succeeded" in status.stdout, status.stderr
     finally:
         proc.send_signal(signal.SIGINT)
         try:

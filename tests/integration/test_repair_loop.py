@@ -191,3 +191,26 @@ async def test_sixty_attempt_loop_continues_as_new_and_keeps_history_small(crew:
     for run_id in runs:
         history = await crew.client.get_workflow_handle(row.workflow_id, run_id=run_id).fetch_history()
         assert len(history.events) < 1000, f"run {run_id} has {len(history.events)} events"
+
+
+@pytest.mark.parametrize(
+    ("where", "field"),
+    [
+        ({"validation": {**VALIDATION, "command": ["pytset", "-q"]}}, "validation.command[0] `pytset`"),
+        ({"environment": {"setup": [["pip-instal", "-e", "."]]}}, "`pip-instal`"),
+        ({"validation": {**VALIDATION, "setup": [["make-it-so"]]}}, "`make-it-so`"),
+    ],
+)
+async def test_a_command_that_does_not_exist_ends_the_item_after_its_first_attempt_naming_it(
+    crew: Crew, calc_repo: Path, where: dict[str, object], field: str
+) -> None:
+    """The submission's problem, not the agent's: before, every attempt ran the (paid) agent again until the budget
+    or the breaker stopped it, and the final reason never named the command."""
+    steps = [{"files": {"calc.py": RIGHT}, "tokens": 1000}]
+    wid = await crew.submit(code_change(calc_repo, steps, budget={"max_attempts": 3}, **where))
+    result = await crew.result(wid)
+    assert result.state == "failed"
+    assert len(result.attempts) == 1, [a.reason for a in result.attempts]
+    assert field in result.reason and "stopped after attempt 1" in result.reason, result.reason
+    row = await crew.store.get_work_item(wid)
+    assert row is not None and row.attempt_count == 1 and field in row.reason

@@ -386,9 +386,23 @@ async def test_change_to_protected_paths_only_is_no_effective_change(
 # ------------------------------------------------------------------------------------------------ commands
 
 
-@pytest.mark.parametrize("command", [["no-such-test-runner", "-q"], ["./run_tests.sh"]])
+@pytest.mark.parametrize(
+    ("command", "attempts_made"),
+    [
+        # A program looked up on the sandbox's PATH: no change can make it exist, so the first attempt ends the item.
+        (["no-such-test-runner", "-q"], 1),
+        # A file of the repository: a later attempt's change could make it executable, so the loop goes on.
+        (["./run_tests.sh"], 2),
+    ],
+)
 async def test_missing_or_non_executable_validation_command_fails_the_item_not_dead(
-    tmp_path: Path, temporal_server: DevServer, pg_url: str, backend: str, calc: Path, command: list[str]
+    tmp_path: Path,
+    temporal_server: DevServer,
+    pg_url: str,
+    backend: str,
+    calc: Path,
+    command: list[str],
+    attempts_made: int,
 ) -> None:
     validation = {**VALIDATION, "command": command}
     agent = scripted({"files": {"calc.py": RIGHT, "run_tests.sh": "python3 -m pytest\n"}})
@@ -398,8 +412,10 @@ async def test_missing_or_non_executable_validation_command_fails_the_item_not_d
         attempts = await crew.store.list_attempts(wid)
         diff = await artifact_named(crew, wid, "attempt-1.diff")
     assert result.state == "failed", result.reason
-    assert [a.cause for a in attempts] == ["command_not_found", "command_not_found"]
+    assert [a.cause for a in attempts] == ["command_not_found"] * attempts_made
     assert diff is not None and b"return a + b" in diff
+    if attempts_made == 1:
+        assert "`no-such-test-runner`" in result.reason and "stopped after attempt 1" in result.reason, result.reason
 
 
 async def test_pytest_still_works_after_all_that(
