@@ -161,8 +161,8 @@ def submission_fault(validation: ValidationOutcome, spec: WorkItemSpec, attempt:
     sandbox = validation.sandbox
     if validation.passed or sandbox is None:
         return None
-    # Setup commands run as `sh -c 'cd src && exec "$@"'` (crewwork/sandbox/prepare.py): a missing program is the
-    # shell's 127 (126: not executable), not the sandbox's command_not_found.
+    # A setup command's missing program is the sandbox's command_not_found with 127 (126: not executable); 126/127
+    # from a setup that ran a shell is the shell saying the same.
     setup_missing = validation.cause == "setup_failed" and sandbox.exit_code in (126, 127)
     if not (sandbox.command_not_found or setup_missing):
         return None
