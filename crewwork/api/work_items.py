@@ -481,6 +481,8 @@ async def review(
 ) -> ReviewResponse:
     refuse_unstorable_body(decision)
     row = await owned(store, principal, work_item_id)
+    # Who decided, as the signed evidence names it: the caller's key, whatever the body says.
+    decision = decision.model_copy(update={"api_key_id": principal.key_id})
     try:
         msg = await service.review(row, decision)
     except ReviewRejected as exc:

@@ -48,6 +48,12 @@ LANDED_DIFF = "landed.patch"
 TREE_DIGEST = "sha256"
 """The tree subject's sha256 is the crewwork tree digest v1 of its content (crewwork.evidence.treedigest)."""
 
+
+def run_url(work_item_id: str, attempt: int) -> str:
+    """The Test Result's `url`: names the work item and attempt it is about (bound by the signature)."""
+    return f"urn:crewwork:work-item:{work_item_id}:attempt:{attempt}"
+
+
 FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """A subject that names a file is a plain file name: no directory, no `..`, no leading dot, nothing to escape."""
 HEX64 = re.compile(r"^[0-9a-f]{64}$")

@@ -15,16 +15,22 @@ nothing it signed verifies):
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from crewwork.evidence.canonical import StrictJSONError, strict_loads
+
+if TYPE_CHECKING:
+    from crewwork.evidence.settings import EvidenceSettings
+
+log = logging.getLogger("crewwork.evidence.keys")
 
 KeyStatus = Literal["active", "retired", "revoked"]
 MAX_KEY_FILE_BYTES = 64 * 1024
@@ -205,4 +211,27 @@ def published(signer: CryptoSigner | None, extra: Iterable[PublicKey]) -> list[P
     for k in extra:
         if k.keyid not in out or _RANK[k.status] > _RANK[out[k.keyid].status]:
             out[k.keyid] = k
+    return list(out.values())
+
+
+def published_keys(settings: EvidenceSettings) -> list[PublicKey]:
+    """What a deployment publishes (GET /evidence/keys): CREWWORK_EVIDENCE_PUBLIC_KEYS, and the signing key's public
+    half when `<signing key file>.pub` lies next to it (the private key itself is never read for this)."""
+    out: dict[str, PublicKey] = {}
+    candidates: list[tuple[Path, str, str]] = [(k.file, k.status, k.note) for k in settings.public_keys]
+    if settings.signing_key_file is not None:
+        pub = settings.signing_key_file.with_name(settings.signing_key_file.name + ".pub")
+        candidates.insert(0, (pub, "active", "the current signing key"))
+    for path, status, note in candidates:
+        try:
+            key = public_key_from_pem(path.read_bytes(), str(path))
+        except (OSError, EvidenceKeyError) as exc:
+            if path == candidates[0][0] and settings.signing_key_file is not None and not settings.public_keys:
+                log.debug("no public key next to the signing key: %s", exc)
+            else:
+                log.warning("evidence public key %s not published: %s", path, exc)
+            continue
+        seen = out.get(key.keyid)
+        if seen is None or status == "revoked" or (status == "retired" and seen.status == "active"):
+            out[key.keyid] = PublicKey(key, status=status, note=note, source=str(path))  # type: ignore[arg-type]
     return list(out.values())

@@ -63,17 +63,13 @@ from crewwork.evidence.format import (
     SANDBOX_FILE,
     TEST_RESULT,
     TREE_SUBJECT,
+    run_url,
 )
 from crewwork.evidence.keys import PublicKey
 from crewwork.evidence.statements import StatementError, check_statement
 from crewwork.evidence.treedigest import TreeDigestError, git, tree_digest
 
 BUNDLE_FIELDS = {"mediaType", "workItem", "scope", "envelopes", "files"}
-
-
-def test_run_url(work_item_id: str, attempt: int) -> str:
-    """The Test Result's `url`: names the work item and attempt it is about (bound by the signature)."""
-    return f"urn:crewwork:work-item:{work_item_id}:attempt:{attempt}"
 
 
 @dataclass
@@ -425,7 +421,7 @@ def _statement_set(doc: dict[str, Any], verified: list[Verified], report: Report
             f"provenance {safe(item_id)} ({safe(scope)})"
         )
     tr = by_type.get(TEST_RESULT)
-    if tr is not None and tr.predicate.get("url") != test_run_url(item_id, attempt):
+    if tr is not None and tr.predicate.get("url") != run_url(item_id, attempt):
         report.problem(
             f"the test result is about {safe(tr.predicate.get('url'))}, not attempt {safe(attempt)} of {safe(item_id)}"
         )

@@ -11,10 +11,10 @@ from securesystemslib.signer import CryptoSigner
 
 from crewwork.evidence.canonical import canonical
 from crewwork.evidence.facts import AttemptFact, Facts, FileFact, LandedFact, ReviewFact, TestFact
+from crewwork.evidence.format import run_url
 from crewwork.evidence.keys import PublicKey
 from crewwork.evidence.sign import sign_bundle
 from crewwork.evidence.treedigest import tree_digest
-from crewwork.evidence.verify import test_run_url
 from tests.conftest import GIT_ENV
 
 JUNIT = b'<testsuite tests="2" failures="0"><testcase classname="t" name="a"/><testcase classname="t" name="b"/></testsuite>'
@@ -118,7 +118,7 @@ def sign(facts: Facts, *signers: CryptoSigner, embed_max_bytes: int = 8 * 1024 *
         list(signers),
         builder_id="https://crewwork.test",
         version="0.1.0",
-        url=test_run_url(facts.work_item_id, facts.attempt),
+        url=run_url(facts.work_item_id, facts.attempt),
         embed_max_bytes=embed_max_bytes,
     )
 

@@ -343,3 +343,15 @@ def test_an_attempt_bundle_needs_no_repository_and_has_no_review(landed: tuple) 
     assert r.proven["scope"] == "attempt" and r.proven["tests"]["result"] == "FAILED"
     assert "review" not in r.proven and "not landed" in r.human()
     refused(check(sign(f, KEY), None, commit="HEAD"), "this bundle is about one attempt's diff")
+
+
+def test_the_verifier_loads_nothing_of_the_server() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, crewwork.evidence.verify, crewwork.evidence.keys\n"
+        "print(sorted(m for m in ('temporalio', 'sqlalchemy', 'fastapi', 'httpx', 'asyncpg') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
