@@ -43,7 +43,8 @@ class EvidenceSettings(BaseSettings):
         default=[],
         description='Other public keys to publish (JSON list: [{"file": PATH, "status": "retired", "note": …}]): '
         "rotated-out keys (`retired`), compromised ones (`revoked`), another current signer (`active`). API "
-        "processes publish these and the signing key's public half at GET /evidence/keys.",
+        "processes publish these, and `<signing key file>.pub` when it lies next to the key file, at GET "
+        "/evidence/keys (an API process never reads the private key).",
     )
     required: bool = Field(
         default=False,
