@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from crewwork.api.options import ApiOptions
+from crewwork.evidence.settings import EvidenceSettings
 from crewwork.limits import OperatorCeilings
 from crewwork.models import EnvironmentSpec
 from crewwork.policy_model import TenantPolicy
@@ -118,6 +119,11 @@ class Settings(BaseSettings):
     api: ApiOptions = Field(
         default_factory=ApiOptions,
         description="Options of an API process: rate limits, event streams, webhook delivery (section).",
+    )
+    evidence: EvidenceSettings = Field(
+        default_factory=EvidenceSettings,
+        description="Signed evidence bundles: the signing key, published keys, notes (section; variables "
+        "CREWWORK_EVIDENCE_*; docs/evidence.md).",
     )
     allow_unsafe_sandbox: bool = Field(
         default=False, description="Permit the `local` backend (no isolation). Development only."

@@ -18,6 +18,7 @@ from crewwork.models import (
     DiffStats,
     EnvironmentSpec,
     PullRequestSpec,
+    ReviewDecision,
     SandboxSpec,
     ValidationOutcome,
     ValidationSpec,
@@ -133,6 +134,12 @@ class LandInput(ItemRef):
     """Open a pull request for the landed branch (also when the repository's forge says `always`)."""
     ref: str | None = None
     """The work item's `repo.ref`: the pull request's base when it names a branch."""
+    attempt: int | None = None
+    """The attempt whose change lands (its evidence is signed); None in histories from before evidence bundles."""
+    review: ReviewDecision | None = None
+    """The reviewer's decision that let it land (None: no review was required), for the signed review statement."""
+    review_decided_at: float | None = None
+    """When the decision reached the workflow (workflow time, epoch seconds)."""
 
 
 class LandResult(BaseModel):
@@ -151,3 +158,11 @@ class FinishInput(ItemRef):
 
 class CleanupInput(ItemRef):
     repo_path: str | None = None
+
+
+class AttemptBundleInput(BaseModel):
+    """Sign one attempt's evidence on request (EvidenceBundleWorkflow -> sign_attempt_bundle)."""
+
+    work_item_id: str
+    tenant_id: str
+    attempt: int

@@ -425,6 +425,11 @@ class SandboxReport(BaseModel):
     )
     stdout_tail: str = ""
     stderr_tail: str = ""
+    spec: dict[str, Any] | None = Field(
+        default=None,
+        description="What the run was given (crewwork.evidence.sandbox_spec): the runner (backend, image or "
+        "interpreter), its limits, its network (none) and what was mounted where. Signed in evidence bundles.",
+    )
 
 
 class AgentOutcome(BaseModel):
@@ -527,6 +532,12 @@ class ReviewDecision(BaseModel):
     action: Literal["approve", "reject", "request_changes"]
     comment: str | None = Field(default=None, max_length=20_000)
     reviewer: str | None = Field(default=None, max_length=200)
+    api_key_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The API key the decision came through: set by the API from the caller's key, whatever a client "
+        "sends. Signed in the evidence bundle's review statement.",
+    )
 
 
 WorkItemInput.model_rebuild()

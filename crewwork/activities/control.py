@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork.activities.common import AttemptWriter, artifact_bytes
-from crewwork.activities.errors import LANDING_CONFLICT, PULL_REQUEST_FAILED, bad_input
+from crewwork.activities.errors import EVIDENCE_UNAVAILABLE, LANDING_CONFLICT, PULL_REQUEST_FAILED, bad_input
 from crewwork.config import Settings
 from crewwork.contracts import (
     AdmitInput,
@@ -31,10 +32,12 @@ from crewwork.contracts import (
     WorkspaceLeaseResult,
     WriteOutcome,
 )
+from crewwork.evidence.facts import ReviewFact
+from crewwork.evidence.publish import BUNDLE_ARTIFACT, EvidenceUnavailable, Publisher, Signed
 from crewwork.forge import ForgeError
 from crewwork.limits import check_within_ceilings, effective_budget
 from crewwork.models import ArtifactRef, WorkItemState
-from crewwork.repos.landing import LandingConflictError
+from crewwork.repos.landing import Landed, LandingConflictError, notes_ref
 from crewwork.repos.service import REPO_ERRORS, Repositories, repo_failure
 from crewwork.store.fencing import HandedOff
 from crewwork.store.store import AttemptRecord, Store
@@ -78,6 +81,7 @@ class ControlActivities:
         self.settings = settings
         self.client = client
         self.repos = Repositories(settings)
+        self.evidence = Publisher(settings.evidence)
 
     @activity.defn(name="admit")
     async def admit(self, inp: AdmitInput) -> AdmitResult:
@@ -188,6 +192,11 @@ class ControlActivities:
         started = await w.set_state(WorkItemState.landing, "landing")
         if started.stale:
             raise w.stale(started, "land_change")
+        # Evidence hook (crewwork/evidence): a bundle that cannot be signed stops the landing before anything is pushed.
+        try:
+            signer = self.evidence.ready()
+        except EvidenceUnavailable as exc:
+            raise ApplicationError(str(exc), type=EVIDENCE_UNAVAILABLE, non_retryable=True) from None
         diff = (await artifact_bytes(self.store, inp.diff_ref.id)).decode()
         if inp.workspace_grant is not None and inp.workspace_key:
             key = inp.workspace_key
@@ -217,6 +226,16 @@ class ControlActivities:
         except REPO_ERRORS as exc:
             raise repo_failure(exc) from None
         branch, commit, created = landed.branch, landed.commit, landed.created
+        # Evidence hook (crewwork/evidence): sign the landed change, push the bundle as a git note, keep it.
+        evidence_text = await self._publish_evidence(inp, w, landed) if signer is not None else None
+        if signer is None and not await self.store.has_event(inp.work_item_id, "evidence_unsigned", commit=commit):
+            await w.event(
+                "evidence_unsigned",
+                {
+                    "commit": commit,
+                    "reason": "no evidence signing key is configured (CREWWORK_EVIDENCE_SIGNING_KEY_FILE)",
+                },
+            )
         pr_url: str | None = None
         try:
             pr = await self.repos.open_pull_request(
@@ -227,6 +246,7 @@ class ControlActivities:
                 ref=inp.ref,
                 message=inp.message,
                 work_item_id=inp.work_item_id,
+                evidence=evidence_text,
             )
         except ForgeError as exc:
             raise ApplicationError(
@@ -270,6 +290,97 @@ class ControlActivities:
             ),
         )
 
+    async def _publish_evidence(self, inp: LandInput, w: AttemptWriter, landed: Landed) -> str:
+        """Sign the landed change's evidence (crewwork/evidence), push it as a git note next to the delivery branch
+        (unless CREWWORK_EVIDENCE_NOTES=off), store it as the item's `evidence-bundle.json` and record
+        `evidence_signed`. Returns the paragraph for the pull request's body. Deterministic: a retried landing signs
+        the same bytes and pushes nothing new."""
+        row = await self.store.get_work_item(inp.work_item_id)
+        required = bool(((row.spec if row is not None else {}).get("review") or {}).get("required"))
+        attempt = inp.attempt or await self._passed_attempt(inp.work_item_id)
+        d = inp.review
+        review = ReviewFact(
+            required=required or d is not None,
+            decision=d.action if d is not None else ("approve" if required else None),
+            reviewer=d.reviewer if d is not None else None,
+            api_key_id=d.api_key_id if d is not None else None,
+            comment=d.comment if d is not None else None,
+            decided_at=inp.review_decided_at,
+        )
+        signed: list[Signed] = []
+        tenant = await self.store.tenant_ref(inp.tenant_id)
+        credential = await self.store.repository_credential(inp.tenant_id, inp.repo_path)
+
+        async def make_note(gitdir: Path) -> bytes:
+            s = await self.evidence.landed_bundle(
+                self.store,
+                gitdir=gitdir,
+                work_item_id=inp.work_item_id,
+                attempt=attempt,
+                commit=landed.commit,
+                branch=landed.branch,
+                review=review,
+            )
+            signed.append(s)
+            return s.bundle
+
+        note: dict[str, Any] = {}
+        try:
+            if self.settings.evidence.notes == "per-item":
+                pushed = await self.repos.publish_note(
+                    inp.repo_path,
+                    tenant=tenant,
+                    credential=credential,
+                    work_item_id=inp.work_item_id,
+                    commit=landed.commit,
+                    make_note=make_note,
+                )
+                note = {"note_ref": pushed.ref, "note_commit": pushed.commit, "note_created": pushed.created}
+            else:
+                hold = await self.repos.hold(inp.repo_path, landed.commit, tenant, credential)
+                try:
+                    await make_note(hold.gitdir)
+                finally:
+                    hold.release()
+        except LandingConflictError as exc:
+            raise ApplicationError(self.repos.redact(str(exc)), type=LANDING_CONFLICT, non_retryable=True) from None
+        except REPO_ERRORS as exc:
+            raise repo_failure(exc) from None
+        except EvidenceUnavailable as exc:
+            raise ApplicationError(str(exc), type=EVIDENCE_UNAVAILABLE, non_retryable=True) from None
+        bundle = signed[-1]
+        if not any(
+            a.name == BUNDLE_ARTIFACT and a.sha256 == bundle.sha256
+            for a in await self.store.list_artifacts(inp.work_item_id)
+        ):
+            await self.store.put_artifact(
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                name=BUNDLE_ARTIFACT,
+                data=bundle.bundle,
+                content_type="application/json",
+                max_bytes=self.settings.max_artifact_bytes,
+            )
+        if not await self.store.has_event(inp.work_item_id, "evidence_signed", sha256=bundle.sha256):
+            await w.event(
+                "evidence_signed",
+                {
+                    "commit": landed.commit,
+                    "attempt": attempt,
+                    "sha256": bundle.sha256,
+                    "size": len(bundle.bundle),
+                    "keyids": bundle.keyids,
+                    **note,
+                },
+            )
+        return evidence_paragraph(self.settings, inp.work_item_id, landed.commit, bundle, bool(note))
+
+    async def _passed_attempt(self, work_item_id: str) -> int:
+        passed = [a.number for a in await self.store.list_attempts(work_item_id) if a.verdict == "passed"]
+        if not passed:
+            raise bad_input(f"work item {work_item_id} has no passing attempt to sign the evidence of")
+        return max(passed)
+
     @activity.defn(name="finish")
     async def finish(self, inp: FinishInput) -> WriteOutcome:
         """Write the workflow's terminal decision (with a `task` item's passing attempt record, in one transaction).
@@ -303,3 +414,26 @@ class ControlActivities:
             # Forget worktrees of this host's mirror whose directories are gone (none are made any more; older
             # releases made them).
             await self.repos.prune(inp.repo_path)
+
+
+def evidence_paragraph(settings: Settings, work_item_id: str, commit: str, bundle: Signed, noted: bool) -> str:
+    """What a pull request's body says about the change's signed evidence, and how to verify it offline."""
+    ref = notes_ref(work_item_id)
+    short = ref.removeprefix("refs/notes/")
+    api = f"/v1/work-items/{work_item_id}/evidence-bundle"
+    link = f"{settings.evidence.public_url.rstrip('/')}{api}" if settings.evidence.public_url else f"`{api}` on the API"
+    lines = [
+        "**Evidence**: a signed bundle (in-toto statements in DSSE envelopes: provenance, test result, review; key "
+        f"`{bundle.keyids[0][:16]}…`, sha256 `{bundle.sha256[:16]}…`) covers this change.",
+        f"Download it from {link}" + (f", or from the git note `{ref}` on `{commit[:12]}`:" if noted else "."),
+    ]
+    if noted:
+        lines += [
+            "",
+            "```",
+            f"git fetch origin {ref}:{ref}",
+            f"git notes --ref={short} show {commit} > bundle.json",
+            f"crewwork verify bundle.json --repo . --commit {commit} --key crewwork-evidence.pub",
+            "```",
+        ]
+    return "\n".join(lines)

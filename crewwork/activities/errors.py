@@ -21,6 +21,13 @@ REPOSITORY_UNAVAILABLE = "RepositoryUnavailable"
 PULL_REQUEST_FAILED = "PullRequestFailed"
 """The branch was pushed but the forge would not open the pull request (retryable when the forge says so)."""
 
+EVIDENCE_UNAVAILABLE = "EvidenceUnavailable"
+"""The operator's evidence signing key is missing while required, or unusable (raised non-retryable: the item ends
+`dead`, naming the setting, before anything is pushed)."""
+
+NOTHING_TO_SIGN = "NothingToSign"
+"""The attempt asked for has no evidence to sign (no diff, never validated, not a repository change)."""
+
 NON_RETRYABLE = (BAD_INPUT, AGENT_ERROR, AGENT_CONFIG_ERROR, LANDING_CONFLICT, STALE_ATTEMPT, REPOSITORY_ERROR)
 ITEM_FAILURES = (REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE, LANDING_CONFLICT, PULL_REQUEST_FAILED)
 """Failures that are the work item's and its repository's, not crewwork's machinery: the item ends `failed` with

@@ -14,6 +14,7 @@ from crewwork.activities.common import AttemptWriter, artifact_bytes
 from crewwork.activities.errors import bad_input
 from crewwork.activities.execute_base import MAX_REPORT_BYTES, StepBase, pick_sandbox, read_report, sandbox_limits
 from crewwork.contracts import ValidateInput
+from crewwork.evidence.sandbox_spec import sandbox_spec
 from crewwork.models import (
     EnvironmentSpec,
     ValidationOutcome,
@@ -166,7 +167,10 @@ class ValidateStep(StepBase):
             heartbeat()
             run = await sandbox.run(spec.command, workspace=ws.path, limits=limits, env=run_env, mounts=mounts)
             heartbeat()
-            rep = run.report(8000).model_copy(update={"workspace_disk": ws.disk_enforcement})
+            rep = run.report(8000).model_copy(
+                # evidence hook: what the run was given, signed in the item's evidence bundle (crewwork/evidence)
+                update={"workspace_disk": ws.disk_enforcement, "spec": sandbox_spec(sandbox, limits, mounts)}
+            )
             outcome_extra["log_ref"] = await self._save(
                 inp.work_item_id,
                 inp.tenant_id,

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from crewwork import __version__, tracing
 from crewwork.api import problems
 from crewwork.api.admin import router as admin_router
+from crewwork.api.evidence import router as evidence_router
 from crewwork.api.hotfix import router as hotfix_router
 from crewwork.api.options import ApiOptions
 from crewwork.api.ratelimit import ApiRateLimits
@@ -126,6 +127,7 @@ def create_app(
     app.include_router(events_router)
     app.include_router(webhooks_router)
     app.include_router(admin_router)
+    app.include_router(evidence_router)
 
     @app.middleware("http")
     async def limit_body_and_measure(request: Request, call_next):  # type: ignore[no-untyped-def]

@@ -488,6 +488,8 @@ async def review(
         message = "comment: request_changes needs a comment, which the next attempt's agent receives"
         raise ProblemError(422, "invalid_request", message, errors=[{"field": "comment", "message": message}])
     row = await owned(store, principal, work_item_id)
+    # Who decided, as the signed evidence names it: the caller's key, whatever the body says.
+    decision = decision.model_copy(update={"api_key_id": principal.key_id})
     try:
         msg = await service.review(row, decision)
     except ReviewRejected as exc:

@@ -1,8 +1,8 @@
 """The `crewwork` command line.
 
-API commands (submit, hotfix, status, list, wait, events, review, cancel, evidence, diff, artifacts, webhooks) go
-through `crewwork.client`; the others run parts of crewwork itself (dev, demo, worker, api, db, keys, config,
-sandbox, completion).
+API commands (submit, hotfix, status, list, wait, events, review, cancel, evidence, bundle, diff, artifacts,
+webhooks) go through `crewwork.client`; `verify` checks an evidence bundle offline; the others run parts of crewwork
+itself (dev, demo, worker, api, db, keys, signing-key, config, sandbox, completion).
 
 Output rules, so scripts can rely on them: with `--json` stdout carries only JSON (one document, or JSON Lines for
 `events --follow`), without it a human summary; progress and diagnostics always go to stderr (a live status line
@@ -202,9 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("artifact_id", nargs="?")
     d.add_argument("--output", "-o", metavar="FILE", help="write the artifact here (default: stdout)")
 
+    from crewwork.cli.evidence import add_parser as add_evidence_parser
     from crewwork.cli.repos import add_parser as add_repos_parser
 
     add_repos_parser(add, common)
+    add_evidence_parser(add, common)
 
     d = add("webhooks", "register, list, rotate and verify webhooks", cmd_webhooks)
     ws = d.add_subparsers(dest="webhooks_command", required=True)

@@ -36,7 +36,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_API: "the API refused the request (4xx: invalid submission, unknown id, not allowed, conflict, ...)",
     EXIT_UNAVAILABLE: "the API is unreachable or unavailable (connection refused, 5xx, Temporal unavailable)",
     EXIT_TIMEOUT: "--timeout passed before the work item reached the state waited for",
-    EXIT_VERIFY: "`webhooks verify`: the delivery does not verify",
+    EXIT_VERIFY: "`verify`: the evidence bundle does not verify; `webhooks verify`: the delivery does not verify",
     EXIT_NO_SANDBOX: "`demo`: no isolating sandbox here (the message says what to install; `--unsafe` runs without)",
     EXIT_FAILED: "the work item ended `failed`",
     EXIT_REJECTED: "the work item ended `rejected` (by its reviewer)",

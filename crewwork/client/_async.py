@@ -126,6 +126,18 @@ class AsyncClient:
     async def diff(self, work_item_id: str, *, attempt: int | None = None) -> str:
         return await self._send(_Calls.diff(work_item_id, attempt))
 
+    async def evidence_bundle(self, work_item_id: str, *, attempt: int | None = None) -> bytes:
+        """The signed evidence bundle of the landed change (or of attempt N, once signed)."""
+        return await self._send(_Calls.evidence_bundle(work_item_id, attempt))
+
+    async def sign_evidence_bundle(self, work_item_id: str, attempt: int) -> bytes:
+        """Have attempt N's evidence signed now (by the control pool) and return the bundle."""
+        return await self._send(_Calls.sign_evidence_bundle(work_item_id, attempt))
+
+    async def evidence_keys(self) -> dict[str, Any]:
+        """The deployment's published evidence keys (active, retired, revoked): a keys document."""
+        return await self._send(_Calls.evidence_keys())
+
     # webhooks
     # repositories
     async def create_repository(self, body: Mapping[str, Any], *, tenant: str | None = None) -> dict[str, Any]:

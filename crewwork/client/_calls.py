@@ -198,6 +198,21 @@ class _Calls:
         return _Call("GET", f"/v1/work-items/{work_item_id}/diff", params=params, parse=lambda r: r.text)
 
     @staticmethod
+    def evidence_bundle(work_item_id: str, attempt: int | None) -> _Call[bytes]:
+        params = {"attempt": attempt} if attempt is not None else None
+        return _Call("GET", f"/v1/work-items/{work_item_id}/evidence-bundle", params=params, parse=_bytes)
+
+    @staticmethod
+    def sign_evidence_bundle(work_item_id: str, attempt: int) -> _Call[bytes]:
+        return _Call(
+            "POST", f"/v1/work-items/{work_item_id}/evidence-bundle", params={"attempt": attempt}, parse=_bytes
+        )
+
+    @staticmethod
+    def evidence_keys() -> _Call[dict[str, Any]]:
+        return _Call("GET", "/evidence/keys")
+
+    @staticmethod
     def create_repository(body: Mapping[str, Any], tenant: str | None) -> _Call[dict[str, Any]]:
         return _Call("POST", "/v1/repositories", json=dict(body), params=_tenant(tenant))
 

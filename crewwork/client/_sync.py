@@ -121,6 +121,19 @@ class Client:
     def diff(self, work_item_id: str, *, attempt: int | None = None) -> str:
         return self._send(_Calls.diff(work_item_id, attempt))
 
+    def evidence_bundle(self, work_item_id: str, *, attempt: int | None = None) -> bytes:
+        """The signed evidence bundle of the landed change (or of attempt N, once signed): JSON bytes, verify
+        them offline with `crewwork verify` or crewwork.evidence.verify.verify_bundle."""
+        return self._send(_Calls.evidence_bundle(work_item_id, attempt))
+
+    def sign_evidence_bundle(self, work_item_id: str, attempt: int) -> bytes:
+        """Have attempt N's evidence signed now (by the control pool) and return the bundle."""
+        return self._send(_Calls.sign_evidence_bundle(work_item_id, attempt))
+
+    def evidence_keys(self) -> dict[str, Any]:
+        """The deployment's published evidence keys (active, retired, revoked): a keys document."""
+        return self._send(_Calls.evidence_keys())
+
     def create_repository(self, body: Mapping[str, Any], *, tenant: str | None = None) -> dict[str, Any]:
         return self._send(_Calls.create_repository(body, tenant))
 

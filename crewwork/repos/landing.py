@@ -17,6 +17,7 @@ with `crewwork.repos.local.LOCAL_SERVER_CONFIG`, confined to the git directory w
 from __future__ import annotations
 
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,3 +122,67 @@ async def _is_same_change(remote: Remote, gitdir: Path, work_item_id: str, commi
 
 async def _has(gitdir: Path, commit: str) -> bool:
     return (await run_git(["cat-file", "-e", f"{commit}^{{commit}}"], cwd=gitdir, git_dir=gitdir)).code == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evidence hook (crewwork/evidence): a landed change's signed bundle, pushed as a git note on its commit.
+
+NOTES_PREFIX = "refs/notes/crewwork/"
+
+
+def notes_ref(work_item_id: str) -> str:
+    """Each item's bundle has a notes ref of its own (`git notes --ref=crewwork/<id> show <commit>`; fetch them all
+    with `git fetch origin 'refs/notes/crewwork/*:refs/notes/crewwork/*'`), so concurrent landings never contend for
+    one notes ref, and each is pushed by compare-and-swap like its branch."""
+    return f"{NOTES_PREFIX}{work_item_id}"
+
+
+@dataclass(frozen=True)
+class NotePushed:
+    ref: str
+    commit: str
+    """The notes commit (its tree holds one note, the bundle, named by the landed commit's id)."""
+    created: bool
+    """False when the remote already had exactly this note (a retried landing)."""
+
+
+async def publish_note(
+    cache: MirrorCache,
+    remote: Remote,
+    *,
+    work_item_id: str,
+    commit: str,
+    make_note: Callable[[Path], Awaitable[bytes]],
+) -> NotePushed:
+    """Attach `make_note(mirror's git dir)` to `commit` as a git note in the item's notes ref on the remote.
+
+    The notes commit is dated with the landed commit's committer date, so the same bundle always gives the same notes
+    commit and a retried landing pushes nothing new. The push is a compare-and-swap against the ref as it was seen
+    (absent, or an earlier note of this item, e.g. signed with a rotated-out key)."""
+    ref = notes_ref(work_item_id)
+    async with cache.using(remote, commit) as (gitdir, _stats):
+        note = await make_note(gitdir)
+        res = await run_git(["show", "-s", "--format=%ct", commit], cwd=gitdir, git_dir=gitdir)
+        when = f"{res.out.strip()} +0000"
+        env = {**IDENTITY, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+        blob = await _git_out(gitdir, ["hash-object", "-w", "--stdin"], note)
+        tree = await _git_out(gitdir, ["mktree"], f"100644 blob {blob}\t{commit}\n".encode())
+        message = f"crewwork evidence bundle of {work_item_id} (verify: crewwork verify)\n".encode()
+        notes_commit = await _git_out(gitdir, ["commit-tree", tree], message, env)
+        current = (await remote.ls_remote(ref)).get(ref)
+        if current == notes_commit:
+            return NotePushed(ref, notes_commit, False)
+        try:
+            await remote.push_ref(gitdir, notes_commit, ref, expected_old=current)
+        except PushRejected as exc:
+            raise LandingConflictError(f"the evidence note {ref} could not be pushed: {exc}") from exc
+        await run_git(["update-ref", f"refs/crewwork/notes/{work_item_id}", notes_commit], cwd=gitdir, git_dir=gitdir)
+        return NotePushed(ref, notes_commit, True)
+
+
+async def _git_out(gitdir: Path, args: list[str], data: bytes, env: dict[str, str] | None = None) -> str:
+    res = await run_git(args, cwd=gitdir, git_dir=gitdir, input_bytes=data, env=env)
+    out = res.out.strip()
+    if res.code != 0 or not out:
+        raise RuntimeError(f"git {args[0]} failed in the mirror: {res.err.strip()[-500:]}")
+    return out

@@ -131,7 +131,10 @@ class Remote:
         """Point `refs/heads/<branch>` on the remote at `commit`, only if it is now `expected_old` (None: only if
         it does not exist). The server checks this under its ref lock, so a concurrent writer is detected, never
         overwritten. Returns the remote's porcelain status line; raises PushRejected with the remote's message."""
-        ref = f"refs/heads/{branch}"
+        return await self.push_ref(gitdir, commit, f"refs/heads/{branch}", expected_old)
+
+    async def push_ref(self, gitdir: Path, commit: str, ref: str, expected_old: str | None) -> str:
+        """`push_branch` for any full ref name (a delivery branch, an evidence notes ref)."""
         lease = f"--force-with-lease={ref}:{expected_old or ''}"
         res = await self.git(
             "push",

@@ -8,6 +8,7 @@ repository), which never holds a secret.
 from __future__ import annotations
 
 import functools
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from crewwork.activities.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
@@ -18,7 +19,7 @@ from crewwork.outbound import Resolver
 from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.repos.credentials import CredentialError, Credentials, GitAuth, read_secret
 from crewwork.repos.git import RemoteAddressRefused, RemoteError, RemoteNotFound, is_sha, run_git
-from crewwork.repos.landing import Landed, land_by_push
+from crewwork.repos.landing import Landed, NotePushed, land_by_push, publish_note
 from crewwork.repos.local import UnsafeLocalRepository, confine, local_git_dir
 from crewwork.repos.mirror import MirrorCache, MirrorHold
 from crewwork.repos.remote import Remote
@@ -190,6 +191,26 @@ class Repositories:
             scratch=scratch,
         )
 
+    async def publish_note(
+        self,
+        locator: str,
+        *,
+        tenant: TenantRef | None,
+        work_item_id: str,
+        commit: str,
+        make_note: Callable[[Path], Awaitable[bytes]],
+        credential: str | None = None,
+    ) -> NotePushed:
+        """Evidence hook: the landed commit's signed bundle as a git note (crewwork.repos.landing.publish_note)."""
+        url = self.locate(locator)
+        return await publish_note(
+            self.mirrors,
+            self.remote(url, tenant, credential),
+            work_item_id=work_item_id,
+            commit=commit,
+            make_note=make_note,
+        )
+
     # ------------------------------------------------------------------ pull requests
 
     def forge(self, url: RepoURL, requested: PullRequestSpec | None) -> ForgeConfig | None:
@@ -224,8 +245,10 @@ class Repositories:
         ref: str | None,
         message: str,
         work_item_id: str,
+        evidence: str | None = None,
     ) -> PullRequest | None:
-        """Open (or find, on a retry) the pull request of a landed branch, if one is wanted. ForgeError on failure."""
+        """Open (or find, on a retry) the pull request of a landed branch, if one is wanted. ForgeError on failure.
+        `evidence`: a paragraph about the change's signed evidence bundle, for the body."""
         from crewwork.forge import ForgeError
         from crewwork.forge.github import GitHubForge
 
@@ -248,6 +271,8 @@ class Repositories:
         lines = message.strip().splitlines()
         title = (spec.title if spec and spec.title else None) or (lines[0] if lines else branch)
         body = "\n".join(lines[1:]).strip() + f"\n\nOpened by crewwork for work item `{work_item_id}`.\n"
+        if evidence:
+            body += f"\n{evidence}\n"
         base = spec.base if spec and spec.base else _branch_of(ref)
         draft = spec.draft if spec and spec.draft is not None else forge.draft
         return await GitHubForge(forge.api_url, token, timeout_s=forge.timeout_s).open_pull_request(

@@ -34,6 +34,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from crewwork import tracing
 from crewwork.activities.control import ControlActivities
+from crewwork.activities.evidence import EvidenceActivities
 from crewwork.activities.execute import ExecuteActivities
 from crewwork.config import Settings
 from crewwork.observability import activity_interceptors, start_pool_observability
@@ -41,6 +42,7 @@ from crewwork.reconcile import Reconciler
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
 from crewwork.workers.slots import SlotInterceptor, poll_ahead_tuner
+from crewwork.workflows.evidence import EvidenceBundleWorkflow
 from crewwork.workflows.work_item import WorkItemWorkflow
 
 log = logging.getLogger("crewwork.workers")
@@ -91,6 +93,7 @@ def pool_activities(pool: str, client: Any, store: Store, settings: Settings) ->
             control.land_change,
             control.finish,
             control.cleanup,
+            EvidenceActivities(store, settings).sign_attempt_bundle,
         ]
     execute = ExecuteActivities(store, settings)
     if pool == "agent":
@@ -109,7 +112,10 @@ def build_worker(
     if pool == "control":
         if settings.workflow_sandbox != "off":  # only the sandbox re-imports the workflow module per run
             _cache_workflow_bytecode()
-        workflows = {"workflows": [WorkItemWorkflow], "workflow_runner": workflow_runner(settings.workflow_sandbox)}
+        workflows = {
+            "workflows": [WorkItemWorkflow, EvidenceBundleWorkflow],
+            "workflow_runner": workflow_runner(settings.workflow_sandbox),
+        }
     tuning = worker_tuning(pool, settings)
     own = tuning.pop("interceptors", [])
     return Worker(

@@ -82,6 +82,7 @@ class WorkItemWorkflow(StepCalls):
             max_attempts=inp.spec.budget.max_attempts,
         )
         self._review: ReviewDecision | None = None
+        self._review_at: float | None = None
         self._awaiting_review = False
         self._slot_freed = False
         self._handed_off = False
@@ -97,6 +98,7 @@ class WorkItemWorkflow(StepCalls):
     @workflow.update
     async def review(self, decision: ReviewDecision) -> str:
         self._review = decision
+        self._review_at = workflow.now().timestamp()
         self._awaiting_review = False
         return f"review recorded: {decision.action}"
 
@@ -373,6 +375,10 @@ class WorkItemWorkflow(StepCalls):
                 workspace_grant=workspace.grant,
                 pull_request=inp.spec.repo.pull_request if inp.spec.repo else None,
                 ref=inp.spec.repo.ref if inp.spec.repo else None,
+                # For the signed evidence bundle (crewwork/evidence): which attempt lands, approved by whom.
+                attempt=loop.attempt,
+                review=self._review,
+                review_decided_at=self._review_at if self._review is not None else None,
             ),
             f"land attempt {loop.attempt} on crewwork/{inp.work_item_id}",
         )

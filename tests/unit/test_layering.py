@@ -115,6 +115,12 @@ def test_the_cycle_detector_sees_a_cycle() -> None:
         ("crewwork.workflows", "crewwork.api"),
         ("crewwork.ids", "crewwork.store"),
         ("crewwork.masking", "crewwork.store"),
+        # Evidence bundles are verified offline: the verifier needs no store, no API, no Temporal.
+        ("crewwork.evidence.verify", "crewwork.store"),
+        ("crewwork.evidence.verify", "crewwork.config"),
+        ("crewwork.evidence", "crewwork.api"),
+        ("crewwork.evidence", "crewwork.activities"),
+        ("crewwork.evidence", "crewwork.workflows"),
     ],
 )
 def test_lower_layers_do_not_import_upper_ones(lower: str, upper: str) -> None:

@@ -46,6 +46,7 @@ FORBIDDEN_MODULES = {
 ACTIVITY_REFERENCES = {
     "crewwork.activities.control": {"ControlActivities"},
     "crewwork.activities.execute": {"ExecuteActivities"},
+    "crewwork.activities.evidence": {"EvidenceActivities"},
     "crewwork.activities.errors": {"BAD_INPUT", "NON_RETRYABLE", "ITEM_FAILURES"},
 }
 FORBIDDEN_CALLS = {"open", "input", "print", "now", "utcnow", "today", "sleep", "getenv"}

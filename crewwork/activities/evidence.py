@@ -1,0 +1,64 @@
+"""Evidence activities of the control pool: one attempt's signed bundle, on request (crewwork/evidence).
+
+A landed change's bundle is signed by `land_change` itself (crewwork/activities/control.py); this signs any attempt's,
+for an auditor looking at a failed one, say. The key stays in the control pool: the API starts
+EvidenceBundleWorkflow and reads the artifact this stores."""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from crewwork.activities.errors import EVIDENCE_UNAVAILABLE, NOTHING_TO_SIGN
+from crewwork.config import Settings
+from crewwork.contracts import AttemptBundleInput
+from crewwork.evidence.gather import NothingToSign
+from crewwork.evidence.publish import EvidenceUnavailable, Publisher, attempt_artifact
+from crewwork.models import ArtifactRef
+from crewwork.store.store import Store
+
+
+class EvidenceActivities:
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+        self.publisher = Publisher(settings.evidence)
+
+    @activity.defn(name="sign_attempt_bundle")
+    async def sign_attempt_bundle(self, inp: AttemptBundleInput) -> ArtifactRef:
+        row = await self.store.get_work_item(inp.work_item_id, inp.tenant_id)
+        if row is None:
+            raise ApplicationError(f"no work item {inp.work_item_id}", type=NOTHING_TO_SIGN, non_retryable=True)
+        try:
+            signed = await self.publisher.attempt_bundle(self.store, inp.work_item_id, inp.attempt)
+        except NothingToSign as exc:
+            raise ApplicationError(str(exc), type=NOTHING_TO_SIGN, non_retryable=True) from None
+        except EvidenceUnavailable as exc:
+            raise ApplicationError(str(exc), type=EVIDENCE_UNAVAILABLE, non_retryable=True) from None
+        name = attempt_artifact(inp.attempt)
+        for a in await self.store.list_artifacts(inp.work_item_id):
+            if a.name == name and a.sha256 == signed.sha256:
+                art = a
+                break
+        else:
+            art = await self.store.put_artifact(
+                work_item_id=inp.work_item_id,
+                tenant_id=inp.tenant_id,
+                name=name,
+                data=signed.bundle,
+                content_type="application/json",
+                max_bytes=self.settings.max_artifact_bytes,
+            )
+        await self.store.append_event(
+            inp.work_item_id,
+            inp.tenant_id,
+            "evidence_signed",
+            {
+                "attempt": inp.attempt,
+                "sha256": signed.sha256,
+                "size": len(signed.bundle),
+                "keyids": signed.keyids,
+                "scope": "attempt",
+            },
+        )
+        return ArtifactRef(id=art.id, name=art.name, size=art.size, sha256=art.sha256, content_type=art.content_type)

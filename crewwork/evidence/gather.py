@@ -1,0 +1,161 @@
+"""The store's record of a work item -> Facts (server side: control pools only).
+
+Everything a bundle states is read from what the platform recorded: the item's submission, its attempts (the
+agent's outcome without its claims, the validation's measured outcome and sandbox), the `environment_prepared`
+event of the attempt, and the artifacts (diff, JUnit report). Nothing is asked of the agent or the workspace."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from crewwork.evidence.canonical import canonical
+from crewwork.evidence.facts import AttemptFact, Facts, FileFact, LandedFact, ReviewFact, TestFact
+from crewwork.evidence.format import ENVIRONMENT_FILE, FILE_NAME, LANDED_DIFF, SANDBOX_FILE, VALIDATION_FILE
+from crewwork.masking import mask_secrets
+from crewwork.models import AgentOutcome, ValidationOutcome
+
+if TYPE_CHECKING:
+    from crewwork.store.store import Store
+
+
+class NothingToSign(LookupError):
+    """The item or attempt has no evidence to sign (not in the store, no diff, never validated); says which."""
+
+
+def sandbox_record(v: ValidationOutcome) -> dict[str, Any]:
+    sb = v.sandbox
+    if sb is None:
+        return {"recorded": False, "note": "the validation never started a sandbox"}
+    spec = sb.spec or {}
+    return {
+        "backend": sb.backend,
+        "isolated": sb.isolated,
+        "enforcement": sb.enforcement,
+        "workspace_disk": sb.workspace_disk,
+        "runner": spec.get("runner"),
+        "limits": spec.get("limits"),
+        "network": spec.get("network", "none"),
+        "mounts": spec.get("mounts"),
+        "spec_recorded": sb.spec is not None,
+        "run": {
+            "exit_code": sb.exit_code,
+            "duration_s": sb.duration_s,
+            "timed_out": sb.timed_out,
+            "oom_killed": sb.oom_killed,
+            "pids_limited": sb.pids_limited,
+            "disk_limited": sb.disk_limited,
+            "peak_memory_bytes": sb.peak_memory_bytes,
+        },
+    }
+
+
+def environment_record(spec: dict[str, Any], prepared: dict[str, Any] | None) -> dict[str, Any]:
+    env = spec.get("environment") or {}
+    record: dict[str, Any] = {
+        "prepared": prepared is not None,
+        "python": env.get("python"),
+        "image": env.get("image"),
+        "setup": [*(env.get("setup") or []), *((spec.get("validation") or {}).get("setup") or [])],
+        "network": bool(env.get("network")),
+    }
+    if prepared is not None:
+        record.update(
+            key=prepared.get("key"),
+            venv=prepared.get("venv"),
+            built_at=prepared.get("built_at"),
+            network_decisions=prepared.get("network") or [],
+        )
+    return record
+
+
+def validation_record(spec: dict[str, Any], v: ValidationOutcome) -> dict[str, Any]:
+    val = spec.get("validation") or {}
+    return {
+        "command": val.get("command"),
+        "junit_path": val.get("junit_path"),
+        "timeout_s": val.get("timeout_s"),
+        "fail_to_pass": val.get("fail_to_pass") or [],
+        "pass_to_pass": val.get("pass_to_pass") or [],
+        "test_files": val.get("test_files") or [],
+        "protected_reset": [r.model_dump() for r in v.protected_reset],
+        "verdict": {"passed": v.passed, "cause": v.cause, "reason": v.reason, "exit_code": v.exit_code},
+        "tests_executed": v.tests_executed,
+    }
+
+
+async def gather(
+    store: Store,
+    work_item_id: str,
+    attempt: int,
+    *,
+    landed: LandedFact | None = None,
+    review: ReviewFact | None = None,
+) -> Facts:
+    """The facts of attempt `attempt` of the item: of its landed change when `landed` is given (then the diff is
+    named `landed.patch`), else of that attempt alone."""
+    row = await store.get_work_item(work_item_id)
+    if row is None:
+        raise NothingToSign(f"work item {work_item_id} is not in the store")
+    if not row.repo_url or not row.base_commit:
+        raise NothingToSign(f"work item {work_item_id} is a {row.kind}: it has no repository change to sign")
+    attempts = await store.list_attempts(work_item_id)
+    this = next((a for a in attempts if a.number == attempt), None)
+    if this is None:
+        raise NothingToSign(f"work item {work_item_id} has no attempt {attempt}")
+    agent = AgentOutcome.model_validate(this.agent) if this.agent else None
+    if agent is None or agent.diff_ref is None:
+        raise NothingToSign(f"attempt {attempt} of {work_item_id} produced no diff")
+    if not this.validation:
+        raise NothingToSign(f"attempt {attempt} of {work_item_id} was never validated")
+    v = ValidationOutcome.model_validate(this.validation)
+    spec: dict[str, Any] = dict(row.spec or {})
+    diff = await store.artifact_content(agent.diff_ref.id)
+    if diff is None:
+        raise NothingToSign(f"the diff of attempt {attempt} of {work_item_id} is missing from the store")
+    report = None
+    if v.report_ref is not None:
+        data = await store.artifact_content(v.report_ref.id)
+        name = v.report_ref.name if FILE_NAME.match(v.report_ref.name) else f"attempt-{attempt}-report.xml"
+        if data is not None:
+            report = FileFact(name, data, "application/xml", v.report_ref.id)
+    prepared = None
+    for e in await store.list_events(work_item_id, limit=100_000):
+        if e.type == "environment_prepared" and (e.data or {}).get("attempt") == attempt:
+            prepared = e.data
+    return Facts(
+        work_item_id=row.id,
+        tenant_id=row.tenant_id,
+        kind=row.kind,
+        workflow_id=row.workflow_id,
+        # Secret-looking strings a tenant put in its submission are masked, as in the event log.
+        submission=mask_secrets(spec),
+        repo=row.repo_url,
+        ref=(spec.get("repo") or {}).get("ref"),
+        base_commit=row.base_commit,
+        created_at=row.created_at,
+        attempt=attempt,
+        attempt_finished_at=this.updated_at,
+        passed=v.passed,
+        cause=v.cause,
+        reason=v.reason,
+        exit_code=v.exit_code,
+        tests=[TestFact(t.id, t.outcome) for t in v.tests],
+        tests_executed=v.tests_executed,
+        agent={
+            "name": agent.agent,
+            "mock": agent.mock,
+            "selected_because": agent.selected_because,
+            "tokens_used": agent.tokens_used,
+            "cost_usd": agent.cost_usd,
+        },
+        diff=FileFact(
+            LANDED_DIFF if landed is not None else f"attempt-{attempt}.diff", diff, "text/x-diff", agent.diff_ref.id
+        ),
+        sandbox=FileFact(SANDBOX_FILE, canonical(sandbox_record(v)), "application/json"),
+        environment=FileFact(ENVIRONMENT_FILE, canonical(environment_record(spec, prepared)), "application/json"),
+        validation=FileFact(VALIDATION_FILE, canonical(validation_record(spec, v)), "application/json"),
+        report=report,
+        attempts=[AttemptFact(a.number, a.verdict, a.cause, a.reason) for a in attempts if a.number <= attempt],
+        review=review,
+        landed=landed,
+    )

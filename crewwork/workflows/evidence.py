@@ -1,0 +1,30 @@
+"""EvidenceBundleWorkflow: sign one attempt's evidence on request, in the control pool (which alone holds the
+signing key). One activity; started by the API (`POST /v1/work-items/{id}/evidence-bundle?attempt=N`).
+
+Deterministic code only."""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from crewwork.activities.evidence import EvidenceActivities
+    from crewwork.contracts import AttemptBundleInput
+    from crewwork.models import ArtifactRef
+    from crewwork.workflows.policies import CONTROL_RETRY, CONTROL_TIMEOUT
+
+
+def bundle_workflow_id(work_item_id: str, attempt: int) -> str:
+    return f"evidence-bundle-{work_item_id}-{attempt}"
+
+
+@workflow.defn(name="EvidenceBundleWorkflow")
+class EvidenceBundleWorkflow:
+    @workflow.run
+    async def run(self, inp: AttemptBundleInput) -> ArtifactRef:
+        return await workflow.execute_activity_method(
+            EvidenceActivities.sign_attempt_bundle,
+            inp,
+            start_to_close_timeout=CONTROL_TIMEOUT,
+            retry_policy=CONTROL_RETRY,
+        )

@@ -1,0 +1,172 @@
+"""A landed change carries a signed evidence bundle, end to end on the real stack (Temporal dev server, PostgreSQL,
+bwrap, git): signed by the control pool with the operator's key, kept as an artifact, pushed as a git note next to
+the delivery branch (over smart HTTP too, linked from the pull request: tests/repos/test_evidence_notes.py),
+downloadable through the API, the client
+and the CLI, and verified offline by `crewwork verify`, which refuses it once tampered with."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from crewwork.client import AsyncClient
+from crewwork.demo import RIGHT, WRONG
+from crewwork.evidence.keys import generate, load_trusted
+from crewwork.evidence.settings import EvidenceSettings, PublishedKeyFile
+from crewwork.evidence.verify import verify_bundle
+from crewwork.temporal.devserver import DevServer
+from tests.api.conftest import LiveApi, make_tenant
+from tests.conftest import make_settings, running_crew
+from tests.integration.test_lifecycle import VALIDATION, git
+
+pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+
+
+def item(url: str, steps: list[dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "kind": "code_change",
+        "repo": {"url": url, "ref": "main"},
+        "instruction": "Fix add() so the tests pass",
+        "validation": VALIDATION,
+        "agent": {"name": "scripted", "config": {"attempts": steps}},
+        "budget": {"max_attempts": 3},
+    }
+    spec.update(kw)
+    return spec
+
+
+def crewwork(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "crewwork", *args], capture_output=True, text=True, timeout=120)
+
+
+async def test_a_reviewed_change_lands_with_a_bundle_anyone_can_verify_offline(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    key = tmp_path / "keys" / "evidence"
+    key.parent.mkdir()
+    signing = generate(key)
+    old = generate(tmp_path / "keys" / "old")
+    settings = make_settings(
+        tmp_path / "data",
+        temporal_server,
+        pg_url,
+        sandbox_backend=sandbox_backend,
+        auto_register_repos=True,
+        evidence=EvidenceSettings(
+            signing_key_file=key,
+            public_keys=[PublishedKeyFile(file=Path(old.source), status="retired", note="rotated out")],
+            builder_id="https://crewwork.test/deployment",
+        ),
+    )
+    async with running_crew(settings) as crew:
+        tenant = await make_tenant(crew, "auditor")
+        api = LiveApi(settings).start()
+        try:
+            async with AsyncClient(api.url, tenant.key) as c:
+                sub = await c.submit(
+                    item(
+                        str(calc_repo),
+                        [{"files": {"calc.py": WRONG}}, {"files": {"calc.py": RIGHT}}],
+                        review={"required": True},
+                    )
+                )
+                wid = sub["id"]
+                await c.wait(wid, until=["awaiting_review"], timeout_s=180)
+                with pytest.raises(Exception, match="no_evidence_bundle"):
+                    await c.evidence_bundle(wid)
+                await c.review(wid, "approve", comment="looks right", reviewer="alice")
+                done = await c.wait(wid, timeout_s=180)
+                assert done["state"] == "succeeded", done["reason"]
+                commit = done["landed_commit"]
+                bundle = await c.evidence_bundle(wid)
+                keys_doc = await c.evidence_keys()
+                # One attempt's bundle, on request: the failed first attempt.
+                first = await c.sign_evidence_bundle(wid, 1)
+                assert await c.evidence_bundle(wid, attempt=1) == first
+                async with httpx.AsyncClient(base_url=api.url) as anonymous:
+                    assert (await anonymous.get("/evidence/keys")).json() == keys_doc, "public keys need no API key"
+                    assert (await anonymous.get(f"/v1/work-items/{wid}/evidence-bundle")).status_code == 401
+                with pytest.raises(Exception, match="nothing_to_sign"):
+                    await c.sign_evidence_bundle(wid, 7)
+        finally:
+            api.stop()
+        events = [e for e in await crew.store.list_events(wid) if e.type == "evidence_signed"]
+        assert [e.data.get("scope") for e in events] == [None, "attempt"]
+        assert events[0].data["note_ref"] == f"refs/notes/crewwork/{wid}"
+        assert events[0].data["keyids"] == [signing.keyid]
+
+    # The published keys: the signing key (active) and the rotated-out one (retired).
+    assert {(k["keyid"], k["status"]) for k in keys_doc["keys"]} == {(signing.keyid, "active"), (old.keyid, "retired")}
+    keys_file = tmp_path / "keys.json"
+    keys_file.write_text(json.dumps(keys_doc))
+    # The git note on the landed commit, in the item's own notes ref, is the bundle the API serves.
+    note = subprocess.run(
+        ["git", "notes", f"--ref=crewwork/{wid}", "show", commit], cwd=calc_repo, capture_output=True, check=True
+    ).stdout
+    assert note == bundle
+    assert git(calc_repo, "rev-parse", f"crewwork/{wid}") == commit
+
+    report = verify_bundle(bundle, load_trusted([keys_file]), repo=calc_repo, work_item=wid, commit=f"crewwork/{wid}")
+    assert report.ok, report.problems
+    p = report.proven
+    assert p["review"]["decision"] == "approve" and p["review"]["reviewer"] == "alice"
+    assert p["review"]["apiKey"] == tenant.key_id, "the reviewer's API key, as the API saw it"
+    assert p["mock"] is True and p["agent"]["name"] == "scripted"
+    assert p["tests"]["result"] == "PASSED" and len(p["tests"]["passed"]) == 2
+    assert [a["verdict"] for a in p["attempts"]] == ["failed", "passed"]
+    assert p["sandbox"]["backend"] == sandbox_backend and p["sandbox"]["network"] == "none"
+    assert p["sandbox"]["limits"]["timeout_s"] == 60
+    assert p["builder"] == "https://crewwork.test/deployment"
+    assert set(report.checked) >= {"git:commit", "git:tree", "landed.patch", "sandbox.json", "environment.json"}
+
+    # The CLI, offline: passes on the untouched bundle, exit 6 naming the problem on a tampered one.
+    path = tmp_path / "bundle.json"
+    path.write_bytes(bundle)
+    ok = crewwork(
+        "verify", str(path), "--repo", str(calc_repo), "--key", str(keys_file), "--commit", commit, "--work-item", wid
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "crewwork verify: OK" in ok.stdout and "approve by 'alice'" in ok.stdout and "MOCK" in ok.stdout
+    d = json.loads(bundle)
+    d["files"]["landed.patch"]["base64"] = d["files"]["attempt-2-junit.xml"]["base64"]
+    path.write_text(json.dumps(d))
+    bad = crewwork("verify", str(path), "--repo", str(calc_repo), "--key", str(keys_file), "--json")
+    assert bad.returncode == 6
+    assert any("subject landed.patch" in p for p in json.loads(bad.stdout)["problems"])
+    # Only the current key given: the bundle verifies; only the rotated-out one: refused.
+    pem_only = crewwork("verify", "-", "--repo", str(calc_repo), "--key", old.source)
+    assert pem_only.returncode != 0
+    attempt = verify_bundle(first, load_trusted([keys_file]))
+    assert attempt.ok, attempt.problems
+    assert attempt.proven["scope"] == "attempt" and attempt.proven["tests"]["result"] == "FAILED"
+
+
+async def test_without_a_key_a_change_lands_unsigned_and_says_so_and_with_one_required_nothing_lands(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    settings = make_settings(tmp_path / "a", temporal_server, pg_url, sandbox_backend=sandbox_backend)
+    async with running_crew(settings) as crew:
+        wid = await crew.submit(item(str(calc_repo), [{"files": {"calc.py": RIGHT}}]))
+        result = await crew.result(wid)
+        assert result.state == "succeeded", result.reason
+        unsigned = [e.data for e in await crew.store.list_events(wid) if e.type == "evidence_unsigned"]
+        assert len(unsigned) == 1 and "no evidence signing key" in unsigned[0]["reason"]
+        assert git(calc_repo, "notes", f"--ref=crewwork/{wid}", "list") == ""
+    required = make_settings(
+        tmp_path / "b",
+        temporal_server,
+        pg_url,
+        sandbox_backend=sandbox_backend,
+        evidence=EvidenceSettings(required=True),
+    )
+    async with running_crew(required) as crew:
+        wid = await crew.submit(item(str(calc_repo), [{"files": {"calc.py": RIGHT}}]))
+        result = await crew.result(wid)
+        assert result.state == "dead" and "CREWWORK_EVIDENCE_REQUIRED" in result.reason, result.reason
+        assert git(calc_repo, "branch", "--list", f"crewwork/{wid}") == "", "nothing was pushed"
