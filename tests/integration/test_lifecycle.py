@@ -70,6 +70,32 @@ async def test_failing_then_passing_repair_lands_on_delivery_branch(crew: Crew, 
     assert await crew.store.get_lease(f"ws:{calc_repo}#main") is None
 
 
+async def test_the_repositorys_tests_never_run_with_crewworks_packages(crew: Crew, calc_repo: Path) -> None:
+    """Validation runs the sandbox's own Python (or the repository's environment), never the worker's virtualenv:
+    no pytest plugin of crewwork's (pytest-asyncio, pytest-timeout, hypothesis, ...) loads into the repository's
+    tests, and nothing crewwork imports can be imported there."""
+    probe = "import importlib.util as u; print('WORKER-PACKAGES', [m for m in ('crewwork', 'temporalio', 'pytest_asyncio') if u.find_spec(m)])"
+    validation = {
+        **VALIDATION,
+        "command": [
+            "sh",
+            "-c",
+            f'python -m pytest --version --version; python -c "{probe}"; exec "$@"',
+            "validate",
+            *VALIDATION["command"],
+        ],
+    }
+    wid = await crew.submit(code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], validation=validation))
+    result = await crew.result(wid)
+    assert result.state == "succeeded", result.reason
+    [attempt] = await crew.store.list_attempts(wid)
+    log = (await crew.store.artifact_content(attempt.validation["log_ref"]["id"]) or b"").decode()  # type: ignore[index]
+    assert "This is pytest version" in log, log[-2000:]
+    assert "registered third-party plugins" not in log, log[-2000:]
+    assert "WORKER-PACKAGES []" in log, log[-2000:]
+    assert "asyncio_default_fixture_loop_scope" not in log and "PytestDeprecationWarning" not in log
+
+
 async def test_work_item_that_exhausts_max_attempts_ends_failed(crew: Crew, calc_repo: Path) -> None:
     wrong1 = "def add(a, b):\n    return 0\n"
     wid = await crew.submit(
