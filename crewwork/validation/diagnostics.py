@@ -27,8 +27,8 @@ HINTS: dict[Cause, str] = {
     Cause.empty_diff: "The attempt left the repository unchanged. Make the change in the workspace files.",
     Cause.patch_failed: "The attempt's diff did not apply to a clean checkout of the base commit. Keep "
     "changes to ordinary tracked files.",
-    Cause.setup_failed: "A setup command failed before the tests ran. Check packaging and dependency files "
-    "the attempt changed.",
+    Cause.setup_failed: "A setup command failed before the tests ran. Setup runs on the base commit's content, so "
+    "no change an attempt makes can fix it: the environment's setup commands (see the setup log) need fixing.",
     Cause.timeout: "The tests exceeded the time limit. Look for infinite loops, deadlocks or very slow code.",
     Cause.oom: "The tests ran out of memory. Look for unbounded data structures or runaway recursion.",
     Cause.pids: "The tests started too many processes or threads. Look for unbounded process creation.",
