@@ -50,6 +50,7 @@ from crewwork.mcp.repos import McpToolError
 from crewwork.mcp.tools import BY_NAME, TOOLS, ToolContext
 from crewwork.observability import RATE_LIMITED
 from crewwork.repos.service import Repositories
+from crewwork.repos.trees import TreeError
 from crewwork.store.store import Principal
 
 log = logging.getLogger("crewwork.mcp")
@@ -265,6 +266,8 @@ class McpEndpoint:
             result = await asyncio.wait_for(tool.run(tool_ctx, args), self.settings.mcp.tool_timeout_s)
         except McpToolError as exc:
             return _error(exc.code, exc.message)
+        except TreeError as exc:
+            return _error(exc.code, str(exc))
         except TimeoutError:
             return _error(
                 "timeout",

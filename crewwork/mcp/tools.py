@@ -306,8 +306,7 @@ async def search_code(ctx: ToolContext, args: SearchCodeArgs) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- git history
 
 _LOG_FORMAT = "%H%x00%P%x00%an%x00%ae%x00%at%x00%s%x00%x1e"
-_GIT_SAFE = ("--no-color", "--no-ext-diff", "--no-textconv", "--no-mailmap")
-_GIT_LOG_CONFIG = ("-c", "log.showSignature=false")
+_GIT_SAFE = ("--no-color", "--no-ext-diff", "--no-textconv")
 
 
 class GitLogArgs(Args):
@@ -334,6 +333,8 @@ async def git_log(ctx: ToolContext, args: GitLogArgs) -> dict[str, Any]:
             repo.git_dir,
             "log",
             *_GIT_SAFE,
+            "--no-mailmap",
+            "--no-show-signature",
             "--no-decorate",
             f"--format={_LOG_FORMAT}",
             f"--max-count={count}",
@@ -396,6 +397,8 @@ async def git_show(ctx: ToolContext, args: GitShowArgs) -> dict[str, Any]:
             repo.git_dir,
             "show",
             *_GIT_SAFE,
+            "--no-mailmap",
+            "--no-show-signature",
             "-s",
             "--format=%H%x00%P%x00%an%x00%ae%x00%at%x00%B",
             repo.commit,
