@@ -8,8 +8,8 @@ The edge (`McpEdge`, an ASGI app), in order, for every request:
    else is read.
 2. **The tenant's API key as bearer** (the SDK's resource-server support: `BearerAuthBackend` with a `TokenVerifier`
    over the store's API keys, `RequireAuthMiddleware` for the 401 with `WWW-Authenticate: Bearer
-   error="invalid_token", resource_metadata="…"`, and the RFC 9728 protected-resource metadata at
-   `/.well-known/oauth-protected-resource/mcp`). No authorization server is embedded: keys come from `crewwork keys
+   error="invalid_token", resource_metadata="…"`, and the RFC 9728 protected-resource metadata document and handler
+   at `/.well-known/oauth-protected-resource/mcp`). No authorization server is embedded: keys come from `crewwork keys
    create`.
 3. **The API's rate limits** (crewwork.api.ratelimit, shared by every API process): failed authentications per client
    address, then one request charged to the key, 429 with Retry-After like every /v1 route.
@@ -29,14 +29,16 @@ from urllib.parse import urlsplit
 
 import mcp_types as types
 from mcp.server import Server
+from mcp.server.auth.handlers.metadata import ProtectedResourceMetadataHandler
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
+from mcp.server.auth.routes import build_resource_metadata_url
 from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from mcp.shared.auth import ProtectedResourceMetadata
 from pydantic import AnyHttpUrl, ValidationError
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
@@ -208,12 +210,13 @@ class McpEndpoint:
             if refused is not None:
                 return refused
             resource = _resource_url(self.settings, request.scope)
-            route = create_protected_resource_routes(
-                AnyHttpUrl(resource),
-                [AnyHttpUrl(_authorization_server(self.settings, resource))],
+            document = ProtectedResourceMetadata(
+                resource=AnyHttpUrl(resource),
+                authorization_servers=[AnyHttpUrl(_authorization_server(self.settings, resource))],
                 resource_name="crewwork",
-            )[0]
-            return await route.endpoint(request)  # type: ignore[no-any-return]
+                resource_documentation=None,
+            )
+            return await ProtectedResourceMetadataHandler(document).handle(request)
 
         return [
             Route(PATH, endpoint=self.edge, methods=["GET", "POST", "DELETE"]),
