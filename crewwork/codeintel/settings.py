@@ -22,7 +22,7 @@ class CodeIntelSettings(BaseSettings):
         description="Bound of the index cache on this host (least recently used first).",
     )
     max_files: int = Field(
-        default=20_000, ge=10, description="Most source files one index parses (the rest are named as skipped)."
+        default=20_000, ge=1, description="Most source files one index parses (the rest are named as skipped)."
     )
     max_file_bytes: int = Field(
         default=512 * 1024, ge=1024, description="Largest source file parsed (bigger ones are generated or data)."
