@@ -39,6 +39,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.auth import ProtectedResourceMetadata
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from pydantic import AnyHttpUrl, ValidationError
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
@@ -48,6 +50,7 @@ from starlette.types import Receive, Scope, Send
 from crewwork import __version__
 from crewwork.api.ratelimit import retry_after_header
 from crewwork.config import Settings
+from crewwork.mcp import resources
 from crewwork.mcp.repos import McpToolError
 from crewwork.mcp.tools import BY_NAME, TOOLS, ToolContext
 from crewwork.observability import RATE_LIMITED
@@ -194,10 +197,18 @@ class McpEndpoint:
             title="crewwork",
             instructions=INSTRUCTIONS,
             # The tool table is the same for every caller; answers about repositories and items are the caller's.
-            cache_hints={"tools/list": CacheHint(ttl_ms=0, scope="private")},
+            cache_hints={
+                "tools/list": CacheHint(ttl_ms=0, scope="private"),
+                "resources/list": CacheHint(ttl_ms=0, scope="private"),
+                "resources/templates/list": CacheHint(ttl_ms=0, scope="private"),
+                "resources/read": CacheHint(ttl_ms=0, scope="private"),
+            },
             get_tool_input_schema=lambda name: BY_NAME[name].args.model_json_schema() if name in BY_NAME else None,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_resource_templates,
+            on_read_resource=self._read_resource,
         )
         self.sessions = StreamableHTTPSessionManager(
             app=self.server, json_response=True, stateless=True, max_request_body_size=MAX_BODY_BYTES
@@ -240,15 +251,61 @@ class McpEndpoint:
             ]
         )
 
+    def _context(self, ctx: ServerRequestContext[Any]) -> ToolContext | None:
+        request = ctx.request
+        principal = request.scope.get(PRINCIPAL_KEY) if isinstance(request, Request) else None
+        if not isinstance(principal, Principal) or not isinstance(request, Request):
+            return None
+        return ToolContext(
+            principal=principal,
+            store=self.app_state.store,
+            service=self.app_state.service,
+            settings=self.settings,
+            repositories=self.repositories,
+            request=request,
+        )
+
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        tool_ctx = self._context(ctx)
+        if tool_ctx is None:
+            raise MCPError(INVALID_REQUEST, "no authenticated tenant on this request")
+        return types.ListResourcesResult(resources=await resources.list_resources(tool_ctx))
+
+    async def _list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=resources.TEMPLATES)
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        tool_ctx = self._context(ctx)
+        if tool_ctx is None:
+            raise MCPError(INVALID_REQUEST, "no authenticated tenant on this request")
+        uri = str(params.uri)
+        try:
+            content = await asyncio.wait_for(resources.read(tool_ctx, uri), self.settings.mcp.tool_timeout_s)
+        except McpToolError as exc:
+            raise MCPError(INVALID_PARAMS, f"{exc.code}: {exc.message}", {"uri": uri[:500]}) from None
+        except TreeError as exc:
+            raise MCPError(INVALID_PARAMS, f"{exc.code}: {exc}", {"uri": uri[:500]}) from None
+        except TimeoutError:
+            raise MCPError(INTERNAL_ERROR, "timeout: reading the resource took too long") from None
+        except Exception:
+            log.exception("MCP resource read failed")
+            raise MCPError(INTERNAL_ERROR, "internal_error: an internal error occurred; it has been logged") from None
+        return types.ReadResourceResult(contents=[content])
+
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         tool = BY_NAME.get(params.name)
         if tool is None:
             return _error("unknown_tool", f"no tool {params.name[:100]!r}; tools/list names them")
-        request = ctx.request
-        principal = request.scope.get(PRINCIPAL_KEY) if isinstance(request, Request) else None
-        if not isinstance(principal, Principal) or not isinstance(request, Request):
+        tool_ctx = self._context(ctx)
+        if tool_ctx is None:
             return _error("unauthorized", "no authenticated tenant on this request")
         try:
             args = tool.args.model_validate(params.arguments or {})
@@ -257,14 +314,6 @@ class McpEndpoint:
                 f"{'.'.join(str(x) for x in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:5]
             )
             return _error("invalid_arguments", detail)
-        tool_ctx = ToolContext(
-            principal=principal,
-            store=self.app_state.store,
-            service=self.app_state.service,
-            settings=self.settings,
-            repositories=self.repositories,
-            request=request,
-        )
         try:
             result = await asyncio.wait_for(tool.run(tool_ctx, args), self.settings.mcp.tool_timeout_s)
         except McpToolError as exc:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from mcp.shared.exceptions import MCPError
+
 from tests.api.conftest import Stack, task_item
 from tests.mcp.conftest import call, fails, mcp_client, register
 
@@ -32,6 +35,12 @@ async def test_tenant_b_never_sees_tenant_a(stack: Stack, tricky_repo: Path, cal
                 # Exactly what a missing repository gets, with the name B used: nothing says A has it.
                 assert code == missing_code == "not_found", (tool, msg)
                 assert msg == missing.replace("repo_doesnotexist", name), (tool, msg)
+        assert (await b.list_resources()).resources == []
+        for uri in (f"crewwork://repositories/{a_repo}", f"crewwork://repositories/{a_repo}/files/README.md"):
+            with pytest.raises(MCPError, match="not_found"):
+                await b.read_resource(uri)
+        with pytest.raises(MCPError, match="not_found"):
+            await b.read_resource(f"crewwork://work-items/{item['id']}")
         code, _ = await fails(b, "git_diff", repo=a_repo, base="main~1", head="main")
         assert code == "not_found"
         missing_item = await fails(b, "get_work_item", work_item_id="wi_doesnotexist")

@@ -7,6 +7,9 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+from mcp.shared.exceptions import MCPError
+
 from crewwork.demo import RIGHT, WRONG
 from tests.api.conftest import Stack
 from tests.mcp.conftest import call, fails, git, mcp_client, register
@@ -73,6 +76,18 @@ async def test_repository_tools_answer_over_streamable_http(stack: Stack, tricky
         assert {"README.md", "bin.dat", "abs_link", "vendor/sub"} <= {x["path"] for x in diff["files"]}
         diff = await call(c, "git_diff", repo=rid, base="main~1", head="main", path="README.md")
         assert "+second commit" in diff["patch"] and diff["truncated"] is False
+
+        # The same through resources: the repository, a file by URI (any ref), and the templates that name them.
+        uris = {r.uri for r in (await c.list_resources()).resources}
+        assert f"crewwork://repositories/{rid}" in uris
+        templates = {t.uri_template for t in (await c.list_resource_templates()).resource_templates}
+        assert "crewwork://repositories/{id}/files/{+path}{?ref}" in templates
+        text = (await c.read_resource(f"crewwork://repositories/{rid}/files/src/util.py")).contents[0]
+        assert text.text.startswith("def helper(x):")  # type: ignore[union-attr]
+        old = (await c.read_resource(f"crewwork://repositories/{rid}/files/README.md?ref=main~1")).contents[0]
+        assert old.text == "# tricky\n"  # type: ignore[union-attr]
+        with pytest.raises(MCPError, match="invalid_path"):
+            await c.read_resource(f"crewwork://repositories/{rid}/files/abs_link")
 
         first = await call(c, "repo_map", repo=rid, max_tokens=256)
         assert first["cached"] is False and "src/util.py:" in first["map"] and "def helper(x):" in first["map"]
