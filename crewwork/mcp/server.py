@@ -230,7 +230,9 @@ class McpEndpoint:
             return await ProtectedResourceMetadataHandler(document).handle(request)
 
         return [
-            Route(PATH, endpoint=self.edge, methods=["GET", "POST", "DELETE"]),
+            # POST only: a stateless server keeps no session to stream to (GET) or to end (DELETE); the transport
+            # allows answering those with 405, and an open GET stream would otherwise hold a connection for nothing.
+            Route(PATH, endpoint=self.edge, methods=["POST"]),
             Route(f"/.well-known/oauth-protected-resource{PATH}", endpoint=metadata, methods=["GET", "OPTIONS"]),
         ]
 
