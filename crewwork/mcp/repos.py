@@ -85,7 +85,7 @@ class TenantRepositories:
         if not isinstance(name, str) or not name or len(name) > 4096:
             raise not_found(str(name))
         try:
-            if name.startswith("rp_") or ("/" not in name and ":" not in name):
+            if "/" not in name and ":" not in name:  # an id (repo_…); a URL or path has one of them
                 return await self.registry.resolve(RepoSpec(id=name), self.tenant_id)
             url = await self.registry.normalise(name, self.tenant_id, must_exist=False)
             row = await self.store.find_repository(self.tenant_id, url.url)

@@ -49,7 +49,7 @@ class Args(BaseModel):
 
 
 RepoField = Field(
-    description="A repository this tenant registered: its id (rp_…) or its URL as registered.",
+    description="A repository this tenant registered: its id (repo_…) or its URL as registered.",
     min_length=1,
     max_length=4096,
 )

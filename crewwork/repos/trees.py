@@ -161,10 +161,12 @@ class TreeIndex:
 
 
 class _Lru:
-    """A small in-process LRU (values are immutable facts about a commit: its listing, its reachability)."""
+    """A small in-process LRU (values are immutable facts about a commit: its listing, its reachability), bounded by
+    count and by total weight (a listing weighs its number of entries)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_weight: int | None = None) -> None:
         self.size = size
+        self.max_weight = max_weight
         self.data: OrderedDict[tuple[str, ...], object] = OrderedDict()
 
     def get(self, key: tuple[str, ...]) -> object | None:
@@ -176,12 +178,18 @@ class _Lru:
     def put(self, key: tuple[str, ...], value: object) -> None:
         self.data[key] = value
         self.data.move_to_end(key)
-        while len(self.data) > self.size:
+        while len(self.data) > self.size or (self.max_weight is not None and self._weight() > self.max_weight):
+            if len(self.data) == 1:
+                break
             self.data.popitem(last=False)
+
+    def _weight(self) -> int:
+        return sum(len(v.entries) if isinstance(v, TreeIndex) else 1 for v in self.data.values())
 
 
 _REACHABLE = _Lru(4096)
-_INDEXES = _Lru(16)
+_INDEXES = _Lru(16, max_weight=2_000_000)
+"""Tree listings held by one process: 16 commits, ~2M entries in all (a few hundred MB at most)."""
 
 
 # ---------------------------------------------------------------------------------------------- refs
