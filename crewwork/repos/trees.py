@@ -67,7 +67,9 @@ def parse_path(raw: str, *, allow_root: bool = False) -> tuple[str, ...]:
     try:
         return TreePath.parse(raw).parts
     except PathRefused as exc:
-        raise TreeError(str(exc), "invalid_path") from None
+        # crewwork.paths words its .git refusal for changes; here nothing is changed, only never read.
+        why = str(exc).replace("reaches a .git directory, which no change may touch", "names .git, which is never read")
+        raise TreeError(why, "invalid_path") from None
 
 
 @dataclass(frozen=True)

@@ -173,22 +173,38 @@ async def test_a_file_larger_than_the_bound_is_refused(api_settings, tricky_repo
             api.stop()
 
 
-async def test_a_dotgit_entry_planted_in_a_tree_never_reaches_the_mirror(stack: Stack, tmp_path: Path) -> None:
+async def test_dotgit_entries_and_pointer_files_never_reach_the_mirror(stack: Stack, tmp_path: Path) -> None:
     from tests.conftest import make_repo
 
-    repo = make_repo(tmp_path / "planted", {"a.txt": "a\n"})
-    blob = git(repo, "hash-object", "-w", "--stdin", input_bytes=b"[core]\n\tfsmonitor = touch /tmp/pwned\n").strip()
-    sub = git(repo, "mktree", input_bytes=f"100644 blob {blob}\tconfig\n".encode()).strip()
-    base = git(repo, "ls-tree", "HEAD").strip()
-    top = git(repo, "mktree", input_bytes=f"{base}\n040000 tree {sub}\t.git\n".encode()).strip()
-    commit = git(repo, "commit-tree", top, "-p", "HEAD", "-m", "planted .git").strip()
-    git(repo, "update-ref", "refs/heads/main", commit)
-    rid = await register(stack, repo)
+    planted = []
+    for kind in ("directory", "pointer"):
+        repo = make_repo(tmp_path / f"planted-{kind}", {"a.txt": "a\n"})
+        base = git(repo, "ls-tree", "HEAD").strip()
+        if kind == "directory":  # a .git directory with a config that would run a program
+            blob = git(repo, "hash-object", "-w", "--stdin", input_bytes=b"[core]\n\tfsmonitor = touch /tmp/pwned\n")
+            sub = git(repo, "mktree", input_bytes=f"100644 blob {blob.strip()}\tconfig\n".encode()).strip()
+            top = git(repo, "mktree", input_bytes=f"{base}\n040000 tree {sub}\t.git\n".encode()).strip()
+        else:  # a .git pointer file in a subdirectory, sending git to another repository
+            blob = git(repo, "hash-object", "-w", "--stdin", input_bytes=b"gitdir: /etc\n").strip()
+            sub = git(repo, "mktree", input_bytes=f"100644 blob {blob}\t.git\n".encode()).strip()
+            top = git(repo, "mktree", input_bytes=f"{base}\n040000 tree {sub}\tvendor\n".encode()).strip()
+        commit = git(repo, "commit-tree", top, "-p", "HEAD", "-m", f"planted .git {kind}").strip()
+        git(repo, "update-ref", "refs/heads/main", commit)
+        planted.append(await register(stack, repo))
     async with mcp_client(stack) as c:
-        code, msg = await fails(c, "list_directory", repo=rid)
-        # transfer.fsckObjects refuses the pack: nothing of it is in this host's mirror.
-        assert code == "repository_unavailable" and "could not be fetched" in msg
+        for rid in planted:
+            code, msg = await fails(c, "list_directory", repo=rid)
+            # transfer.fsckObjects refuses the pack: nothing of it is in this host's mirror.
+            assert code == "repository_unavailable" and "could not be fetched" in msg
     assert not Path("/tmp/pwned").exists()
+    # A local repository whose own .git is a pointer file is refused at registration (crewwork.repos.local).
+    elsewhere = make_repo(tmp_path / "elsewhere", {"secret.txt": "another repository's\n"})
+    pointer = tmp_path / "pointer"
+    pointer.mkdir()
+    (pointer / ".git").write_text(f"gitdir: {elsewhere / '.git'}\n")
+    async with stack.client() as h:
+        r = await h.post("/v1/repositories", json={"url": str(pointer)})
+        assert r.status_code == 422 and "gitdir" in r.text
 
 
 async def test_bearer_origin_host_and_rate_limits(stack: Stack, tricky_repo: Path) -> None:
