@@ -1,9 +1,10 @@
 """Runtime configuration, entirely from environment variables (prefix `CREWWORK_`).
 
 Every knob has its unit in its name and a description; `crewwork config` prints them all, the nested sections
-included (`sandbox`: CREWWORK_SANDBOX_*, `api`: the API process's own options). Defaults are the embedded single-host
-setup: SQLite in the data directory and the Temporal dev server on localhost. tests/unit/test_config_surface.py fails
-when the code names a CREWWORK_* variable that is not a field here.
+included (`sandbox`: CREWWORK_SANDBOX_*, `api`: the API process's own options, `mcp`: CREWWORK_MCP_*, `codeintel`:
+CREWWORK_CODEINTEL_*). Defaults are the embedded single-host setup: SQLite in the data directory and the Temporal
+dev server on localhost. tests/unit/test_config_surface.py fails when the code names a CREWWORK_* variable that is not
+a field here.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from crewwork.api.options import ApiOptions
+from crewwork.codeintel.settings import CodeIntelSettings
 from crewwork.evidence.settings import EvidenceSettings
 from crewwork.limits import OperatorCeilings
+from crewwork.mcp.settings import McpSettings
 from crewwork.models import EnvironmentSpec
 from crewwork.policy_model import TenantPolicy
 from crewwork.repos.settings import ForgeConfig, RepoCredential, SetupSecret
@@ -124,6 +127,15 @@ class Settings(BaseSettings):
         default_factory=EvidenceSettings,
         description="Signed evidence bundles: the signing key, published keys, notes (section; variables "
         "CREWWORK_EVIDENCE_*; docs/evidence.md).",
+    )
+    mcp: McpSettings = Field(
+        default_factory=McpSettings,
+        description="The MCP endpoint at /mcp: hosts, origins, answer bounds (section; variables CREWWORK_MCP_*).",
+    )
+    codeintel: CodeIntelSettings = Field(
+        default_factory=CodeIntelSettings,
+        description="Repository maps: index cache, parse bounds, the model agent's map budget (section; variables "
+        "CREWWORK_CODEINTEL_*).",
     )
     allow_unsafe_sandbox: bool = Field(
         default=False, description="Permit the `local` backend (no isolation). Development only."
@@ -365,6 +377,9 @@ class Settings(BaseSettings):
 
         parse_networks(v)  # a bad entry is a startup error naming it, not a silently closed allowlist
         return v
+
+    def resolved_codeintel_dir(self) -> Path:
+        return (self.codeintel.cache_dir or self.data_dir / "codeintel").resolve()
 
     def resolved_mirror_dir(self) -> Path:
         return (self.mirror_dir or self.data_dir / "mirrors").resolve()

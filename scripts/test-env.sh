@@ -18,6 +18,9 @@ command -v jq >/dev/null || need+=(jq)  # tests/integration/test_cli_scripting.p
 # Workspace disk caps (loopback ext4 images) and running bwrap as the unprivileged sandbox user.
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v setpriv >/dev/null || need+=(util-linux)
+# bench/mcp.py compares search_code with ripgrep run bare; tests/codeintel indexes in an empty network namespace
+# (`unshare`, util-linux).
+command -v rg >/dev/null || need+=(ripgrep)
 command -v findmnt >/dev/null || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
     echo "test-env: installing ${need[*]}"

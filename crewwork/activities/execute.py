@@ -133,6 +133,11 @@ class ExecuteActivities(ValidateStep):
                     save_artifact=save,
                     extra={
                         "repo": spec.repo.url if spec.repo else None,
+                        # The repository map in a model agent's prompt (crewwork.codeintel.prompt): cached per
+                        # registration, the tenant's own.
+                        "repo_id": spec.repo.id if spec.repo else None,
+                        "codeintel": self.settings.codeintel,
+                        "codeintel_dir": str(self.settings.resolved_codeintel_dir()),
                         "labels": dict(spec.labels),
                         # Test-only fault injection (the scripted agent's `stall_s`): turn this attempt into a zombie.
                         "fault_partition": live.simulate_partition,

@@ -5,7 +5,8 @@ One run (one repair-loop attempt):
 1. Build the prompt: the instruction, the reviewer's comment, the previous attempt's diagnostics, a listing of
    the repository and the contents of a bounded selection of files (files named in the instruction,
    diagnostics or review comment, the modules those import, then — only when nothing was named — the first
-   files of the listing, all within `max_context_files` / `max_context_chars`).
+   files of the listing, all within `max_context_files` / `max_context_chars`), and a map of the repository's
+   most referenced definitions at the base commit (crewwork.codeintel, within `repo_map_tokens`).
 2. Ask the model (workload "edit") for SEARCH/REPLACE blocks (`crewwork.agents.edits` defines the format).
 3. Apply them all-or-nothing. If the response is malformed or does not apply, send the error back and ask
    again, at most `max_edit_rounds` calls in all. The first response that applies ends the run.
@@ -106,6 +107,9 @@ class ModelAgentConfig(BaseModel):
     """Characters of all file contents in the prompt together."""
     max_listing_entries: int = Field(default=300, ge=0, le=10_000)
     """Repository paths listed in the prompt, at most."""
+    repo_map_tokens: int | None = Field(default=None, ge=0, le=8192)
+    """Size budget (tokens) of the repository map in the prompt; default the operator's
+    CREWWORK_CODEINTEL_AGENT_MAP_TOKENS, 0 leaves it out."""
     instructions: str | None = Field(default=None, max_length=20_000)
     """Extra guidance appended to the system prompt (house style, constraints)."""
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=60)
@@ -235,7 +239,10 @@ class _Session:
         ws = self.ctx.workspace
         if ws is None:
             raise AgentError("model agent: a code change needs a workspace")
-        prompt, shown = await asyncio.to_thread(build_prompt, ws, self.ctx, self.cfg)
+        from crewwork.codeintel.prompt import repo_map_for_prompt
+
+        repo_map = await repo_map_for_prompt(self.ctx, self.cfg.repo_map_tokens, list(self.cfg.context_files))
+        prompt, shown = await asyncio.to_thread(build_prompt, ws, self.ctx, self.cfg, repo_map)
         system = SYSTEM_PROMPT + (f"\n{self.cfg.instructions}\n" if self.cfg.instructions else "")
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
         self._start()

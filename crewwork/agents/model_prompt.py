@@ -26,8 +26,11 @@ _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.M
 # ---------------------------------------------------------------------- prompt building
 
 
-def build_prompt(ws: Path, ctx: AgentContext, cfg: ModelAgentConfig) -> tuple[str, set[str]]:
-    """The first user message and the set of files whose contents it shows."""
+def build_prompt(
+    ws: Path, ctx: AgentContext, cfg: ModelAgentConfig, repo_map: str | None = None
+) -> tuple[str, set[str]]:
+    """The first user message and the set of files whose contents it shows (and the repository map, when given,
+    after the listing: crewwork.codeintel.prompt)."""
     listing = list_files(ws)
     pointers = "\n".join(t for t in (ctx.instruction, ctx.review_comment, ctx.diagnostics) if t)
     chosen = select_files(ws, listing, pointers, cfg)
@@ -39,6 +42,10 @@ def build_prompt(ws: Path, ctx: AgentContext, cfg: ModelAgentConfig) -> tuple[st
     shown_listing = listing[: cfg.max_listing_entries]
     more = len(listing) - len(shown_listing)
     parts.append("# Repository files\n" + "\n".join(shown_listing) + (f"\n... and {more} more" if more > 0 else ""))
+    if repo_map:
+        parts.append(
+            "# Repository map (the most referenced definitions at the base commit, by file and line)\n" + repo_map
+        )
     budget = cfg.max_context_chars
     shown: set[str] = set()
     file_parts = []

@@ -1,5 +1,5 @@
 """The FastAPI application: the workflow-start API (OpenAPI at /openapi.json), live events, webhooks, the review
-console (/console), Prometheus metrics (/metrics) and health (/healthz)."""
+console (/console), the MCP endpoint (/mcp, crewwork/mcp), Prometheus metrics (/metrics) and health (/healthz)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ def create_app(
             )
             tasks.append(asyncio.create_task(app.state.deliverer.run(stop)))
         try:
-            yield
+            async with _mcp_running(app):
+                yield
         finally:
             stop.set()
             for t in tasks:
@@ -128,6 +129,11 @@ def create_app(
     app.include_router(webhooks_router)
     app.include_router(admin_router)
     app.include_router(evidence_router)
+    if settings.mcp.enabled:
+        from crewwork.mcp.server import McpEndpoint
+
+        app.state.mcp = McpEndpoint(settings, app.state)
+        app.router.routes.extend(app.state.mcp.routes())
 
     @app.middleware("http")
     async def limit_body_and_measure(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -204,6 +210,17 @@ def create_app(
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     tracing.instrument_app(app)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _mcp_running(app: FastAPI) -> AsyncIterator[None]:
+    """The MCP endpoint's session manager (docs/mcp.md) runs for as long as the app serves."""
+    endpoint = getattr(app.state, "mcp", None)
+    if endpoint is None:
+        yield
+        return
+    async with endpoint.sessions.run():
+        yield
 
 
 async def _connect_forever(app: FastAPI, settings: Settings) -> None:

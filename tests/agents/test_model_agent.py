@@ -273,3 +273,28 @@ async def test_huge_responses_stay_out_of_heartbeat_details(
     await agent().run(make_ctx(agent_config(fake_openai), heartbeats=heartbeats))
     # The oversized first answer is not in the details: a resumed run would ask again rather than fail.
     assert all(h["responses"] == [] for h in heartbeats)
+
+
+async def test_the_prompt_carries_a_repository_map_of_the_base_commit(
+    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, git_repo: Path, tmp_path: Path
+):
+    import subprocess
+    from types import SimpleNamespace
+
+    from crewwork.codeintel.settings import CodeIntelSettings
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=git_repo, capture_output=True, text=True, check=True)
+    # What the agent pool gives: the workspace's private git directory and base commit, the registration's id.
+    workspace = SimpleNamespace(git=SimpleNamespace(path=git_repo / ".git"), base_commit=head.stdout.strip())
+    extra = {"repo_id": "repo_abc", "codeintel": CodeIntelSettings(), "codeintel_dir": str(tmp_path / "ci")}
+    for tokens, shown in ((None, True), (0, False)):
+        fake_openai.enqueue(Reply.text(FIX))
+        ctx = make_ctx(agent_config(fake_openai, repo_map_tokens=tokens), host_workspace=workspace, extra=extra)
+        await agent().run(ctx)
+        prompt = fake_openai.chat_requests[-1].last_user_message
+        assert ("# Repository map" in prompt) is shown
+        if shown:
+            section = prompt.split("# Repository map", 1)[1]
+            assert "calc.py:\n    1│def add(a, b):" in section
+        subprocess.run(["git", "checkout", "-q", "--", "."], cwd=git_repo, check=True)
+    assert (tmp_path / "ci" / "repo_abc" / f"{workspace.base_commit}.json.gz").is_file()

@@ -50,8 +50,39 @@ PUBLIC_PATHS = {
     "/docs",
     "/docs/oauth2-redirect",
     "/redoc",
+    "/.well-known/oauth-protected-resource/mcp",
 }
 """Routes outside the tenants' data: served to anyone, they must not show any tenant's resources."""
+
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+async def mcp_sweep(beta: httpx.AsyncClient, anon: httpx.AsyncClient, a: Owned, method: str) -> None:
+    """/mcp (docs/mcp.md): anonymous is a 401; tenant B naming A's repositories and work items in tools gets exactly
+    the answer of a missing one (tests/mcp/test_mcp_tenancy.py sweeps every tool and resource)."""
+    assert method == "POST"  # stateless: GET (a stream) and DELETE (a session's end) are 405
+    for other in ("GET", "DELETE"):
+        assert (await beta.request(other, "/mcp", headers=MCP_HEADERS)).status_code == 405
+    r = await anon.post("/mcp", headers=MCP_HEADERS, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert r.status_code == 401 and "resource_metadata=" in r.headers["www-authenticate"], r.text
+
+    async def tool(name: str, args: dict[str, Any]) -> str:
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}
+        r = await beta.post("/mcp", headers=MCP_HEADERS, json=call)
+        assert r.status_code == 200, r.text
+        assert r.json()["result"]["isError"] is True, r.text
+        return str(r.json()["result"]["content"][0]["text"])
+
+    for rid in a.repositories:
+        got = await tool("read_file", {"repo": rid, "path": "calc.py"})
+        missing = await tool("read_file", {"repo": missing_like(rid), "path": "calc.py"})
+        assert got.replace(rid, "<id>") == missing.replace(missing_like(rid), "<id>"), (got, missing)
+    for wid in a.work_items:
+        for name in ("get_work_item", "get_evidence", "git_status"):
+            got = await tool(name, {"work_item_id": wid})
+            missing = await tool(name, {"work_item_id": missing_like(wid)})
+            assert got.replace(wid, "<id>") == missing.replace(missing_like(wid), "<id>"), (name, got, missing)
+
 
 BODIES = {"/review": {"action": "approve"}}
 """A minimal valid body for routes that need one (by the end of their path)."""
@@ -171,9 +202,13 @@ async def test_tenant_b_gets_the_missing_404_for_everything_of_tenant_a_on_every
     async with stack.client(stack.beta) as beta, httpx.AsyncClient(base_url=stack.api.url, timeout=30) as anon:
         for method, path, route in routes:
             params = path_params(path)
+            if path == "/mcp":
+                await mcp_sweep(beta, anon, a, method)
+                covered.add((method, path))
+                continue
             if not path.startswith("/v1"):
                 # Public pages: nothing of any tenant's, for a tenant or for anyone.
-                assert path in PUBLIC_PATHS and method == "GET", f"unclassified route {method} {path}"
+                assert path in PUBLIC_PATHS and method in ("GET", "OPTIONS"), f"unclassified route {method} {path}"
                 if isinstance(route, Mount):
                     target = f"{path}/console.js"
                 else:
