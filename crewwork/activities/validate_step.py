@@ -202,7 +202,7 @@ class ValidateStep(StepBase):
                 report_format="junit" if spec.junit_path else None,
                 preview_spec=spec.preview,
             )
-            if spec.preview is not None and grade(evidence).passed:
+            if spec.preview is not None and grade(evidence.model_copy(update={"preview_spec": None})).passed:
                 # Preview hook: the one call into crewwork/preview, once the tests passed, in this workspace, with
                 # this sandbox, its limits and prepared environment (docs/preview.md).
                 preview = await run_preview(
