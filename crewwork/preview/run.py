@@ -149,7 +149,9 @@ async def run_preview(
                         for flow in spec.browser:
                             if not app.alive or time.monotonic() > deadline:
                                 break
+                            flow_started = time.monotonic()
                             record, shot, trace = await b.run_flow(flow)
+                            timings[f"flow:{flow.name}"] = time.monotonic() - flow_started
                             timings.setdefault("first_probe_s", time.monotonic() - started)
                             flows.append(record)
                             shots[flow.name] = (shot, trace)
