@@ -64,7 +64,7 @@ class AppPreview:
 
     async def start(self) -> None:
         self._log_fd = await asyncio.to_thread(self._make_log)
-        mount = Mount(self.tunnels.dir, TUNNEL_INSIDE)
+        mount = Mount(self.tunnels.hub_dir, TUNNEL_INSIDE)
         inside = self.sandbox.inside(mount)
         log_inside = f"{self.sandbox.workspace_inside(self.workspace)}/{LOG_FILE}"
         relay = ["python3", f"{inside}/relay.py", f"{inside}/hub.sock", str(self.port), log_inside, str(LOG_CAP)]

@@ -132,7 +132,7 @@ class Browser:
             (self.work / f"etc-{i}").write_bytes(data)
             files.append((i, self.work / f"etc-{i}"))
             data_fds.append((i, dest))
-        mounts = [Mount(self.tunnels.dir, APP_INSIDE)]
+        mounts = [Mount(self.tunnels.front_dir, APP_INSIDE)]
         env = {"PATH": toolchain.path("/opt/crewwork/python"), "LANG": "C.UTF-8", "HOME": "/tmp"}
         if Path("/etc/fonts/fonts.conf").exists():
             mounts.append(Mount(Path("/etc/fonts"), FONTS_INSIDE))

@@ -150,7 +150,17 @@ async def run_preview(
                             if not app.alive or time.monotonic() > deadline:
                                 break
                             flow_started = time.monotonic()
-                            record, shot, trace = await b.run_flow(flow)
+                            try:
+                                record, shot, trace = await b.run_flow(flow)
+                            except Exception as exc:
+                                # The page took the browser down with it (a renderer or browser crash): the page's
+                                # doing, recorded against its flow, never a platform error.
+                                why = f"the browser failed during the flow: {type(exc).__name__}: {exc}"
+                                record, shot, trace = (
+                                    FlowRecord(name=flow.name, page_crashed=True, error=why[:1000]),
+                                    None,
+                                    None,
+                                )
                             timings[f"flow:{flow.name}"] = time.monotonic() - flow_started
                             timings.setdefault("first_probe_s", time.monotonic() - started)
                             flows.append(record)

@@ -1,8 +1,13 @@
 """The host's side of a preview's connection: two unix sockets in a directory only the host can write.
 
-- `hub.sock` (mounted read-only into the app's sandbox): the app's relay dials in and leaves idle tunnels.
-- `front.sock` (used by the host's HTTP probes, and mounted read-only into the browser's sandbox): each connection
-  takes an idle tunnel, asks the relay to connect it to the app, and then carries bytes both ways, bounded.
+- `hub/hub.sock` (its directory mounted read-only into the app's sandbox, and nowhere else): the app's relay dials in
+  and leaves idle tunnels.
+- `front/front.sock` (used by the host's HTTP probes; its directory mounted read-only into the browser's sandbox, and
+  nowhere else): each connection takes an idle tunnel, asks the relay to connect it to the app, and then carries
+  bytes both ways, bounded.
+
+Two directories, so that neither side can pose as the other: the browser cannot offer the host fake tunnels (and so
+answer the HTTP probes itself), and the app cannot take its own tunnels away from the probes.
 
 Everything arriving from either side is untrusted bytes: the hub accepts a bounded number of idle tunnels, each
 one answers a one-byte protocol within a deadline, and an exchange stops at a size and an idle time.
@@ -46,29 +51,38 @@ class Tunnels:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
+    def hub_dir(self) -> Path:
+        return self.dir / "hub"
+
+    @property
+    def front_dir(self) -> Path:
+        return self.dir / "front"
+
+    @property
     def hub(self) -> Path:
-        return self.dir / "hub.sock"
+        return self.hub_dir / "hub.sock"
 
     @property
     def front(self) -> Path:
-        return self.dir / "front.sock"
+        return self.front_dir / "front.sock"
 
     @property
     def app_relay(self) -> Path:
-        return self.dir / "relay.py"
+        return self.hub_dir / "relay.py"
 
     @property
     def browser_relay(self) -> Path:
-        return self.dir / "browser-relay.py"
+        return self.front_dir / "browser-relay.py"
 
     def short(self, sock: Path) -> str:
         """A path to `sock` that fits AF_UNIX's ~108 bytes (through this process's descriptor of the directory)."""
         path = str(sock)
-        return path if len(path) < 100 else f"/proc/self/fd/{self._dirfd}/{sock.name}"
+        return path if len(path) < 100 else f"/proc/self/fd/{self._dirfd}/{sock.parent.name}/{sock.name}"
 
     async def __aenter__(self) -> Tunnels:
-        self.dir.mkdir(parents=True, mode=0o755)
-        self.dir.chmod(0o755)  # the sandbox user reads the relays and connects to the sockets; never writes here
+        for d in (self.dir, self.hub_dir, self.front_dir):
+            d.mkdir(parents=True, mode=0o755)
+            d.chmod(0o755)  # the sandbox user reads the relays and connects to the sockets; never writes here
         self.app_relay.write_text(APP_RELAY)
         self.browser_relay.write_text(BROWSER_RELAY)
         self._dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -94,11 +108,12 @@ class Tunnels:
         if self._dirfd is not None:
             os.close(self._dirfd)
             self._dirfd = None
-        for name in ("hub.sock", "front.sock", "relay.py", "browser-relay.py"):
+        for path in (self.hub, self.front, self.app_relay, self.browser_relay):
             with contextlib.suppress(OSError):
-                (self.dir / name).unlink()
-        with contextlib.suppress(OSError):
-            self.dir.rmdir()
+                path.unlink()
+        for d in (self.hub_dir, self.front_dir, self.dir):
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
     async def _on_hub(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

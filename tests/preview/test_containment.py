@@ -55,7 +55,7 @@ async def test_a_preview_that_hangs_is_not_ready_and_is_stopped(backend: str, tm
 
 
 async def test_a_crash_loop_is_contained_and_its_crashes_are_evidence(backend: str, tmp_path: Path) -> None:
-    loop = "n=0; while true; do n=$((n+1)); echo \"crash $n\"; python3 -c 'raise SystemExit(3)'; done"
+    loop = "n=0; while true; do n=$((n+1)); echo \"crash $n\"; sh -c 'exit 3'; sleep 0.05; done"
     spec = {**PROBE, "ready": {"timeout_s": 4}, "start": {"command": ["sh", "-c", loop]}}
     run, _ = await preview(backend, tmp_path, {}, spec)
     v = grade_preview(PreviewSpec.model_validate(spec), run.evidence)
@@ -108,6 +108,8 @@ for port in (5432, {api_port}):
         socket.create_connection(("127.0.0.1", port), timeout=3).close(); out.append(f"{{port}}:CONNECTED")
     except OSError as e:
         out.append(f"{{port}}:refused({{type(e).__name__}})")
+import os
+out.append("sees:" + ",".join(sorted(os.listdir("/crewwork/preview"))))
 open("reach.txt", "w").write(" ".join(out))
 """
     spec = {
@@ -118,6 +120,8 @@ open("reach.txt", "w").write(" ".join(out))
     v = grade_preview(PreviewSpec.model_validate(spec), run.evidence)
     assert v.passed, (v.reason, run.evidence.http)
     assert f"{api_port}:refused" in run.evidence.http[0].body
+    # The app sees its side of the tunnel only: never the front door the probes and the browser use.
+    assert "sees:hub.sock,relay.py" in run.evidence.http[0].body
     assert seen == [], "the host's service never saw the preview"
     assert "attempt-1-probe-http-reach.txt" in saved.artifacts
 
