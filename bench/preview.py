@@ -9,7 +9,7 @@
    crewwork's (Chromium in its bwrap sandbox behind the browser relay, the page served by the app in its sandbox
    behind the app relay and the host's tunnel). Launch and flow timed separately, interleaved round by round.
 
-    .venv/bin/python bench/preview.py [--runs 10] [--flows 10] [--backends bwrap,docker,gvisor]
+    .venv/bin/python bench/preview.py [--runs 10] [--flows 8] [--backends bwrap,docker,gvisor]
 
 Writes bench/results/preview.json.
 """
@@ -213,7 +213,7 @@ async def overhead(runs: int, flows: int, tmp: Path) -> dict[str, Any]:
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--flows", type=int, default=10)
+    ap.add_argument("--flows", type=int, default=8, help="flows per round (a preview holds at most 8)")
     ap.add_argument("--backends", default="bwrap,docker,gvisor")
     args = ap.parse_args()
     ok, why = packages_ready()

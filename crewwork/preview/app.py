@@ -130,11 +130,15 @@ class AppPreview:
         deadline = self.started_at + ready.timeout_s
         detail: str | None = None
         pattern = re2.compile(ready.log) if ready.log is not None else None
+        scanned = 0  # complete lines already searched: each byte of the log is searched once
         async with self.client(timeout_s=5.0) as client:
             while time.monotonic() < deadline and self.alive:
                 if pattern is not None:
-                    log = self.log().decode("utf-8", "replace")
-                    if any(pattern.search(line) for line in log.splitlines()):
+                    log = self.log()
+                    end = log.rfind(b"\n") + 1
+                    fresh = log[scanned:end].decode("utf-8", "replace")
+                    scanned = max(scanned, end)
+                    if any(pattern.search(line) for line in fresh.splitlines()):
                         return True, time.monotonic() - self.started_at, None
                     detail = "no output line matched" if log else "no output yet"
                 else:
