@@ -31,6 +31,8 @@ from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
 from crewwork.sandbox.config import SandboxSettings
 
+HEARTBEAT_EVERY_S = 2.0
+"""Well inside the validate activity's heartbeat timeout (10 s)."""
 Save = Callable[[str, bytes, str], Awaitable[ArtifactRef]]
 """Stores one artifact of the attempt: (name, content, content type) -> its reference."""
 
@@ -109,6 +111,51 @@ async def run_preview(
     except NotDetected as exc:
         ev = PreviewEvidence(started=False, start_error=str(exc))
         return await _store(PreviewRun(ev, sandbox.name, timings=timings), save, prefix, b"")
+
+    async def beat() -> None:
+        # Readiness waits and browser steps can each take minutes: the activity keeps heartbeating throughout.
+        while True:
+            heartbeat()
+            await asyncio.sleep(HEARTBEAT_EVERY_S)
+
+    beating = asyncio.create_task(beat())
+    try:
+        return await _run(
+            spec,
+            sandbox,
+            workspace,
+            limits,
+            env,
+            mounts,
+            settings,
+            scratch,
+            save,
+            prefix,
+            port,
+            argv,
+            detected,
+            timings,
+        )
+    finally:
+        beating.cancel()
+
+
+async def _run(
+    spec: PreviewSpec,
+    sandbox: Sandbox,
+    workspace: Path,
+    limits: SandboxLimits,
+    env: dict[str, str],
+    mounts: Sequence[Mount],
+    settings: SandboxSettings,
+    scratch: Path,
+    save: Save,
+    prefix: str,
+    port: int,
+    argv: list[str],
+    detected: str | None,
+    timings: dict[str, float],
+) -> PreviewRun:
     run_limits = replace(limits, timeout_s=spec.lifetime_s)
     http: list[HttpExchange] = []
     flows: list[FlowRecord] = []
@@ -130,7 +177,6 @@ async def run_preview(
             await app.start()
             ready, ready_after, detail = await app.wait_ready(spec.ready)
             timings["ready_s"] = time.monotonic() - started
-            heartbeat()
             deadline = started + spec.lifetime_s
             if ready:
                 async with app.client() as client:
@@ -140,7 +186,6 @@ async def run_preview(
                         x = await run_http(client, probe)
                         timings.setdefault("first_probe_s", time.monotonic() - started)
                         http.append(x)
-                        heartbeat()
                 if spec.browser and app.alive:
                     from crewwork.preview.browser import Browser
 
@@ -165,8 +210,7 @@ async def run_preview(
                             timings.setdefault("first_probe_s", time.monotonic() - started)
                             flows.append(record)
                             shots[flow.name] = (shot, trace)
-                            heartbeat()
-            # A moment for a crash the last probe caused to show as one.
+                # A moment for a crash the last probe caused to show as one.
             await asyncio.sleep(0)
             run = app.run_record()
             log = app.log()
