@@ -100,6 +100,7 @@ class PreviewEvidence(_Record):
 
     command: list[str] = Field(default_factory=list, description="What was started (after detection).")
     detected: str | None = Field(default=None, description="The detection table's row, if detected.")
+    port: int | None = Field(default=None, description="The port crewwork assigned ($PORT).")
     started: bool = True
     start_error: str | None = Field(default=None, description="Why nothing could be started (no command found).")
     ready: bool = False

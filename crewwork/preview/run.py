@@ -220,6 +220,7 @@ async def _run(
     ev = PreviewEvidence(
         command=argv,
         detected=detected,
+        port=port,
         ready=ready,
         ready_after_s=round(ready_after, 3) if ready_after is not None else None,
         ready_detail=detail,

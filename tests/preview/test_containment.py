@@ -30,14 +30,14 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve
 PROBE = {"http": [{"name": "home", "path": "/", "expect": [{"contains": "ok"}]}]}
 
 
-def _left_behind(tmp_path: Path) -> list[str]:
+def _left_behind(tmp_path: Path, port: int | None) -> list[str]:
     """This test's preview sockets, relays (a runc container's processes show on the host) and containers."""
     import subprocess
 
     scratch = tmp_path / "scratch"
     found = [str(p) for p in scratch.rglob("*")] if scratch.exists() else []
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    found += [line for line in ps.splitlines() if "/crewwork/preview/relay.py" in line]
+    found += [line for line in ps.splitlines() if f"/crewwork/preview/hub.sock {port} " in line]
     containers = subprocess.run(
         ["docker", "ps", "-aq", "--filter", f"volume={tmp_path / 'ws'}"], capture_output=True, text=True
     ).stdout.split()
@@ -51,7 +51,7 @@ async def test_a_preview_that_hangs_is_not_ready_and_is_stopped(backend: str, tm
     v = grade_preview(PreviewSpec.model_validate(spec), run.evidence)
     assert v.cause == "preview_not_ready", v.reason
     assert "starting" in run.evidence.log_tail
-    assert not _left_behind(tmp_path)
+    assert not _left_behind(tmp_path, run.evidence.port)
 
 
 async def test_a_crash_loop_is_contained_and_its_crashes_are_evidence(backend: str, tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ async def test_a_crash_loop_is_contained_and_its_crashes_are_evidence(backend: s
     v = grade_preview(PreviewSpec.model_validate(spec), run.evidence)
     assert v.cause == "preview_not_ready", v.reason
     assert "crash 3" in run.evidence.log_tail
-    assert not _left_behind(tmp_path)
+    assert not _left_behind(tmp_path, run.evidence.port)
 
     # An app that simply exits is a crash, with its output as the reason.
     spec = {
