@@ -23,7 +23,7 @@ from pathlib import Path
 from crewwork.models import ArtifactRef, PreviewOutcome, ProbeResult
 from crewwork.preview.app import AppPreview
 from crewwork.preview.detect import NotDetected, detect, read_facts, with_port
-from crewwork.preview.evidence import MAX_LOG_TAIL, FlowRecord, HttpExchange, PreviewEvidence
+from crewwork.preview.evidence import MAX_LOG_TAIL, FlowRecord, HttpExchange, PreviewEvidence, cut
 from crewwork.preview.grading import PreviewVerdict, console_errors
 from crewwork.preview.httpprobe import run_http, transcript
 from crewwork.preview.spec import PreviewSpec
@@ -65,8 +65,9 @@ class PreviewRun:
                     summary=p.summary,
                     failed=p.failed,
                     seen=p.seen,
-                    console_errors=console_errors(flow)[:20] if flow else [],
-                    failed_requests=[f"{r.method} {r.url}: {r.failure}" for r in flow.failed_requests][:20]
+                    # Bounded: the outcome travels through Temporal; the transcript artifact has them all.
+                    console_errors=[cut(e, 300) for e in console_errors(flow)[:10]] if flow else [],
+                    failed_requests=[cut(f"{r.method} {r.url}: {r.failure}", 300) for r in flow.failed_requests[:10]]
                     if flow
                     else [],
                     transcript_ref=refs.get("transcript"),
