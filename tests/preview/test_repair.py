@@ -14,6 +14,7 @@ from crewwork.evidence.gather import gather
 from crewwork.evidence.statements import validation_statement
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_repo, make_settings, running_crew
+from tests.preview.conftest import require
 from tests.repos.pkgindex import PackageIndex, packages_ready
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
@@ -164,3 +165,24 @@ async def test_a_button_whose_handler_throws_is_repaired_through_a_failing_brows
     shot = await crew.store.artifact_content(artifacts["attempt-1-probe-browser-add.png"].id)
     assert shot is not None and shot.startswith(b"\x89PNG")
     assert "TypeError" in first["diagnostics"] or "Cannot set properties of null" in first["diagnostics"]
+
+
+async def test_the_same_probe_failure_trips_the_breaker(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    backend = require("bwrap")
+    repo = make_repo(tmp_path / "site", {"index.html": INDEX, "app.js": JS, "tests/test_site.py": SITE_TEST})
+    settings = make_settings(tmp_path / "data", temporal_server, pg_url, sandbox_backend=backend)
+    preview = {"http": [{"name": "home", "path": "/", "expect": [{"contains": "Counter v2"}]}]}
+    # Five different changes, none of which gives the page what the probe wants.
+    steps = [{"files": {"index.html": INDEX.replace("<title>Counter", f"<title>Counter {n}")}} for n in range(5)]
+    spec = item(repo, steps, preview, budget={"max_attempts": 5})
+    spec["validation"]["command"] = ["python3", *PYTEST[1:]]
+    async with running_crew(settings) as crew:
+        wid = await crew.submit(spec)
+        result = await crew.result(wid, timeout_s=600)
+        attempts = await crew.store.list_attempts(wid)
+    assert result.state == "failed" and result.reason.startswith("breaker:"), result.reason
+    assert len(attempts) == 3, "the breaker stopped the run before the budget did"
+    prints = {a.fingerprint for a in attempts}
+    assert len(prints) == 1 and next(iter(prints)).startswith("probe_failure:")
