@@ -5,6 +5,7 @@ which fixes it. End to end on real Temporal, PostgreSQL, sandboxes (every backen
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from tests.preview.conftest import require
 from tests.repos.pkgindex import PackageIndex, packages_ready
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 SHOP = 'def total(items):\n    return round(sum(float(i["price"]) * i["qty"] for i in items), 2)\n'
 SHOP_TOUCHED = '"""Prices."""\n\n\n' + SHOP
@@ -83,6 +85,12 @@ async def _repaired(crew: Any, wid: str, cause_1: str) -> tuple[Any, Any, dict[s
     assert first["preview"]["cause"] == cause_1 and not first["preview"]["passed"]
     assert second["cause"] == "passed" and second["preview"]["passed"], second
     assert "Acceptance probes" in first["diagnostics"], "attempt 2 was told about the probe"
+    # For people: both attempts' validation records, as the API shows them (test-artifacts/ is not committed).
+    ARTIFACTS.mkdir(exist_ok=True)
+    record = {"work_item": wid, "attempts": [first, second]}
+    (ARTIFACTS / f"preview-repair-{first['preview']['detected']}-{first['preview']['backend']}.json").write_text(
+        json.dumps(record, indent=1, default=str)
+    )
     # The evidence bundle names the probes: their results with the tests, their transcripts as subjects.
     facts = await gather(crew.store, wid, 2)
     statement = validation_statement(facts, "urn:test")
