@@ -26,7 +26,9 @@ if ! command -v dockerd >/dev/null || ! command -v runsc >/dev/null; then
 fi
 
 mkdir -p /etc/docker
-want='{"runtimes":{"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--network=none"]}}}'
+# --host-uds=open: a gVisor sandbox may connect to the host unix sockets crewwork mounts into it (the preview's tunnel
+# and the setup proxy; docs/preview.md). It cannot create host sockets, and it sees no other host socket.
+want='{"runtimes":{"runsc":{"path":"/usr/bin/runsc","runtimeArgs":["--network=none","--host-uds=open"]}}}'
 config_changed=0
 if [ "$(cat /etc/docker/daemon.json 2>/dev/null || true)" != "$want" ]; then
     echo "$want" > /etc/docker/daemon.json

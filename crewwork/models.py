@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from crewwork.ids import is_tenant_id
 from crewwork.paths import PathPattern, RelPath, ReportPath
+from crewwork.preview.spec import PreviewSpec
 
 # Hard ceilings on what a submission may carry. Large content belongs in the repository or the artifact store.
 MAX_INSTRUCTION_CHARS = 20_000
@@ -271,6 +272,11 @@ class ValidationSpec(Strict):
     )
     protect: ProtectSpec = Field(default_factory=ProtectSpec, description="Widen or narrow the protected set.")
     setup: list[list[str]] = Field(default_factory=list, description="Setup commands (argv lists) run first.")
+    preview: PreviewSpec | None = Field(
+        default=None,
+        description="After the tests pass, start the changed app in the sandbox and run these HTTP probes and "
+        "browser flows against it; the change passes only if every probe does (docs/preview.md).",
+    )
 
     @field_validator("command")
     @classmethod
@@ -476,6 +482,39 @@ class ResetPath(BaseModel):
     why: str
 
 
+class ProbeResult(BaseModel):
+    """One probe's result, as graded (crewwork.preview.grading), with its evidence as artifacts."""
+
+    id: str
+    kind: str
+    passed: bool
+    summary: str = ""
+    failed: str | None = None
+    seen: str | None = None
+    console_errors: list[str] = Field(default_factory=list)
+    failed_requests: list[str] = Field(default_factory=list)
+    transcript_ref: ArtifactRef | None = None
+    screenshot_ref: ArtifactRef | None = None
+    trace_ref: ArtifactRef | None = None
+
+
+class PreviewOutcome(BaseModel):
+    """The live preview of an attempt's change and its probes (docs/preview.md)."""
+
+    passed: bool
+    cause: str
+    reason: str
+    command: list[str] = Field(default_factory=list)
+    detected: str | None = None
+    backend: str | None = None
+    ready_after_s: float | None = None
+    probes: list[ProbeResult] = Field(default_factory=list)
+    log_ref: ArtifactRef | None = None
+    evidence_ref: ArtifactRef | None = Field(
+        default=None, description="The whole PreviewEvidence as JSON: what grading read (re-grade from it)."
+    )
+
+
 class ValidationOutcome(BaseModel):
     passed: bool
     reason: str
@@ -488,6 +527,9 @@ class ValidationOutcome(BaseModel):
     report_ref: ArtifactRef | None = None
     diagnostics: str | None = None
     fingerprint: str | None = None
+    preview: PreviewOutcome | None = Field(
+        default=None, description="The live preview and its probes, when the work item declares them."
+    )
     protected_reset: list[ResetPath] = Field(
         default_factory=list, description="Protected paths restored to the base commit or removed before the run."
     )

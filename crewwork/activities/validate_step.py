@@ -19,6 +19,7 @@ from crewwork.models import (
     EnvironmentSpec,
     ValidationOutcome,
 )
+from crewwork.preview.run import PreviewRun, run_preview
 from crewwork.repos.environment import EnvironmentRejected, setup_plan
 from crewwork.sandbox.base import Mount
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnv, PreparedEnvCache, SetupFailed
@@ -199,7 +200,26 @@ class ValidateStep(StepBase):
                 report_refused=refused,
                 # With a configured report path a missing report is not evidence of anything: it fails.
                 report_format="junit" if spec.junit_path else None,
+                preview_spec=spec.preview,
             )
+            if spec.preview is not None and grade(evidence.model_copy(update={"preview_spec": None})).passed:
+                # Preview hook: the one call into crewwork/preview, once the tests passed, in this workspace, with
+                # this sandbox, its limits and prepared environment (docs/preview.md).
+                preview = await run_preview(
+                    spec.preview,
+                    sandbox=sandbox,
+                    workspace=ws.path,
+                    limits=limits,
+                    env=run_env,
+                    mounts=mounts,
+                    settings=self.settings.sandbox,
+                    scratch=self.settings.data_dir.resolve() / "preview",
+                    save=lambda name, data, ctype: self._save(inp.work_item_id, inp.tenant_id, name, data, ctype),
+                    prefix=f"attempt-{inp.attempt}",
+                    heartbeat=heartbeat,
+                )
+                outcome_extra["preview"] = preview
+                evidence = evidence.model_copy(update={"preview": preview.evidence})
             return self._judge(inp, evidence, outcome_extra, sandbox_report=rep)
         finally:
             if prepared is not None:
@@ -222,7 +242,9 @@ class ValidateStep(StepBase):
             diagnostics = build_diagnostics(
                 verdict, evidence, inp.attempt, inp.diff_stats, review_comment=inp.review_comment
             )
+        preview: PreviewRun | None = extra.get("preview")
         return verdict.to_outcome(
+            preview=preview.outcome(verdict.preview) if preview is not None else None,
             sandbox=sandbox_report,
             log_ref=extra.get("log_ref"),
             report_ref=extra.get("report_ref"),

@@ -80,7 +80,35 @@ def validation_record(spec: dict[str, Any], v: ValidationOutcome) -> dict[str, A
         "protected_reset": [r.model_dump() for r in v.protected_reset],
         "verdict": {"passed": v.passed, "cause": v.cause, "reason": v.reason, "exit_code": v.exit_code},
         "tests_executed": v.tests_executed,
+        **({"preview": preview_record(val, v)} if val.get("preview") or v.preview else {}),
     }
+
+
+def preview_record(val: dict[str, Any], v: ValidationOutcome) -> dict[str, Any]:
+    """The declared preview and what it came to (its probes' evidence files are subjects of their own)."""
+    p = v.preview
+    return {
+        "declared": val.get("preview"),
+        "verdict": None if p is None else {"passed": p.passed, "cause": p.cause, "reason": p.reason},
+        "command": None if p is None else p.command,
+        "detected": None if p is None else p.detected,
+        "backend": None if p is None else p.backend,
+    }
+
+
+async def probe_files(store: Store, v: ValidationOutcome) -> list[FileFact]:
+    """Each probe's transcript and the preview's whole evidence record, as subjects of the test result."""
+    if v.preview is None:
+        return []
+    refs = [p.transcript_ref for p in v.preview.probes] + [v.preview.evidence_ref]
+    out = []
+    for ref in refs:
+        if ref is None or not FILE_NAME.match(ref.name):
+            continue
+        data = await store.artifact_content(ref.id)
+        if data is not None:
+            out.append(FileFact(ref.name, data, ref.content_type, ref.id))
+    return out
 
 
 async def gather(
@@ -139,7 +167,9 @@ async def gather(
         cause=v.cause,
         reason=v.reason,
         exit_code=v.exit_code,
-        tests=[TestFact(t.id, t.outcome) for t in v.tests],
+        # A probe is an acceptance test: its id (preview::http::NAME) is listed with the tests it passed or failed.
+        tests=[TestFact(t.id, t.outcome) for t in v.tests]
+        + [TestFact(p.id, "passed" if p.passed else "failed") for p in (v.preview.probes if v.preview else [])],
         tests_executed=v.tests_executed,
         agent={
             "name": agent.agent,
@@ -155,6 +185,7 @@ async def gather(
         environment=FileFact(ENVIRONMENT_FILE, canonical(environment_record(spec, prepared)), "application/json"),
         validation=FileFact(VALIDATION_FILE, canonical(validation_record(spec, v)), "application/json"),
         report=report,
+        transcripts=await probe_files(store, v),
         attempts=[AttemptFact(a.number, a.verdict, a.cause, a.reason) for a in attempts if a.number <= attempt],
         review=review,
         landed=landed,

@@ -111,6 +111,9 @@ async def run_process(
         readers.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.shield(proc.wait())
+        # Retrieved, so a cancelled run (a preview being stopped) logs no "exception was never retrieved".
+        with contextlib.suppress(BaseException):
+            await readers
         raise
     return ProcessOutcome(
         returncode=proc.returncode,

@@ -46,6 +46,18 @@ HINTS: dict[Cause, str] = {
     "tests report results or exit; fix the code so the tests genuinely pass.",
     Cause.infrastructure: "Validation could not run for reasons outside the change; the same change may pass "
     "on the next attempt.",
+    Cause.preview_not_started: "The tests passed, but there was no way to start the app for its preview: the "
+    "submission's start command, or the file the detected framework needs (app.py, main.py, manage.py, "
+    "index.html), is missing.",
+    Cause.preview_limit: "The tests passed, but the running app hit a sandbox cap (lifetime, memory, processes or "
+    "disk). Look for runaway work at start-up or per request.",
+    Cause.preview_crashed: "The tests passed, but the app exited when started for its preview. Its output below "
+    "says why; the app must keep running in the foreground and listen on $PORT.",
+    Cause.preview_not_ready: "The tests passed, but the app never answered its readiness check. It must listen "
+    "on 127.0.0.1:$PORT (the port is in the environment) and answer there.",
+    Cause.probe_missing: "The tests passed, but some declared probes left no evidence; that never passes.",
+    Cause.probe_failure: "The tests passed, but the running app failed an acceptance probe: an HTTP answer or "
+    "what a browser saw. The probes below say what was expected and what came back; fix the app, not the probes.",
 }
 
 
@@ -77,9 +89,12 @@ def build_diagnostics(
     if review_comment and review_comment.strip():
         sections.append(_section("Reviewer's comment", _head(review_comment.strip(), max_chars // 4)))
 
-    failing = _failing_tests(verdict, budget=max_chars * 45 // 100)
-    if failing:
-        sections.append(failing)
+    if verdict.preview is not None and not verdict.preview.passed:
+        sections.append(_probes(verdict, evidence, budget=max_chars * 45 // 100))
+    else:
+        failing = _failing_tests(verdict, budget=max_chars * 45 // 100)
+        if failing:
+            sections.append(failing)
 
     sections.append(_section("What the attempt changed", _changes(diff_stats)))
     if evidence is not None and evidence.protected_reset:
@@ -90,6 +105,10 @@ def build_diagnostics(
             _section("Put back before the run (protected test infrastructure)", _head(body, max_chars // 5))
         )
 
+    if evidence is not None and evidence.preview is not None and verdict.preview is not None:
+        log = evidence.preview.log_tail.strip("\n")
+        if log:
+            sections.append(_section("The app's output (tail)", _tail(log, max_chars // 6)))
     if evidence is not None:
         used = sum(len(s) + 2 for s in sections)
         room = max_chars - used - 200
@@ -176,3 +195,31 @@ def _changes(diff_stats: DiffStats | None) -> str:
     if len(files) > MAX_FILES_LISTED:
         lines.append(f"- … and {len(files) - MAX_FILES_LISTED} more")
     return "\n".join(lines)
+
+
+def _probes(verdict: Verdict, evidence: ValidationEvidence | None, *, budget: int) -> str:
+    """The preview's failing probes: which assertion, what was seen, what the page logged."""
+    from crewwork.preview.grading import console_errors
+
+    pv = verdict.preview
+    assert pv is not None
+    failed = [p for p in pv.probes if not p.passed]
+    lines = [f"## Acceptance probes ({len(failed)} of {len(pv.probes)} failed)"]
+    if not pv.probes or pv.cause not in ("probe_failure", "probe_missing"):
+        lines.append(f"The preview itself failed ({pv.cause}); no probe could run against it.")
+    flows = {f.name: f for f in (evidence.preview.flows if evidence and evidence.preview else [])}
+    per = max(budget // max(len(failed), 1), 300)
+    for p in failed[:MAX_TESTS_LISTED]:
+        entry = [f"- {p.id}: {p.summary}", f"    expected: {p.failed}"]
+        if p.seen:
+            entry.append("    seen: " + _head(p.seen, per // 2).replace("\n", "\n          "))
+        flow = flows.get(p.id.split("::")[-1]) if p.kind == "browser" else None
+        if flow is not None:
+            errors = console_errors(flow)
+            if errors:
+                entry.append("    console errors: " + _head(" | ".join(errors), per // 4))
+            if flow.failed_requests:
+                reqs = " | ".join(f"{r.method} {r.url}: {r.failure}" for r in flow.failed_requests)
+                entry.append("    failed requests: " + _head(reqs, per // 4))
+        lines.append("\n".join(entry))
+    return _head("\n".join(lines), budget)

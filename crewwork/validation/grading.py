@@ -25,7 +25,12 @@ The rules, in the order they are applied (the first that matches decides the `Ca
 11. ``test_failure``   with ``fail_to_pass``/``pass_to_pass`` lists: a fail_to_pass test did not pass, or a
    pass_to_pass test did not pass (missing from the report or skipped counts as not passing); without lists:
    any failed or errored test.
-12. ``passed``        everything above held: a non-empty diff and passing tests, measured by the platform.
+12-17. When the work item declares a preview (`validation.preview`), the tests passed and the live preview
+   decides, by `crewwork.preview.grading.grade_preview`'s rules: ``preview_not_started``, ``preview_limit``,
+   ``preview_crashed``, ``preview_not_ready``, ``probe_missing`` (declared probes without evidence: never a
+   pass), ``probe_failure``.
+18. ``passed``        everything above held: a non-empty diff, passing tests and (where declared) every probe
+   passing, measured by the platform.
 
 An agent's own claim of success is never an input here.
 """
@@ -37,7 +42,17 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from crewwork.models import ArtifactRef, ResetPath, SandboxReport, TestCaseResult, ValidationOutcome
+from crewwork.models import (
+    ArtifactRef,
+    PreviewOutcome,
+    ResetPath,
+    SandboxReport,
+    TestCaseResult,
+    ValidationOutcome,
+)
+from crewwork.preview.evidence import PreviewEvidence
+from crewwork.preview.grading import PreviewVerdict, grade_preview
+from crewwork.preview.spec import PreviewSpec
 from crewwork.validation.fingerprint import fingerprint
 from crewwork.validation.parsers import ParsedReport, normalize_test_id, parse_report
 
@@ -68,6 +83,12 @@ class Cause(enum.StrEnum):
     report_unparseable = "report_unparseable"
     exit_mismatch = "exit_mismatch"
     infrastructure = "infrastructure"
+    preview_not_started = "preview_not_started"
+    preview_limit = "preview_limit"
+    preview_crashed = "preview_crashed"
+    preview_not_ready = "preview_not_ready"
+    probe_missing = "probe_missing"
+    probe_failure = "probe_failure"
 
 
 class ValidationEvidence(BaseModel):
@@ -116,6 +137,12 @@ class ValidationEvidence(BaseModel):
     stderr_tail: str = Field(default="", description="Bounded tail of the test command's stderr.")
     fail_to_pass: list[str] = Field(default_factory=list, description="Test ids that must pass after the change.")
     pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
+    preview_spec: PreviewSpec | None = Field(
+        default=None, description="The declared preview and probes; None: the tests alone decide."
+    )
+    preview: PreviewEvidence | None = Field(
+        default=None, description="What the preview showed; None with a declared preview is missing evidence."
+    )
 
     @classmethod
     def from_sandbox(cls, sandbox: SandboxReport, **facts: Any) -> ValidationEvidence:
@@ -158,6 +185,7 @@ class Verdict(BaseModel):
     )
     report_format: str | None = Field(default=None, description="Parser whose output was used, if any.")
     fingerprint: str = Field(default="", description="Stable id of this failure mode (see fingerprint.py).")
+    preview: PreviewVerdict | None = Field(default=None, description="The preview's own verdict, when it ran.")
 
     def to_outcome(
         self,
@@ -167,6 +195,7 @@ class Verdict(BaseModel):
         report_ref: ArtifactRef | None = None,
         diagnostics: str | None = None,
         protected_reset: list[ResetPath] | None = None,
+        preview: PreviewOutcome | None = None,
     ) -> ValidationOutcome:
         """The `ValidationOutcome` the store and workflow carry."""
         return ValidationOutcome(
@@ -182,6 +211,7 @@ class Verdict(BaseModel):
             diagnostics=diagnostics,
             fingerprint=self.fingerprint or None,
             protected_reset=list(protected_reset or []),
+            preview=preview,
         )
 
 
@@ -208,6 +238,25 @@ def _plural(n: int, word: str) -> str:
 
 
 def _decide(ev: ValidationEvidence) -> Verdict:
+    verdict = _decide_tests(ev)
+    if not verdict.passed or ev.preview_spec is None:
+        return verdict
+    pv = grade_preview(ev.preview_spec, ev.preview)
+    if pv.passed:
+        return verdict.model_copy(update={"reason": f"{verdict.reason} {pv.reason}", "preview": pv})
+    return verdict.model_copy(
+        update={
+            "passed": False,
+            "cause": Cause(pv.cause),
+            "reason": pv.reason,
+            "failing_tests": pv.failing,
+            "error_signature": pv.signature,
+            "preview": pv,
+        }
+    )
+
+
+def _decide_tests(ev: ValidationEvidence) -> Verdict:
     signature = _last_line(ev.stderr_tail, ev.stdout_tail)
     if ev.infrastructure_error:
         return _fail(

@@ -94,6 +94,8 @@ def slim(summary: AttemptSummary) -> AttemptSummary:
     if s.validation is not None:
         s.validation.tests = s.validation.tests[:20]
         s.validation.diagnostics = None
+        if s.validation.preview is not None:
+            s.validation.preview.probes = s.validation.preview.probes[:20]
     return s
 
 
@@ -197,4 +199,6 @@ def validation_budget_s(inp: WorkItemInput) -> float:
     env = inp.spec.environment
     if env is not None:
         total += env.setup_timeout_s * (len(env.setup) + (1 if env.python else 0))
+    if v.preview is not None:
+        total += v.preview.lifetime_s
     return total

@@ -19,6 +19,7 @@ GIVEN_TO_CHILDREN = {
     "CREWWORK_REVIEW_FILE",
     "CREWWORK_DIAGNOSTICS_FILE",
     "CREWWORK_ATTEMPT",
+    "CREWWORK_PREVIEW",  # set to 1 for an app started as a preview (docs/preview.md)
 }
 
 

@@ -250,8 +250,58 @@ function evidencePanel(workItemId, ev) {
       h("thead", {}, h("tr", {}, h("th", { text: "Test" }), h("th", { text: "Outcome" }), h("th", { text: "Message" }))),
       h("tbody", {}, tests.map((t) => h("tr", {}, h("td", { text: t.id }), h("td", { class: `verdict-${t.outcome === "passed" ? "passed" : t.outcome === "skipped" ? "" : "failed"}`, text: t.outcome }), h("td", {}, h("pre", { text: (t.message || "").slice(0, 800) })))))));
   }
+  if (v.preview) panel.append(probesSection(workItemId, ev.number, v.preview));
   if (v.diagnostics) panel.append(h("details", {}, h("summary", { text: "Diagnostics given to the next attempt" }), h("pre", { class: "log", text: v.diagnostics })));
   return panel;
+}
+
+// The live preview's acceptance probes, next to the tests: what was started, each probe's verdict, what was
+// expected and seen, and its evidence (transcript, screenshot, Playwright trace). Everything here came from the
+// app under test: shown as text, never as markup.
+function probesSection(workItemId, number, pv) {
+  const art = (ref) => `/v1/work-items/${workItemId}/artifacts/${ref.id}`;
+  const link = (ref, label) => (ref ? [h("a", { href: "#", onclick: (e) => { e.preventDefault(); download(art(ref), ref.name); }, text: label }), " "] : "");
+  const started = `${(pv.command || []).join(" ")}${pv.detected ? ` (detected: ${pv.detected})` : ""}${pv.backend ? ` in ${pv.backend}` : ""}`;
+  const ready = pv.ready_after_s !== null && pv.ready_after_s !== undefined ? `, ready after ${Number(pv.ready_after_s).toFixed(2)} s` : "";
+  const section = h("section", { class: "probes", "aria-label": `Acceptance probes of attempt ${number}` },
+    h("h3", {}, "Acceptance probes: ", h("span", { class: `verdict-${pv.passed ? "passed" : "failed"}`, text: pv.passed ? "passed" : pv.cause })),
+    h("p", { text: pv.reason }),
+    h("p", { class: "muted" }, "Preview: ", h("span", { class: "mono", text: started }), ready, " ", link(pv.log_ref, "app log"), link(pv.evidence_ref, "evidence")));
+  if ((pv.probes || []).length) {
+    section.append(h("table", { class: "tests probes-table", "aria-label": `Probes of attempt ${number}` },
+      h("thead", {}, h("tr", {}, h("th", { text: "Probe" }), h("th", { text: "Outcome" }), h("th", { text: "Expected / seen" }), h("th", { text: "Evidence" }))),
+      h("tbody", {}, pv.probes.map((p) => h("tr", {},
+        h("td", {}, h("div", { class: "mono", text: p.id }), h("div", { class: "muted", text: p.summary || "" })),
+        h("td", { class: `verdict-${p.passed ? "passed" : "failed"}`, text: p.passed ? "passed" : "failed" }),
+        h("td", {}, p.failed ? h("div", { text: `expected: ${p.failed}` }) : "",
+          p.seen ? h("pre", { text: p.seen.slice(0, 800) }) : "",
+          (p.console_errors || []).length ? h("div", { class: "muted", text: `console errors: ${p.console_errors.join(" | ").slice(0, 800)}` }) : "",
+          (p.failed_requests || []).length ? h("div", { class: "muted", text: `failed requests: ${p.failed_requests.join(" | ").slice(0, 800)}` }) : ""),
+        h("td", {}, link(p.transcript_ref, "transcript"), link(p.screenshot_ref, "screenshot"), link(p.trace_ref, "trace")))))));
+    for (const p of pv.probes) {
+      if (p.screenshot_ref) section.append(h("figure", { class: "shot" }, artifactImage(art(p.screenshot_ref), `Screenshot of ${p.id} at its end`), h("figcaption", { class: "muted", text: `${p.id}: the page at the end of the flow` })));
+    }
+  }
+  return section;
+}
+
+// Screenshots never change once stored: each is fetched once per page, so a re-render shows it at once.
+const imageCache = new Map();
+function artifactImage(url, alt) {
+  const img = h("img", { alt });
+  if (!imageCache.has(url)) {
+    imageCache.set(url, fetch(url, { headers: { Authorization: `Bearer ${apiKey()}` } })
+      .then((r) => (r.ok ? r.blob() : null))
+      .then((b) => (b ? new Promise((resolve) => {
+        // A data: URL of type image/png (the console's policy allows data: images, nothing else from outside).
+        const reader = new FileReader();
+        reader.onload = () => resolve(reader.result);
+        reader.readAsDataURL(new Blob([b], { type: "image/png" }));
+      }) : null))
+      .catch(() => null));
+  }
+  imageCache.get(url).then((src) => { if (src) img.src = src; });
+  return img;
 }
 
 async function download(url, name) {

@@ -1,0 +1,309 @@
+"""The pure decision whether a preview and its probes passed, from the saved `PreviewEvidence` and the declared
+`PreviewSpec`. `crewwork.validation.grading.grade` applies it after the tests passed (its rules 12-17).
+
+The rules, in order (the first that matches decides the cause):
+
+1. ``preview_not_started``  no command to start: none given and nothing detected (or the detected row's file is gone).
+2. ``preview_limit``   a sandbox cap ended the app: its lifetime (wall clock), memory, processes or disk.
+3. ``preview_crashed`` the app's process ended before the probes were done (or a signal killed it).
+4. ``preview_not_ready``  the app ran but never answered its readiness check within the deadline.
+5. ``probe_missing``   a declared probe has no record: missing evidence never passes.
+6. ``probe_failure``   a probe failed: an HTTP status or body assertion, a flow step, or a flow assertion.
+7. ``passed``          every declared probe passed.
+
+HTTP assertions are evaluated on the recorded body (its first 64 KiB, as recorded), so re-grading decides what the
+live run decided. Regular expressions are RE2: linear time whatever the pattern.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from crewwork.preview.evidence import FlowRecord, HttpExchange, PreviewEvidence, cut
+from crewwork.preview.spec import (
+    BrowserFlow,
+    Contains,
+    HttpProbe,
+    JsonEquals,
+    Matches,
+    NoConsoleErrors,
+    NoFailedRequests,
+    NotContains,
+    PreviewSpec,
+    TextVisible,
+    UrlIs,
+    probe_id,
+)
+
+PREVIEW_CAUSES = (
+    "preview_not_started",
+    "preview_limit",
+    "preview_crashed",
+    "preview_not_ready",
+    "probe_missing",
+    "probe_failure",
+)
+MAX_SEEN = 600
+
+
+class ProbeVerdict(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    kind: str
+    passed: bool
+    summary: str = Field(description="One line: what was done and what came back.")
+    failed: str | None = Field(default=None, description="The first assertion that failed.")
+    seen: str | None = Field(default=None, description="What was seen instead (cut).")
+
+
+class PreviewVerdict(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    passed: bool
+    cause: str
+    reason: str
+    probes: list[ProbeVerdict] = Field(default_factory=list)
+    failing: list[str] = Field(default_factory=list, description="Ids of the probes that failed or are missing.")
+    signature: str | None = Field(default=None, description="An error line for the fingerprint (no failing ids).")
+
+
+def grade_preview(spec: PreviewSpec, ev: PreviewEvidence | None) -> PreviewVerdict:
+    """Decide from the evidence. Pure and deterministic; never raises on bad evidence."""
+    if ev is None:
+        ids = spec.probe_ids()
+        return PreviewVerdict(
+            passed=False,
+            cause="probe_missing",
+            reason="Probes were declared but the preview left no evidence; missing evidence never passes.",
+            failing=sorted(ids),
+        )
+    probes = [_http(p, _find_http(ev, p.name)) for p in spec.http] + [
+        _flow(f, _find_flow(ev, f.name)) for f in spec.browser
+    ]
+    last = _last_line(ev.log_tail)
+    if not ev.started:
+        why = ev.start_error or "no start command"
+        return _fail("preview_not_started", f"The preview could not be started: {why}.", probes, signature=why)
+    run = ev.run
+    cap = next(
+        (
+            what
+            for flag, what in (
+                (run.timed_out, "its lifetime (wall clock)"),
+                (run.oom_killed, "its memory cap"),
+                (run.pids_limited, "its process cap"),
+                (run.disk_limited, "its disk cap"),
+            )
+            if flag
+        ),
+        None,
+    )
+    if cap is not None:
+        return _fail("preview_limit", f"The preview app was stopped by {cap}.", probes, signature=cap)
+    if run.exited or run.killed_by_signal is not None:
+        how = f"killed by signal {run.killed_by_signal}" if run.killed_by_signal else f"exit code {run.exit_code}"
+        when = "during the probes" if ev.ready else "before it became ready"
+        reason = f"The preview app exited {when} ({how})" + (f"; its last output: {last}" if last else "") + "."
+        return _fail("preview_crashed", reason, probes, signature=f"{how} {last or ''}")
+    if not ev.ready:
+        detail = ev.ready_detail or "no answer"
+        reason = f"The preview app never became ready (last seen: {cut(detail, 300)})" + (
+            f"; its last output: {last}" if last else ""
+        )
+        return _fail("preview_not_ready", reason + ".", probes, signature=last or detail)
+    missing = [p.id for p in probes if p.summary == _MISSING]
+    if missing:
+        return _fail(
+            "probe_missing",
+            f"{_plural(len(missing), 'declared probe')} left no evidence ({', '.join(missing[:5])}); "
+            "missing evidence never passes.",
+            probes,
+            failing=missing,
+        )
+    failed = [p for p in probes if not p.passed]
+    if failed:
+        first = failed[0]
+        reason = f"{_plural(len(failed), 'probe')} of {len(probes)} failed (first: {first.id}: {first.failed}"
+        reason += f"; seen: {cut(first.seen, 200)})." if first.seen else ")."
+        return _fail("probe_failure", reason, probes, failing=[p.id for p in failed])
+    return PreviewVerdict(
+        passed=True, cause="passed", reason=f"All {_plural(len(probes), 'probe')} passed.", probes=probes
+    )
+
+
+_MISSING = "no record"
+
+
+def _fail(
+    cause: str,
+    reason: str,
+    probes: list[ProbeVerdict],
+    *,
+    failing: list[str] | None = None,
+    signature: str | None = None,
+) -> PreviewVerdict:
+    return PreviewVerdict(
+        passed=False,
+        cause=cause,
+        reason=reason,
+        probes=probes,
+        failing=sorted(failing or []),
+        signature=cut(signature, 300) if signature and not failing else None,
+    )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _last_line(text: str) -> str | None:
+    for line in reversed(text.strip().splitlines()):
+        if line.strip():
+            return cut(line.strip(), 300)
+    return None
+
+
+def _find_http(ev: PreviewEvidence, name: str) -> HttpExchange | None:
+    return next((x for x in ev.http if x.name == name), None)
+
+
+def _find_flow(ev: PreviewEvidence, name: str) -> FlowRecord | None:
+    return next((x for x in ev.flows if x.name == name), None)
+
+
+# ------------------------------------------------------------------------------------------------ HTTP
+
+
+def _http(p: HttpProbe, x: HttpExchange | None) -> ProbeVerdict:
+    pid = probe_id("http", p.name)
+    if x is None:
+        return ProbeVerdict(id=pid, kind="http", passed=False, summary=_MISSING, failed="no record of this probe")
+    line = f"{p.method} {p.path}"
+    if x.error is not None or x.status is None:
+        return ProbeVerdict(
+            id=pid, kind="http", passed=False, summary=f"{line} -> no answer", failed="an answer",
+            seen=cut(x.error or "no status", MAX_SEEN),
+        )  # fmt: skip
+    summary = f"{line} -> {x.status}"
+    if x.status not in p.status:
+        want = " or ".join(str(s) for s in p.status)
+        return ProbeVerdict(
+            id=pid, kind="http", passed=False, summary=summary, failed=f"status {want}",
+            seen=f"status {x.status}: {cut(x.body, MAX_SEEN)}",
+        )  # fmt: skip
+    for a in p.expect:
+        failed = _body_assertion(a, x.body)
+        if failed is not None:
+            return ProbeVerdict(
+                id=pid, kind="http", passed=False, summary=summary, failed=failed[0], seen=cut(failed[1], MAX_SEEN)
+            )
+    return ProbeVerdict(id=pid, kind="http", passed=True, summary=summary)
+
+
+def _body_assertion(a: Any, body: str) -> tuple[str, str] | None:
+    """None when the assertion holds, else (the assertion, what was seen)."""
+    if isinstance(a, Contains):
+        return None if a.contains in body else (f"body contains {a.contains!r}", body)
+    if isinstance(a, NotContains):
+        return None if a.not_contains not in body else (f"body does not contain {a.not_contains!r}", body)
+    if isinstance(a, Matches):
+        import re2
+
+        return None if re2.search(a.regex, body) else (f"body matches /{a.regex}/", body)
+    if isinstance(a, JsonEquals):
+        want = f"{a.json_path} == {json.dumps(a.equals)}"
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return want, "the body is not JSON: " + body
+        found, value = json_path(doc, a.json_path)
+        if not found:
+            return want, f"{a.json_path} is not in the body: {body}"
+        return None if _json_equal(value, a.equals) else (want, f"{a.json_path} == {json.dumps(value)[:MAX_SEEN]}")
+    return ("a known assertion", repr(a))
+
+
+def json_path(doc: Any, path: str) -> tuple[bool, Any]:
+    """(found, value) of `$`, `$.a.b`, `$.items[0].name` in a parsed JSON document."""
+    import re
+
+    cur = doc
+    for name, index in re.findall(r"\.([A-Za-z_][A-Za-z0-9_-]*)|\[(\d+)\]", path[1:]):
+        if name:
+            if not isinstance(cur, dict) or name not in cur:
+                return False, None
+            cur = cur[name]
+        else:
+            i = int(index)
+            if not isinstance(cur, list) or i >= len(cur):
+                return False, None
+            cur = cur[i]
+    return True, cur
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    # JSON equality: 1 == 1.0, but true is not 1.
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+# ------------------------------------------------------------------------------------------------ browser
+
+
+def console_errors(f: FlowRecord) -> list[str]:
+    return [f"{c.text}" + (f" ({c.location})" if c.location else "") for c in f.console if c.type == "error"] + [
+        f"uncaught: {e}" for e in f.page_errors
+    ]
+
+
+def _flow(spec: BrowserFlow, f: FlowRecord | None) -> ProbeVerdict:
+    pid = probe_id("browser", spec.name)
+    if f is None:
+        return ProbeVerdict(id=pid, kind="browser", passed=False, summary=_MISSING, failed="no record of this flow")
+    done = sum(1 for s in f.steps if s.ok)
+    summary = f"{done} of {len(spec.steps)} steps"
+    if f.page_crashed:
+        return ProbeVerdict(id=pid, kind="browser", passed=False, summary=summary, failed="the page not to crash",
+                            seen=cut(f.error or "the page crashed", MAX_SEEN))  # fmt: skip
+    bad = next((s for s in f.steps if not s.ok), None)
+    if bad is not None:
+        errors = console_errors(f)
+        seen = (bad.error or "failed") + (f"; console: {' | '.join(errors[:3])}" if errors else "")
+        return ProbeVerdict(
+            id=pid, kind="browser", passed=False, summary=summary, failed=f"step {bad.action} {bad.target}",
+            seen=cut(seen, MAX_SEEN),
+        )  # fmt: skip
+    if len(f.steps) < len(spec.steps):
+        return ProbeVerdict(id=pid, kind="browser", passed=False, summary=summary, failed="every step to run",
+                            seen=cut(f.error or "the flow stopped early", MAX_SEEN))  # fmt: skip
+    for a in spec.expect:
+        failed = _flow_assertion(a, f)
+        if failed is not None:
+            return ProbeVerdict(
+                id=pid, kind="browser", passed=False, summary=summary, failed=failed[0], seen=cut(failed[1], MAX_SEEN)
+            )
+    return ProbeVerdict(id=pid, kind="browser", passed=True, summary=summary)
+
+
+def _flow_assertion(a: Any, f: FlowRecord) -> tuple[str, str] | None:
+    if isinstance(a, TextVisible):
+        if f.visible.get(a.text_visible) is True:
+            return None
+        return f"text visible {a.text_visible!r}", "the page shows: " + (f.page_text or "(nothing)")
+    if isinstance(a, NoConsoleErrors):
+        errors = console_errors(f)
+        return None if not errors else ("no console errors", " | ".join(errors))
+    if isinstance(a, NoFailedRequests):
+        failed = [f"{r.method} {r.url}: {r.failure}" for r in f.failed_requests]
+        return None if not failed else ("no failed requests", " | ".join(failed))
+    if isinstance(a, UrlIs):
+        if f.final_origin_ok and f.final_url == a.url:
+            return None
+        where = f.final_url if f.final_origin_ok else "another origin"
+        return f"url {a.url}", f"url {where}"
+    return ("a known assertion", repr(a))
