@@ -62,7 +62,7 @@ async def land_by_push(
         tree = await _tree_of_change(gitdir, base_commit, diff, scratch)
         current = (await remote.ls_remote(ref)).get(ref)
         if current is not None:
-            if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit):
+            if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit, message):
                 return Landed(branch, current, False, remote.name)
             raise LandingConflictError(
                 f"{remote.name} already has {branch} at {current[:12]} with different content; refusing to move it"
@@ -78,7 +78,9 @@ async def land_by_push(
         except PushRejected as exc:
             # Lost a race: with ourselves (a retried landing running alongside) is fine, with anyone else is not.
             current = (await remote.ls_remote(ref)).get(ref)
-            if current is not None and await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit):
+            if current is not None and await _is_same_change(
+                remote, gitdir, work_item_id, current, tree, base_commit, message
+            ):
                 return Landed(branch, current, False, remote.name)
             raise LandingConflictError(str(exc)) from exc
         # Keep the landed commit reachable in the mirror (nothing else refers to it there).
@@ -111,13 +113,33 @@ async def _tree_of_change(gitdir: Path, base_commit: str, diff: str, scratch: Pa
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def _is_same_change(remote: Remote, gitdir: Path, work_item_id: str, commit: str, tree: str, parent: str) -> bool:
-    """Whether the remote's `commit` is this change (same tree on the same parent): fetched into the mirror to look."""
+async def _is_same_change(
+    remote: Remote, gitdir: Path, work_item_id: str, commit: str, tree: str, parent: str, message: str
+) -> bool:
+    """Whether the remote's `commit` is this landing's own (an earlier try of it): fetched into the mirror to look.
+
+    The same tree on the same parent is not enough: anyone who can push to the repository knows the validated change
+    and the branch name before the item lands, and a commit of theirs would then be landed, and signed in the
+    evidence bundle, as crewwork's, with the author and message they chose. So the commit must be the very object
+    this landing writes (`commit-tree` with crewwork's identity and `message`, no other header), whatever its
+    timestamps: it is rebuilt from them and must hash to `commit`."""
     if not await _has(gitdir, commit):
         await remote.fetch(gitdir, f"+refs/heads/{delivery_branch(work_item_id)}:refs/crewwork/remote/{work_item_id}")
-    res = await run_git(["show", "-s", "--format=%T %P", commit], cwd=gitdir, git_dir=gitdir, env=IDENTITY)
-    info = res.out.split()
-    return res.code == 0 and len(info) == 2 and info[0] == tree and info[1] == parent
+    res = await run_git(
+        ["show", "-s", "--format=%T%n%P%n%ad%n%cd", "--date=raw", commit], cwd=gitdir, git_dir=gitdir, env=IDENTITY
+    )
+    info = res.out.splitlines()
+    if res.code != 0 or len(info) != 4 or info[0] != tree or info[1] != parent:
+        return False
+    author = f"{IDENTITY['GIT_AUTHOR_NAME']} <{IDENTITY['GIT_AUTHOR_EMAIL']}>"
+    committer = f"{IDENTITY['GIT_COMMITTER_NAME']} <{IDENTITY['GIT_COMMITTER_EMAIL']}>"
+    ours = (
+        f"tree {tree}\nparent {parent}\nauthor {author} {info[2]}\ncommitter {committer} {info[3]}\n\n{message}"
+    ).encode()
+    rebuilt = await run_git(
+        ["hash-object", "-t", "commit", "--stdin"], cwd=gitdir, git_dir=gitdir, input_bytes=ours, env=IDENTITY
+    )
+    return rebuilt.code == 0 and rebuilt.out.strip() == commit
 
 
 async def _has(gitdir: Path, commit: str) -> bool:
