@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from securesystemslib.signer import CryptoSigner
 
     from crewwork.store.store import Store
+
+log = logging.getLogger("crewwork.evidence.publish")
 
 BUNDLE_ARTIFACT = "evidence-bundle.json"
 
@@ -60,11 +63,22 @@ class Publisher:
         return load_signer(self.settings.signing_key_file, self.settings.signing_key_env)
 
     def signer(self) -> CryptoSigner | None:
-        """The signing key, or None when none is configured. EvidenceUnavailable when it cannot be loaded."""
+        """The signing key, or None when none is configured. EvidenceUnavailable when it cannot be loaded.
+
+        The error's message reaches tenants (the item's reason, events, webhooks, the API's 503): it names the
+        setting to look at, never the key's path or why it cannot be read, which go to this pool's log."""
         try:
             return self._signer
         except EvidenceKeyError as exc:
-            raise EvidenceUnavailable(f"evidence signing key: {exc}") from None
+            setting = (
+                "CREWWORK_EVIDENCE_SIGNING_KEY_FILE"
+                if self.settings.signing_key_file is not None
+                else "CREWWORK_EVIDENCE_SIGNING_KEY_ENV"
+            )
+            log.error("evidence signing key (%s) cannot be used: %s", setting, exc)
+            raise EvidenceUnavailable(
+                f"the evidence signing key ({setting}) cannot be used; the control pool's log says why"
+            ) from None
 
     def ready(self) -> CryptoSigner | None:
         """Check before landing: the signer, or None when evidence is off. A required bundle with no key is an

@@ -170,3 +170,42 @@ async def test_without_a_key_a_change_lands_unsigned_and_says_so_and_with_one_re
         result = await crew.result(wid)
         assert result.state == "dead" and "CREWWORK_EVIDENCE_REQUIRED" in result.reason, result.reason
         assert git(calc_repo, "branch", "--list", f"crewwork/{wid}") == "", "nothing was pushed"
+
+
+async def test_an_unusable_signing_key_is_named_by_its_setting_never_by_its_path(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    """Where the operator keeps the signing key is the operator's: a tenant whose change cannot be signed learns that
+    (and which setting to ask about), not the key file's path and why it cannot be read. Before, the item ended
+    `dead` with reason `EvidenceUnavailable: evidence signing key: signing key /srv/…/evidence-2026: No such file or
+    directory` (in the API, the event log and every webhook), and the per-attempt bundle's 503 said the same."""
+    secret_path = tmp_path / "operator-secrets-7f3a" / "evidence-2026"
+    settings = make_settings(
+        tmp_path / "data",
+        temporal_server,
+        pg_url,
+        sandbox_backend=sandbox_backend,
+        auto_register_repos=True,
+        evidence=EvidenceSettings(signing_key_file=secret_path),
+    )
+    async with running_crew(settings) as crew:
+        tenant = await make_tenant(crew, "curious")
+        api = LiveApi(settings).start()
+        try:
+            async with AsyncClient(api.url, tenant.key) as c:
+                wid = (await c.submit(item(str(calc_repo), [{"files": {"calc.py": RIGHT}}])))["id"]
+                done = await c.wait(wid, timeout_s=180)
+                async with httpx.AsyncClient(base_url=api.url, headers={"Authorization": f"Bearer {tenant.key}"}) as h:
+                    seen = [
+                        (await h.get(f"/v1/work-items/{wid}")).text,
+                        (await h.get(f"/v1/work-items/{wid}/events")).text,
+                    ]
+                    signed = await h.post(f"/v1/work-items/{wid}/evidence-bundle", params={"attempt": 1})
+                    seen.append(signed.text)
+        finally:
+            api.stop()
+    assert done["state"] == "dead", done["reason"]
+    assert "CREWWORK_EVIDENCE_SIGNING_KEY_FILE" in done["reason"], done["reason"]
+    assert signed.status_code == 503 and signed.json()["code"] == "evidence_unavailable", signed.text
+    for text in seen:
+        assert "operator-secrets-7f3a" not in text and "evidence-2026" not in text, text
