@@ -24,7 +24,7 @@ from crewwork.evidence.gather import gather
 from crewwork.evidence.keys import EvidenceKeyError, load_signer
 from crewwork.evidence.settings import EvidenceSettings
 from crewwork.evidence.sign import sign_bundle
-from crewwork.evidence.treedigest import git, tree_digest
+from crewwork.evidence.treedigest import commit_info, tree_digest
 
 if TYPE_CHECKING:
     from securesystemslib.signer import CryptoSigner
@@ -127,13 +127,13 @@ class Publisher:
 
 
 def landed_fact(gitdir: Path, commit: str, branch: str) -> LandedFact:
-    info = git(gitdir, "show", "-s", "--format=%T %ct %P", "--end-of-options", commit).decode().split()
+    _tree, parents, committed_at = commit_info(gitdir, commit)
     digest = tree_digest(gitdir, commit)
     return LandedFact(
         commit=commit,
         tree=digest.tree,
         tree_sha256=digest.sha256,
-        parent=info[2] if len(info) > 2 else "",
+        parent=parents[0] if parents else "",
         branch=branch,
-        committed_at=float(info[1]),
+        committed_at=float(committed_at),
     )

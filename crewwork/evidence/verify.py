@@ -67,7 +67,7 @@ from crewwork.evidence.format import (
 )
 from crewwork.evidence.keys import PublicKey
 from crewwork.evidence.statements import StatementError, check_statement
-from crewwork.evidence.treedigest import TreeDigestError, git, tree_digest
+from crewwork.evidence.treedigest import TreeDigestError, commit_info, git, tree_digest
 
 BUNDLE_FIELDS = {"mediaType", "workItem", "scope", "envelopes", "files"}
 
@@ -669,19 +669,15 @@ def _git_subjects(
                     f"--commit {safe(commit)} is {expected}; the bundle is about {want_commit} (a bundle of another change)"
                 )
                 return
-        info = git(gd, "show", "-s", "--format=%T %P", "--end-of-options", want_commit).decode().split()
+        got_tree, parents, _when = commit_info(gd, want_commit)
     except (TreeDigestError, OSError) as exc:
         report.problem(f"git:commit {want_commit} cannot be read in {repo}: {exc}")
         return
-    if len(info) < 1 or info[0] != tree["gitTree"]:
-        report.problem(
-            f"git:commit {want_commit} has tree {info[0] if info else '?'}; the statement says {tree['gitTree']}"
-        )
+    if got_tree != tree["gitTree"]:
+        report.problem(f"git:commit {want_commit} has tree {got_tree or '?'}; the statement says {tree['gitTree']}")
         return
-    if info[1:] != [base_commit]:
-        report.problem(
-            f"git:commit {want_commit} has parents {info[1:]}; the provenance says its base is {base_commit}"
-        )
+    if parents != [base_commit]:
+        report.problem(f"git:commit {want_commit} has parents {parents}; the provenance says its base is {base_commit}")
         return
     report.checked.append(COMMIT_SUBJECT)
     try:
