@@ -175,12 +175,14 @@ async def publish_note(
     work_item_id: str,
     commit: str,
     make_note: Callable[[Path], Awaitable[bytes]],
+    before_push: Callable[[], Awaitable[None]] | None = None,
 ) -> NotePushed:
     """Attach `make_note(mirror's git dir)` to `commit` as a git note in the item's notes ref on the remote.
 
     The notes commit is dated with the landed commit's committer date, so the same bundle always gives the same notes
     commit and a retried landing pushes nothing new. The push is a compare-and-swap against the ref as it was seen
-    (absent, or an earlier note of this item, e.g. signed with a rotated-out key)."""
+    (absent, or an earlier note of this item, e.g. signed with a rotated-out key); `before_push` runs just before it
+    and may raise to push nothing."""
     ref = notes_ref(work_item_id)
     async with cache.using(remote, commit) as (gitdir, _stats):
         note = await make_note(gitdir)
@@ -194,6 +196,9 @@ async def publish_note(
         current = (await remote.ls_remote(ref)).get(ref)
         if current == notes_commit:
             return NotePushed(ref, notes_commit, False)
+        if before_push is not None:
+            # The last word before the remote changes (e.g. the caller's fencing: is this attempt still current?).
+            await before_push()
         try:
             await remote.push_ref(gitdir, notes_commit, ref, expected_old=current)
         except PushRejected as exc:
