@@ -39,6 +39,7 @@ from crewwork.contracts import (
     WriteOutcome,
 )
 from crewwork.evidence.facts import ReviewFact
+from crewwork.evidence.format import MAX_BUNDLE_BYTES
 from crewwork.evidence.publish import BUNDLE_ARTIFACT, EvidenceUnavailable, Publisher, Signed
 from crewwork.forge import ForgeError
 from crewwork.limits import check_within_ceilings, effective_budget
@@ -371,7 +372,8 @@ class ControlActivities:
                 name=BUNDLE_ARTIFACT,
                 data=bundle.bundle,
                 content_type="application/json",
-                max_bytes=self.settings.max_artifact_bytes,
+                # A bundle is bounded by construction (statements, embedded files) to what a verifier reads.
+                max_bytes=max(self.settings.max_artifact_bytes, MAX_BUNDLE_BYTES),
             )
         if not await self.store.has_event(inp.work_item_id, "evidence_signed", sha256=bundle.sha256):
             await w.event(

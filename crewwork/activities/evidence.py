@@ -12,6 +12,7 @@ from temporalio.exceptions import ApplicationError
 from crewwork.activities.errors import EVIDENCE_UNAVAILABLE, NOTHING_TO_SIGN
 from crewwork.config import Settings
 from crewwork.contracts import AttemptBundleInput
+from crewwork.evidence.format import MAX_BUNDLE_BYTES
 from crewwork.evidence.gather import NothingToSign
 from crewwork.evidence.publish import EvidenceUnavailable, Publisher, attempt_artifact
 from crewwork.models import ArtifactRef
@@ -47,7 +48,8 @@ class EvidenceActivities:
                 name=name,
                 data=signed.bundle,
                 content_type="application/json",
-                max_bytes=self.settings.max_artifact_bytes,
+                # A bundle is bounded by construction (statements, embedded files) to what a verifier reads.
+                max_bytes=max(self.settings.max_artifact_bytes, MAX_BUNDLE_BYTES),
             )
         await self.store.append_event(
             inp.work_item_id,
