@@ -89,6 +89,10 @@ async def test_a_reviewed_change_lands_with_a_bundle_anyone_can_verify_offline(
                 # One attempt's bundle, on request: the failed first attempt.
                 first = await c.sign_evidence_bundle(wid, 1)
                 assert await c.evidence_bundle(wid, attempt=1) == first
+                # Asked again, it is already signed with the current key: the same bundle, and nothing is signed or
+                # recorded again (each POST used to re-read and re-sign everything on the shared control pool and
+                # append another `evidence_signed` to the item's log, at the tenant's request rate).
+                assert await c.sign_evidence_bundle(wid, 1) == first
                 async with httpx.AsyncClient(base_url=api.url) as anonymous:
                     assert (await anonymous.get("/evidence/keys")).json() == keys_doc, "public keys need no API key"
                     assert (await anonymous.get(f"/v1/work-items/{wid}/evidence-bundle")).status_code == 401
