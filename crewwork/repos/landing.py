@@ -6,8 +6,8 @@ which the server checks under its own ref lock. So:
 
 - a concurrent writer of the same branch is detected, never overwritten (the push is rejected and the landing
   fails with `LandingConflict`, carrying the remote's message);
-- a retried landing whose earlier push went through finds the branch already holding a commit with the same tree
-  on the same parent, recognises it as its own, and returns it (idempotent; `created` is False);
+- a retried landing whose earlier push went through finds the branch already holding crewwork's commit of the same
+  tree on the same parent (see `_is_same_change`), recognises it as its own, and returns it (idempotent; `created` is False);
 - the target branch and every other ref are never touched.
 
 Local repositories are just another remote (a path); nothing their config names runs (`receive-pack` is started
