@@ -493,6 +493,8 @@ def invalid_settings_message(exc: Exception) -> str | None:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
+    from crewwork.masking import mask_secrets
+
     classes = _settings_classes()
 
     def env_of(cls: type[BaseSettings], field: str) -> str:
@@ -509,7 +511,8 @@ def invalid_settings_message(exc: Exception) -> str | None:
         for e in exc.errors()[:5]:
             loc = [str(x) for x in e.get("loc", ())]
             where = env_of(cls, loc[0]) + "".join(f"[{x}]" for x in loc[1:]) if loc else exc.title
-            parts.append(f"{where}: {e.get('msg', '')} (got {str(e.get('input'))[:80]!r})")
+            got = mask_secrets(str(e.get("input")))
+            parts.append(f"{where}: {e.get('msg', '')} (got {got[:80]!r})")
         return "invalid configuration: " + "; ".join(parts)
     if isinstance(exc, SettingsError):
         import re

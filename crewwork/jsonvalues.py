@@ -88,6 +88,12 @@ def loads(text: str | bytes) -> Any:
         value = json.loads(text, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, JsonRefused):
         raise
+    except UnicodeDecodeError as exc:  # a ValueError too: before the check for over-long numbers below
+        raise JsonRefused(
+            f"the document is not UTF-8 text (JSON is): byte {exc.start} cannot be decoded ({exc.reason})",
+            "",
+            "invalid_request",
+        ) from None
     except RecursionError:
         raise JsonRefused(
             "the document nests objects and lists too deeply to be read", "", "too_deeply_nested"

@@ -13,6 +13,8 @@ SECRET_PATTERNS = (
     re.compile(r"\bsk-[A-Za-z0-9_-]{8,}"),
     re.compile(r"\bcw_[A-Za-z0-9_-]{16,}"),
     re.compile(r"(?i)((?:api[_-]?key|password|secret|token)\"?\s*[:=]\s*\"?)[^\s\",}]{6,}"),
+    # A PEM private key (an evidence signing key, an SSH key), to its END line or the end of the text.
+    re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----)[\s\S]*?(?:-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|$)"),
 )
 
 

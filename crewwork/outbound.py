@@ -235,6 +235,10 @@ async def _system_resolve(host: str, port: int, timeout_s: float) -> list[IPAddr
         )
     except (OSError, TimeoutError) as exc:
         raise Unresolvable(f"{host} does not resolve ({exc or 'timed out'})") from None
+    except UnicodeError as exc:
+        # The resolver encodes the name with IDNA first: a label over 63 characters, an empty one, or a character
+        # IDNA refuses is no host name at all (a ValueError, not an OSError: it was a server error).
+        raise Unresolvable(f"{host!r} is not a host name that can be looked up ({exc})") from None
     out: list[IPAddress] = []
     for _family, _type, _proto, _name, sockaddr in infos:
         ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])

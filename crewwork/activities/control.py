@@ -15,7 +15,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork.activities.common import AttemptWriter, artifact_bytes
-from crewwork.activities.errors import EVIDENCE_UNAVAILABLE, LANDING_CONFLICT, PULL_REQUEST_FAILED, bad_input
+from crewwork.activities.errors import (
+    EVIDENCE_UNAVAILABLE,
+    LANDING_CONFLICT,
+    PULL_REQUEST_FAILED,
+    STALE_ATTEMPT,
+    bad_input,
+)
 from crewwork.config import Settings
 from crewwork.contracts import (
     AdmitInput,
@@ -33,6 +39,7 @@ from crewwork.contracts import (
     WriteOutcome,
 )
 from crewwork.evidence.facts import ReviewFact
+from crewwork.evidence.format import MAX_BUNDLE_BYTES
 from crewwork.evidence.publish import BUNDLE_ARTIFACT, EvidenceUnavailable, Publisher, Signed
 from crewwork.forge import ForgeError
 from crewwork.limits import check_within_ceilings, effective_budget
@@ -258,6 +265,7 @@ class ControlActivities:
             raise repo_failure(exc) from None
         if pr is not None:
             pr_url = pr.url
+        await _still_current(w, "stores nothing")
         patch = await self.store.put_artifact(
             work_item_id=inp.work_item_id,
             tenant_id=inp.tenant_id,
@@ -324,6 +332,9 @@ class ControlActivities:
             signed.append(s)
             return s.bundle
 
+        async def still_current() -> None:
+            await _still_current(w, "publishes no evidence")
+
         note: dict[str, Any] = {}
         try:
             if self.settings.evidence.notes == "per-item":
@@ -334,6 +345,7 @@ class ControlActivities:
                     work_item_id=inp.work_item_id,
                     commit=landed.commit,
                     make_note=make_note,
+                    before_push=still_current,
                 )
                 note = {"note_ref": pushed.ref, "note_commit": pushed.commit, "note_created": pushed.created}
             else:
@@ -349,6 +361,7 @@ class ControlActivities:
         except EvidenceUnavailable as exc:
             raise ApplicationError(str(exc), type=EVIDENCE_UNAVAILABLE, non_retryable=True) from None
         bundle = signed[-1]
+        await still_current()
         if not any(
             a.name == BUNDLE_ARTIFACT and a.sha256 == bundle.sha256
             for a in await self.store.list_artifacts(inp.work_item_id)
@@ -359,7 +372,8 @@ class ControlActivities:
                 name=BUNDLE_ARTIFACT,
                 data=bundle.bundle,
                 content_type="application/json",
-                max_bytes=self.settings.max_artifact_bytes,
+                # A bundle is bounded by construction (statements, embedded files) to what a verifier reads.
+                max_bytes=max(self.settings.max_artifact_bytes, MAX_BUNDLE_BYTES),
             )
         if not await self.store.has_event(inp.work_item_id, "evidence_signed", sha256=bundle.sha256):
             await w.event(
@@ -414,6 +428,17 @@ class ControlActivities:
             # Forget worktrees of this host's mirror whose directories are gone (none are made any more; older
             # releases made them).
             await self.repos.prune(inp.repo_path)
+
+
+async def _still_current(w: AttemptWriter, what: str) -> None:
+    """Raise STALE_ATTEMPT if a later attempt has written or the item ended. A landing attempt that stalled past its
+    first write (a zombie) may wake after a later attempt landed and published, or after the item ended: what it would
+    still write (its evidence bundle, signed with another key or by another version, the note's compare-and-swap
+    being against whatever is there; another landed.patch) must not replace or add to theirs, on the remote or in
+    the store. So the rank decides, just before each such write."""
+    why = await w.superseded()
+    if why is not None:
+        raise ApplicationError(f"land_change: {w.writer} {what}: {why}", type=STALE_ATTEMPT, non_retryable=True)
 
 
 def evidence_paragraph(settings: Settings, work_item_id: str, commit: str, bundle: Signed, noted: bool) -> str:

@@ -82,7 +82,10 @@ def derive_spec(report: HotfixReport) -> WorkItemSpec:
         ),
         agent=report.agent,
         budget=report.budget,
-        review=report.review,
+        # Only an explicit `required` opts out; a review that sets a timeout alone (or nothing) still waits.
+        review=report.review
+        if report.review.required is not None
+        else report.review.model_copy(update={"required": True}),
         idempotency_key=report.idempotency_key,
         labels=labels,
     )

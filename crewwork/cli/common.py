@@ -53,6 +53,14 @@ class CliError(Exception):
         self.code = code
 
 
+def write_output(path: str, data: bytes) -> None:
+    """Write what a command downloaded to `path` (`-o`), or say in one line why it cannot be (exit 2)."""
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def state_exit_code(state: str, wanted: Sequence[str] = ()) -> int:
     """The exit code for a work item that a command waited for and found in `state`."""
     if state in wanted:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from crewwork.cli.common import EXIT_OK, EXIT_USAGE, EXIT_VERIFY, CliError, Output
+from crewwork.cli.common import EXIT_OK, EXIT_USAGE, EXIT_VERIFY, CliError, Output, write_output
 
 
 def add_parser(
@@ -71,7 +71,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
             data = c.sign_evidence_bundle(args.id, args.attempt)
     digest = hashlib.sha256(data).hexdigest()
     if args.output:
-        Path(args.output).write_bytes(data)
+        write_output(args.output, data)
         out.result(
             {"id": args.id, "attempt": args.attempt, "output": args.output, "bytes": len(data), "sha256": digest},
             f"wrote {args.output} ({len(data)} bytes, sha256 {digest[:16]}…); verify it with: crewwork verify "

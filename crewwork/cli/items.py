@@ -21,6 +21,7 @@ from crewwork.cli.common import (
     _read_json,
     make_client,
     state_exit_code,
+    write_output,
 )
 from crewwork.render import render_item
 
@@ -214,7 +215,7 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
             return EXIT_OK
         content = c.artifact(args.id, args.artifact_id)
     if args.output and args.output != "-":
-        Path(args.output).write_bytes(content)
+        write_output(args.output, content)
         out.result({"id": args.artifact_id, "path": args.output, "size": len(content)}, f"wrote {args.output}")
     elif out.json:
         raise CliError("--json cannot carry an artifact's bytes: give --output FILE")

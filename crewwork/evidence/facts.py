@@ -88,6 +88,9 @@ class Facts:
     attempts: list[AttemptFact] = field(default_factory=list)
     review: ReviewFact | None = None
     landed: LandedFact | None = None
+    test_counts: dict[str, int] | None = None
+    """Tests per outcome (passed, failed, error, skipped) over the whole report, when there is one: `tests` may
+    list fewer (the statement lists ids within a bound; the report, a subject, names every test)."""
     """Set for a landed change's bundle; None for one attempt's."""
 
     @property

@@ -13,6 +13,7 @@ from crewwork.evidence.facts import AttemptFact, Facts, FileFact, LandedFact, Re
 from crewwork.evidence.format import ENVIRONMENT_FILE, FILE_NAME, LANDED_DIFF, SANDBOX_FILE, VALIDATION_FILE
 from crewwork.masking import mask_secrets
 from crewwork.models import AgentOutcome, ValidationOutcome
+from crewwork.validation.parsers import parse_report
 
 if TYPE_CHECKING:
     from crewwork.store.store import Store
@@ -141,11 +142,19 @@ async def gather(
     if diff is None:
         raise NothingToSign(f"the diff of attempt {attempt} of {work_item_id} is missing from the store")
     report = None
+    tests = [TestFact(t.id, t.outcome) for t in v.tests]
+    counts: dict[str, int] | None = None
     if v.report_ref is not None:
         data = await store.artifact_content(v.report_ref.id)
         name = v.report_ref.name if FILE_NAME.match(v.report_ref.name) else f"attempt-{attempt}-report.xml"
         if data is not None:
             report = FileFact(name, data, "application/xml", v.report_ref.id)
+            # The verdict carries at most MAX_VERDICT_TESTS results; the statement is about every test, so the
+            # report is read again, by the parser that graded it.
+            parsed = parse_report("junit", data)
+            if parsed.ok and not parsed.inconsistent:
+                tests = [TestFact(t.id, t.outcome) for t in parsed.tests]
+                counts = dict(parsed.counts)
     prepared = None
     for e in await store.list_events(work_item_id, limit=100_000):
         if e.type == "environment_prepared" and (e.data or {}).get("attempt") == attempt:
@@ -168,9 +177,10 @@ async def gather(
         reason=v.reason,
         exit_code=v.exit_code,
         # A probe is an acceptance test: its id (preview::http::NAME) is listed with the tests it passed or failed.
-        tests=[TestFact(t.id, t.outcome) for t in v.tests]
+        tests=tests
         + [TestFact(p.id, "passed" if p.passed else "failed") for p in (v.preview.probes if v.preview else [])],
         tests_executed=v.tests_executed,
+        test_counts=counts,
         agent={
             "name": agent.agent,
             "mock": agent.mock,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,12 +24,14 @@ from crewwork.evidence.gather import gather
 from crewwork.evidence.keys import EvidenceKeyError, load_signer
 from crewwork.evidence.settings import EvidenceSettings
 from crewwork.evidence.sign import sign_bundle
-from crewwork.evidence.treedigest import git, tree_digest
+from crewwork.evidence.treedigest import commit_info, tree_digest
 
 if TYPE_CHECKING:
     from securesystemslib.signer import CryptoSigner
 
     from crewwork.store.store import Store
+
+log = logging.getLogger("crewwork.evidence.publish")
 
 BUNDLE_ARTIFACT = "evidence-bundle.json"
 
@@ -60,11 +63,22 @@ class Publisher:
         return load_signer(self.settings.signing_key_file, self.settings.signing_key_env)
 
     def signer(self) -> CryptoSigner | None:
-        """The signing key, or None when none is configured. EvidenceUnavailable when it cannot be loaded."""
+        """The signing key, or None when none is configured. EvidenceUnavailable when it cannot be loaded.
+
+        The error's message reaches tenants (the item's reason, events, webhooks, the API's 503): it names the
+        setting to look at, never the key's path or why it cannot be read, which go to this pool's log."""
         try:
             return self._signer
         except EvidenceKeyError as exc:
-            raise EvidenceUnavailable(f"evidence signing key: {exc}") from None
+            setting = (
+                "CREWWORK_EVIDENCE_SIGNING_KEY_FILE"
+                if self.settings.signing_key_file is not None
+                else "CREWWORK_EVIDENCE_SIGNING_KEY_ENV"
+            )
+            log.error("evidence signing key (%s) cannot be used: %s", setting, exc)
+            raise EvidenceUnavailable(
+                f"the evidence signing key ({setting}) cannot be used; the control pool's log says why"
+            ) from None
 
     def ready(self) -> CryptoSigner | None:
         """Check before landing: the signer, or None when evidence is off. A required bundle with no key is an
@@ -113,13 +127,13 @@ class Publisher:
 
 
 def landed_fact(gitdir: Path, commit: str, branch: str) -> LandedFact:
-    info = git(gitdir, "show", "-s", "--format=%T %ct %P", "--end-of-options", commit).decode().split()
+    _tree, parents, committed_at = commit_info(gitdir, commit)
     digest = tree_digest(gitdir, commit)
     return LandedFact(
         commit=commit,
         tree=digest.tree,
         tree_sha256=digest.sha256,
-        parent=info[2] if len(info) > 2 else "",
+        parent=parents[0] if parents else "",
         branch=branch,
-        committed_at=float(info[1]),
+        committed_at=float(committed_at),
     )

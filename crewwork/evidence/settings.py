@@ -5,10 +5,11 @@ only the public keys they publish. No key is ever sent to or through the API, no
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -46,6 +47,19 @@ class EvidenceSettings(BaseSettings):
         "processes publish these, and `<signing key file>.pub` when it lies next to the key file, at GET "
         "/evidence/keys (an API process never reads the private key).",
     )
+
+    @field_validator("signing_key_env")
+    @classmethod
+    def _a_variables_name(cls, v: str | None) -> str | None:
+        # The key itself put here would be printed as this setting's value (`crewwork config`) and in every error
+        # about it; it is refused without being repeated.
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", v):
+            raise ValueError(
+                "must be the name of an environment variable that holds the key (e.g. EVIDENCE_KEY_PEM), "
+                "never the key itself"
+            )
+        return v
+
     required: bool = Field(
         default=False,
         description="Land nothing without a signed bundle: with no signing key configured, landing fails (the item "

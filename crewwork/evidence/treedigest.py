@@ -12,7 +12,9 @@ submodule, whose CONTENT is the commit id in hex). docs/evidence.md has a standa
 verifier needs neither crewwork nor trust in it.
 
 Git runs with `--git-dir` (never discovering a repository from a directory), without system or global config, and
-only plumbing that reads objects (`ls-tree`, `cat-file`, `rev-parse`): nothing a repository's config names runs.
+only plumbing that reads objects (`ls-tree`, `cat-file`, `rev-parse`; never `show` or `log`, which run the
+`gpg.program` a repository's config names to check a signature): nothing a repository's config names runs, and its
+replace refs are ignored.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ def git_env() -> dict[str, str]:
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null",
         "GIT_TERMINAL_PROMPT": "0",
+        # The objects themselves: a repository's replace refs never stand in for them, and nothing is fetched for
+        # a missing one from a promisor remote its config names.
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_NO_LAZY_FETCH": "1",
         "LC_ALL": "C",
     }
 
@@ -62,6 +68,23 @@ def git(git_dir: Path, *args: str, input_bytes: bytes | None = None, timeout_s: 
     if res.returncode != 0:
         raise TreeDigestError(f"git {args[0]} failed: {res.stderr.decode(errors='replace').strip()[-500:]}")
     return res.stdout
+
+
+def commit_info(git_dir: Path, commit: str) -> tuple[str, list[str], int]:
+    """(tree, parents, committer time) of `commit`, read with `cat-file` (plumbing: no signature check, so no
+    `gpg.program` runs)."""
+    if commit.startswith("-"):
+        raise TreeDigestError(f"{commit!r} is not an object name")
+    raw = git(git_dir, "cat-file", "commit", commit)
+    header = raw.split(b"\n\n", 1)[0].decode(errors="replace").split("\n")
+    tree = next((line[5:] for line in header if line.startswith("tree ")), "")
+    parents = [line[7:] for line in header if line.startswith("parent ")]
+    committer = next((line for line in header if line.startswith("committer ")), "")
+    try:
+        when = int(committer.rsplit(" ", 2)[-2])
+    except (IndexError, ValueError):
+        when = 0
+    return tree, parents, when
 
 
 def tree_digest(git_dir: Path, treeish: str) -> TreeDigest:

@@ -66,8 +66,8 @@ from crewwork.evidence.format import (
     run_url,
 )
 from crewwork.evidence.keys import PublicKey
-from crewwork.evidence.statements import StatementError, check_statement
-from crewwork.evidence.treedigest import TreeDigestError, git, tree_digest
+from crewwork.evidence.statements import TEST_COUNTS, StatementError, check_statement
+from crewwork.evidence.treedigest import TreeDigestError, commit_info, git, tree_digest
 
 BUNDLE_FIELDS = {"mediaType", "workItem", "scope", "envelopes", "files"}
 
@@ -145,11 +145,22 @@ class Report:
         lines.append(f"  agent        {safe(agent.get('name'))}{mock}")
         t = p.get("tests", {})
         history = ", ".join(f"{a.get('number')} {a.get('verdict')}" for a in p.get("attempts", []))
+        counts = t.get("counts") or {}
+        n = {k: _count(counts.get(k), len(t.get(v, []))) for k, v in (("passed", "passed"), ("failed", "failed"))}
+        n["skipped"] = _count(counts.get("skipped"), len(t.get("warned", [])))
         lines.append(
-            f"  tests        {t.get('result')}: {len(t.get('passed', []))} passed, {len(t.get('failed', []))} failed, "
-            f"{len(t.get('warned', []))} skipped (attempt {p.get('attempt')}; attempts: "
+            f"  tests        {safe(t.get('result'))}: {n['passed']} passed, {n['failed']} failed, "
+            f"{n['skipped']} skipped (attempt {p.get('attempt')}; attempts: "
             f"{safe(history)})"
         )
+        unlisted = (
+            n["passed"] + n["failed"] + n["skipped"] - sum(len(t.get(k, [])) for k in ("passed", "failed", "warned"))
+        )
+        if unlisted > 0:
+            lines.append(
+                f"      ({unlisted} of them not listed in the statement, which lists ids within a bound: the report "
+                "subject names every test)"
+            )
         for outcome in ("passed", "failed"):
             ids = t.get(outcome, [])
             for tid in ids[:MAX_PRINTED]:
@@ -167,6 +178,11 @@ class Report:
         lines.append(f"  signed by    {keys}; threshold {p.get('threshold')} per envelope")
         lines.append(f"  subjects     {len(self.checked)} checked: {', '.join(self.checked)}")
         return "\n".join(lines)
+
+
+def _count(value: Any, listed: int) -> int:
+    """A signed count, never fewer than the ids listed."""
+    return max(value, listed) if isinstance(value, int) and not isinstance(value, bool) else listed
 
 
 def describe_sandbox(sb: dict[str, Any]) -> str:
@@ -450,11 +466,21 @@ def _statement_set(doc: dict[str, Any], verified: list[Verified], report: Report
     )
     if tr is not None:
         t = tr.predicate
+        counts = next(
+            (
+                c.get("annotations")
+                for c in t.get("configuration") or []
+                if isinstance(c, dict) and c.get("name") == TEST_COUNTS and isinstance(c.get("annotations"), dict)
+            ),
+            None,
+        )
         report.proven["tests"] = {
             "result": t.get("result"),
             "passed": list(t.get("passedTests") or []),
             "failed": list(t.get("failedTests") or []),
             "warned": list(t.get("warnedTests") or []),
+            # How many there were (a bundle lists ids within a bound; the report subject names every test).
+            "counts": counts,
         }
     if rv is not None:
         report.proven["review"] = rv.predicate
@@ -669,19 +695,15 @@ def _git_subjects(
                     f"--commit {safe(commit)} is {expected}; the bundle is about {want_commit} (a bundle of another change)"
                 )
                 return
-        info = git(gd, "show", "-s", "--format=%T %P", "--end-of-options", want_commit).decode().split()
+        got_tree, parents, _when = commit_info(gd, want_commit)
     except (TreeDigestError, OSError) as exc:
         report.problem(f"git:commit {want_commit} cannot be read in {repo}: {exc}")
         return
-    if len(info) < 1 or info[0] != tree["gitTree"]:
-        report.problem(
-            f"git:commit {want_commit} has tree {info[0] if info else '?'}; the statement says {tree['gitTree']}"
-        )
+    if got_tree != tree["gitTree"]:
+        report.problem(f"git:commit {want_commit} has tree {got_tree or '?'}; the statement says {tree['gitTree']}")
         return
-    if info[1:] != [base_commit]:
-        report.problem(
-            f"git:commit {want_commit} has parents {info[1:]}; the provenance says its base is {base_commit}"
-        )
+    if parents != [base_commit]:
+        report.problem(f"git:commit {want_commit} has parents {parents}; the provenance says its base is {base_commit}")
         return
     report.checked.append(COMMIT_SUBJECT)
     try:

@@ -6,8 +6,8 @@ which the server checks under its own ref lock. So:
 
 - a concurrent writer of the same branch is detected, never overwritten (the push is rejected and the landing
   fails with `LandingConflict`, carrying the remote's message);
-- a retried landing whose earlier push went through finds the branch already holding a commit with the same tree
-  on the same parent, recognises it as its own, and returns it (idempotent; `created` is False);
+- a retried landing whose earlier push went through finds the branch already holding crewwork's commit of the same
+  tree on the same parent (see `_is_same_change`), recognises it as its own, and returns it (idempotent; `created` is False);
 - the target branch and every other ref are never touched.
 
 Local repositories are just another remote (a path); nothing their config names runs (`receive-pack` is started
@@ -62,7 +62,7 @@ async def land_by_push(
         tree = await _tree_of_change(gitdir, base_commit, diff, scratch)
         current = (await remote.ls_remote(ref)).get(ref)
         if current is not None:
-            if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit):
+            if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit, message):
                 return Landed(branch, current, False, remote.name)
             raise LandingConflictError(
                 f"{remote.name} already has {branch} at {current[:12]} with different content; refusing to move it"
@@ -78,7 +78,9 @@ async def land_by_push(
         except PushRejected as exc:
             # Lost a race: with ourselves (a retried landing running alongside) is fine, with anyone else is not.
             current = (await remote.ls_remote(ref)).get(ref)
-            if current is not None and await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit):
+            if current is not None and await _is_same_change(
+                remote, gitdir, work_item_id, current, tree, base_commit, message
+            ):
                 return Landed(branch, current, False, remote.name)
             raise LandingConflictError(str(exc)) from exc
         # Keep the landed commit reachable in the mirror (nothing else refers to it there).
@@ -111,13 +113,33 @@ async def _tree_of_change(gitdir: Path, base_commit: str, diff: str, scratch: Pa
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def _is_same_change(remote: Remote, gitdir: Path, work_item_id: str, commit: str, tree: str, parent: str) -> bool:
-    """Whether the remote's `commit` is this change (same tree on the same parent): fetched into the mirror to look."""
+async def _is_same_change(
+    remote: Remote, gitdir: Path, work_item_id: str, commit: str, tree: str, parent: str, message: str
+) -> bool:
+    """Whether the remote's `commit` is this landing's own (an earlier try of it): fetched into the mirror to look.
+
+    The same tree on the same parent is not enough: anyone who can push to the repository knows the validated change
+    and the branch name before the item lands, and a commit of theirs would then be landed, and signed in the
+    evidence bundle, as crewwork's, with the author and message they chose. So the commit must be the very object
+    this landing writes (`commit-tree` with crewwork's identity and `message`, no other header), whatever its
+    timestamps: it is rebuilt from them and must hash to `commit`."""
     if not await _has(gitdir, commit):
         await remote.fetch(gitdir, f"+refs/heads/{delivery_branch(work_item_id)}:refs/crewwork/remote/{work_item_id}")
-    res = await run_git(["show", "-s", "--format=%T %P", commit], cwd=gitdir, git_dir=gitdir, env=IDENTITY)
-    info = res.out.split()
-    return res.code == 0 and len(info) == 2 and info[0] == tree and info[1] == parent
+    res = await run_git(
+        ["show", "-s", "--format=%T%n%P%n%ad%n%cd", "--date=raw", commit], cwd=gitdir, git_dir=gitdir, env=IDENTITY
+    )
+    info = res.out.splitlines()
+    if res.code != 0 or len(info) != 4 or info[0] != tree or info[1] != parent:
+        return False
+    author = f"{IDENTITY['GIT_AUTHOR_NAME']} <{IDENTITY['GIT_AUTHOR_EMAIL']}>"
+    committer = f"{IDENTITY['GIT_COMMITTER_NAME']} <{IDENTITY['GIT_COMMITTER_EMAIL']}>"
+    ours = (
+        f"tree {tree}\nparent {parent}\nauthor {author} {info[2]}\ncommitter {committer} {info[3]}\n\n{message}"
+    ).encode()
+    rebuilt = await run_git(
+        ["hash-object", "-t", "commit", "--stdin"], cwd=gitdir, git_dir=gitdir, input_bytes=ours, env=IDENTITY
+    )
+    return rebuilt.code == 0 and rebuilt.out.strip() == commit
 
 
 async def _has(gitdir: Path, commit: str) -> bool:
@@ -153,12 +175,14 @@ async def publish_note(
     work_item_id: str,
     commit: str,
     make_note: Callable[[Path], Awaitable[bytes]],
+    before_push: Callable[[], Awaitable[None]] | None = None,
 ) -> NotePushed:
     """Attach `make_note(mirror's git dir)` to `commit` as a git note in the item's notes ref on the remote.
 
     The notes commit is dated with the landed commit's committer date, so the same bundle always gives the same notes
     commit and a retried landing pushes nothing new. The push is a compare-and-swap against the ref as it was seen
-    (absent, or an earlier note of this item, e.g. signed with a rotated-out key)."""
+    (absent, or an earlier note of this item, e.g. signed with a rotated-out key); `before_push` runs just before it
+    and may raise to push nothing."""
     ref = notes_ref(work_item_id)
     async with cache.using(remote, commit) as (gitdir, _stats):
         note = await make_note(gitdir)
@@ -172,6 +196,9 @@ async def publish_note(
         current = (await remote.ls_remote(ref)).get(ref)
         if current == notes_commit:
             return NotePushed(ref, notes_commit, False)
+        if before_push is not None:
+            # The last word before the remote changes (e.g. the caller's fencing: is this attempt still current?).
+            await before_push()
         try:
             await remote.push_ref(gitdir, notes_commit, ref, expected_old=current)
         except PushRejected as exc:

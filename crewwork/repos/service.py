@@ -200,6 +200,7 @@ class Repositories:
         commit: str,
         make_note: Callable[[Path], Awaitable[bytes]],
         credential: str | None = None,
+        before_push: Callable[[], Awaitable[None]] | None = None,
     ) -> NotePushed:
         """Evidence hook: the landed commit's signed bundle as a git note (crewwork.repos.landing.publish_note)."""
         url = self.locate(locator)
@@ -209,6 +210,7 @@ class Repositories:
             work_item_id=work_item_id,
             commit=commit,
             make_note=make_note,
+            before_push=before_push,
         )
 
     # ------------------------------------------------------------------ pull requests

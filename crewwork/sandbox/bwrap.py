@@ -20,6 +20,7 @@ it; use gVisor for untrusted code that may try one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import glob
 import math
@@ -182,11 +183,15 @@ class BwrapSandbox(Sandbox):
         toolchain: Toolchain,
         seccomp_fd: int | None = None,
         data_fds: Sequence[tuple[int, str]] = (),
+        status_fd: int | None = None,
     ) -> list[str]:
         assert self.bwrap is not None
         owner = self.settings.owner()
         args = [self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--new-session"]
         args += ["--die-with-parent", "--hostname", "sandbox", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+        if status_fd is not None:
+            # bwrap's own account of the run, on a pipe the sandbox never sees (crewwork.sandbox.bwrap.RunStatus).
+            args += ["--json-status-fd", str(status_fd)]
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         for d in SYSTEM_DIRS:
@@ -262,7 +267,28 @@ class BwrapSandbox(Sandbox):
         seccomp_fd: int | None,
         data_fds: Sequence[tuple[int, str]],
     ) -> SandboxRunResult:
-        cmd = self.command(argv, ws, limits, mounts, toolchain, seccomp_fd, data_fds)
+        status_r, status_w = os.pipe()
+        try:
+            cmd = self.command(argv, ws, limits, mounts, toolchain, seccomp_fd, data_fds, status_w)
+            return await self._run_command(cmd, ws, limits, env, toolchain, seccomp_fd, data_fds, status_r, status_w)
+        finally:
+            for fd in (status_r, status_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    async def _run_command(
+        self,
+        cmd: list[str],
+        ws: Path,
+        limits: SandboxLimits,
+        env: Mapping[str, str] | None,
+        toolchain: Toolchain,
+        seccomp_fd: int | None,
+        data_fds: Sequence[tuple[int, str]],
+        status_r: int,
+        status_w: int,
+    ) -> SandboxRunResult:
+        """Run the built command line; `status_w` is bwrap's --json-status-fd, read back from `status_r`."""
         cg: RunCgroup | None = None
         if self.config.cgroups:
             try:
@@ -291,7 +317,9 @@ class BwrapSandbox(Sandbox):
                 max_log_bytes=limits.max_log_bytes,
                 preexec_fn=preexec,
                 kill_extra=cg.kill_all if cg is not None else None,
-                pass_fds=((seccomp_fd,) if seccomp_fd is not None else ()) + tuple(fd for fd, _ in data_fds),
+                pass_fds=((seccomp_fd,) if seccomp_fd is not None else ())
+                + tuple(fd for fd, _ in data_fds)
+                + (status_w,),
             )
             oom = cg.oom_killed() if cg else False
             pids_hit = cg.pids_limited() if cg else False
@@ -302,13 +330,24 @@ class BwrapSandbox(Sandbox):
             if cg is not None:
                 cg.kill_all()
                 cg.remove()
-        if cg is not None and outcome.returncode == JOIN_FAILED and b"cgroup.procs" in outcome.stderr[:2000]:
+        # bwrap has exited, so its records are all in the pipe (our write end stays open: read what is there).
+        status = RunStatus.read(status_r)
+        # What the machinery says about itself is believed only when bwrap's status shows that the command never
+        # ran: once it has run, its output is its own, and a program that writes `bwrap: execvp …`, `mount: …` or
+        # `cgroup.procs` and exits 1 is a failed run, not a missing command nor a broken sandbox.
+        if (
+            not status.started
+            and cg is not None
+            and outcome.returncode == JOIN_FAILED
+            and b"cgroup.procs" in outcome.stderr[:2000]
+        ):
             raise SandboxError(f"could not enter the run's cgroup: {outcome.stderr[:2000].decode(errors='replace')}")
-        not_found = outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: execvp ")
-        if outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: ") and not not_found:
+        bwrap_failed = not status.ran and outcome.returncode == 1 and outcome.stderr.startswith(b"bwrap: ")
+        not_found = bwrap_failed and status.started and outcome.stderr.startswith(b"bwrap: execvp ")
+        if bwrap_failed and not not_found:
             # bwrap's own setup failed (bad mount, no user namespaces): the machinery, not the command.
             raise SandboxError(f"bwrap could not build the sandbox: {outcome.stderr.decode(errors='replace')}")
-        if owner_stage_failed(outcome.returncode, outcome.stderr):
+        if not status.started and owner_stage_failed(outcome.returncode, outcome.stderr):
             raise SandboxError(f"bwrap staging failed: {outcome.stderr[:2000].decode(errors='replace')}")
         exit_code = shell_status(outcome.returncode)
         if not_found:
@@ -341,6 +380,26 @@ def _uid_tag(owner: tuple[int, int] | None) -> str:
 
 def _tool(name: str) -> str:
     return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin:/usr/bin:/bin") or name
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """bwrap's `--json-status-fd` records of one run: `child-pid` once it has made the sandbox's process (so
+    everything before it, staging and the cgroup, worked), `exit-code` once that process has run and exited. bwrap
+    writes them from outside the sandbox, on a pipe the sandboxed program does not inherit, so nothing the program
+    prints or does can forge or remove them; a program bwrap could not exec has a `child-pid` and no `exit-code`."""
+
+    started: bool
+    ran: bool
+
+    @classmethod
+    def read(cls, fd: int) -> RunStatus:
+        os.set_blocking(fd, False)
+        data = b""
+        with contextlib.suppress(OSError):  # BlockingIOError: all there is has been read
+            while len(data) < 65536 and (chunk := os.read(fd, 4096)):
+                data += chunk
+        return cls(started=b'"child-pid"' in data, ran=b'"exit-code"' in data)
 
 
 def owner_stage_failed(returncode: int | None, stderr: bytes) -> bool:

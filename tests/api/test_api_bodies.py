@@ -146,6 +146,18 @@ async def test_malformed_json_says_where_as_a_person_counts_not_a_character_offs
     assert p["detail"].startswith("the body is not valid JSON:") and "line 2, column 14" in p["detail"], p
 
 
+async def test_a_body_that_is_not_utf8_is_said_to_be_so_not_a_number_too_long(stack: Stack) -> None:
+    """Bytes that are no Unicode text (here a Latin-1 `é` in a string) were answered `invalid_number`: "a number in
+    the document is too long: 'utf-8' codec can't decode byte 0xe9" (the decoding error is a ValueError, which the
+    check for over-long integers caught)."""
+    async with stack.client() as c:
+        body = b'{"kind": "task", "input": {"name": "caf\xe9"}, "agent": {"name": "scripted", "config": {}}}'
+        r = await c.post("/v1/work-items", content=body, headers=JSON)
+    p = r.json()
+    assert r.status_code == 422 and p["code"] == "invalid_request", p
+    assert "UTF-8" in p["detail"] and "number" not in p["detail"], p
+
+
 async def test_request_changes_without_a_comment_is_a_422_naming_the_comment(stack: Stack) -> None:
     async with stack.client() as c:
         for body in ({"action": "request_changes"}, {"action": "request_changes", "comment": "  "}):

@@ -242,3 +242,28 @@ async def test_code_changes_wait_for_review_by_default_unless_the_operator_says_
                 assert asked["state"] == "awaiting_review"
         finally:
             api.stop()
+
+
+async def test_a_hotfix_report_that_says_only_when_to_review_still_waits_for_a_person(
+    api_settings: Settings, tmp_path: Path
+) -> None:
+    """A hotfix report waits for a person unless it says otherwise, whatever the operator's default for other code
+    changes (docs/lifecycle.md). Saying only how long a review may take (`"review": {"timeout_s": 3600}`), or giving
+    an empty `review`, is not saying otherwise; before, either left `required` unset, the operator's default (off
+    here) filled it in, and the fix landed unreviewed."""
+    repo = make_repo(tmp_path / "calc", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
+    async with running_crew(api_settings) as crew:
+        alpha = await make_tenant(crew, "alpha")
+        api = LiveApi(api_settings.model_copy(update={"review_required_default": False})).start()
+        try:
+            async with httpx.AsyncClient(base_url=api.url, headers=alpha.headers, timeout=30) as c:
+                for review, required in [({"timeout_s": 3600}, True), ({}, True), ({"required": False}, False)]:
+                    report = {"message": "add(2, 3) returns -1", "repo": {"url": str(repo)}, "review": review}
+                    report["agent"] = {"name": "scripted", "config": {"files": {"calc.py": RIGHT}}}
+                    r = await c.post("/v1/hotfix", json=report)
+                    assert r.status_code == 202, r.text
+                    item = (await c.get(f"/v1/work-items/{r.json()['id']}", params={"live": "false"})).json()
+                    assert item["spec"]["review"]["required"] is required, (review, item["spec"]["review"])
+                    await c.post(f"/v1/work-items/{r.json()['id']}/cancel")
+        finally:
+            api.stop()

@@ -174,3 +174,25 @@ async def test_a_registered_name_that_now_resolves_inside_is_refused_at_submissi
         assert len(server.requests) == seen, "no git request reached the server after the name moved"
         assert dns.asked >= 3
     assert not git(bare, "for-each-ref", "refs/heads/crewwork/")
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "a" * 64 + ".example",  # a label longer than DNS allows
+        "\u202e.example",  # a character IDNA refuses (a right-to-left override)
+    ],
+)
+async def test_a_host_name_no_resolver_can_encode_is_a_422_not_a_server_error(stack: Stack, host: str) -> None:
+    """Before, the system resolver's IDNA encoding raised UnicodeError (not an OSError): webhooks and repository
+    registration answered 500, and a work item naming such a repository had its connection reset (the error escaped
+    the app). The name does not resolve: the same 422 as a name that does not exist."""
+    async with httpx.AsyncClient(base_url=stack.api.url, headers=stack.alpha.headers, timeout=60) as c:
+        r = await c.post("/v1/webhooks", json={"url": f"http://{host}/hook"})
+        assert r.status_code == 422 and r.json()["code"] == "url_not_allowed", r.text
+        r = await c.post("/v1/repositories", json={"url": f"https://{host}/acme/calc.git"})
+        assert r.status_code == 422 and r.json()["code"] in ("invalid_repository", "url_not_allowed"), r.text
+        item = change({"url": f"https://{host}/acme/calc.git", "ref": "main"})
+        r = await c.post("/v1/work-items", json=item)
+        assert r.status_code in (404, 422), r.text
+        assert (await c.get("/healthz")).json()["ok"]

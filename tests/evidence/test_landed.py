@@ -89,6 +89,10 @@ async def test_a_reviewed_change_lands_with_a_bundle_anyone_can_verify_offline(
                 # One attempt's bundle, on request: the failed first attempt.
                 first = await c.sign_evidence_bundle(wid, 1)
                 assert await c.evidence_bundle(wid, attempt=1) == first
+                # Asked again, it is already signed with the current key: the same bundle, and nothing is signed or
+                # recorded again (each POST used to re-read and re-sign everything on the shared control pool and
+                # append another `evidence_signed` to the item's log, at the tenant's request rate).
+                assert await c.sign_evidence_bundle(wid, 1) == first
                 async with httpx.AsyncClient(base_url=api.url) as anonymous:
                     assert (await anonymous.get("/evidence/keys")).json() == keys_doc, "public keys need no API key"
                     assert (await anonymous.get(f"/v1/work-items/{wid}/evidence-bundle")).status_code == 401
@@ -170,3 +174,102 @@ async def test_without_a_key_a_change_lands_unsigned_and_says_so_and_with_one_re
         result = await crew.result(wid)
         assert result.state == "dead" and "CREWWORK_EVIDENCE_REQUIRED" in result.reason, result.reason
         assert git(calc_repo, "branch", "--list", f"crewwork/{wid}") == "", "nothing was pushed"
+
+
+async def test_an_unusable_signing_key_is_named_by_its_setting_never_by_its_path(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    """Where the operator keeps the signing key is the operator's: a tenant whose change cannot be signed learns that
+    (and which setting to ask about), not the key file's path and why it cannot be read. Before, the item ended
+    `dead` with reason `EvidenceUnavailable: evidence signing key: signing key /srv/…/evidence-2026: No such file or
+    directory` (in the API, the event log and every webhook), and the per-attempt bundle's 503 said the same."""
+    secret_path = tmp_path / "operator-secrets-7f3a" / "evidence-2026"
+    settings = make_settings(
+        tmp_path / "data",
+        temporal_server,
+        pg_url,
+        sandbox_backend=sandbox_backend,
+        auto_register_repos=True,
+        evidence=EvidenceSettings(signing_key_file=secret_path),
+    )
+    async with running_crew(settings) as crew:
+        tenant = await make_tenant(crew, "curious")
+        api = LiveApi(settings).start()
+        try:
+            async with AsyncClient(api.url, tenant.key) as c:
+                wid = (await c.submit(item(str(calc_repo), [{"files": {"calc.py": RIGHT}}])))["id"]
+                done = await c.wait(wid, timeout_s=180)
+                async with httpx.AsyncClient(base_url=api.url, headers={"Authorization": f"Bearer {tenant.key}"}) as h:
+                    seen = [
+                        (await h.get(f"/v1/work-items/{wid}")).text,
+                        (await h.get(f"/v1/work-items/{wid}/events")).text,
+                    ]
+                    signed = await h.post(f"/v1/work-items/{wid}/evidence-bundle", params={"attempt": 1})
+                    seen.append(signed.text)
+        finally:
+            api.stop()
+    assert done["state"] == "dead", done["reason"]
+    assert "CREWWORK_EVIDENCE_SIGNING_KEY_FILE" in done["reason"], done["reason"]
+    assert signed.status_code == 503 and signed.json()["code"] == "evidence_unavailable", signed.text
+    for text in seen:
+        assert "operator-secrets-7f3a" not in text and "evidence-2026" not in text, text
+
+
+# What the code under test can make of its own report: at exit (after pytest wrote it), a JUnit report just under
+# the 16 MiB the host reads back, of 14,000 passing tests whose ids are as long as a test id may be recorded.
+HUGE_REPORT = RIGHT + (
+    "\n\nimport atexit, os\n\n\n"
+    "def _report():\n"
+    "    if not os.path.isdir('.crewwork'):\n"
+    "        return\n"
+    "    cases = ''.join(\n"
+    "        '<testcase classname=\"tests.test_calc\" name=\"test_%05d_%s\"/>' % (i, 'x' * 980) for i in range(14000)\n"
+    "    )\n"
+    "    with open('.crewwork/junit.xml', 'w') as f:\n"
+    '        f.write(\'<testsuite tests="14000" failures="0" errors="0">%s</testsuite>\' % cases)\n\n\n'
+    "atexit.register(_report)\n"
+)
+
+
+async def test_a_change_whose_report_names_thousands_of_long_test_ids_lands_with_a_bundle_that_verifies(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
+) -> None:
+    """The test ids a bundle lists come from the report, which the code under test writes. Before, 14,000 ids of
+    1,000 characters made a bundle of ~21 MB: the landing pushed the branch and the note, then could not store the
+    bundle (over the 16 MiB artifact limit), retried until the item was `dead`, its change pushed and no bundle to
+    download; with more ids the signed bundle would pass the 64 MiB a verifier reads. The lists are bounded (the
+    JUnit report, a signed subject, holds every id), the bundle is stored, and it verifies, saying how many there were
+    and that it left some out. (And below the bound every test is listed: the statement named only the 200 tests a
+    verdict carries, so a suite of 5,000 passing tests was signed, and shown by verify, as "200 passed".)"""
+    key = tmp_path / "keys" / "evidence"
+    key.parent.mkdir()
+    generate(key)
+    settings = make_settings(
+        tmp_path / "data",
+        temporal_server,
+        pg_url,
+        sandbox_backend=sandbox_backend,
+        evidence=EvidenceSettings(signing_key_file=key),
+    )
+    async with running_crew(settings) as crew:
+        wid = await crew.submit(item(str(calc_repo), [{"files": {"calc.py": HUGE_REPORT}}], budget={"max_attempts": 1}))
+        result = await crew.result(wid, timeout_s=600)
+        assert result.state == "succeeded", result.reason
+        arts = [a for a in await crew.store.list_artifacts(wid) if a.name == "evidence-bundle.json"]
+        assert len(arts) == 1
+        bundle = await crew.store.artifact_content(arts[0].id)
+        report_art = next(a for a in await crew.store.list_artifacts(wid) if a.name == "attempt-1-junit.xml")
+        junit = await crew.store.artifact_content(report_art.id)
+    assert bundle is not None and junit is not None
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "attempt-1-junit.xml").write_bytes(junit)
+    report = verify_bundle(
+        bundle, load_trusted([Path(f"{key}.pub")]), repo=calc_repo, files_dir=files, work_item=wid,
+        commit=result.landed_commit,
+    )  # fmt: skip
+    assert report.ok, report.problems
+    tests = report.proven["tests"]
+    assert tests["result"] == "PASSED" and 200 < len(tests["passed"]) < 14000, len(tests["passed"])
+    assert tests["counts"]["passed"] == 14000 and tests["counts"]["complete"] is False, tests["counts"]
+    assert "not listed" in report.human()

@@ -355,3 +355,58 @@ def test_the_verifier_loads_nothing_of_the_server() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_hostile_repository_runs_nothing_and_cannot_stand_in_for_the_commit(
+    bundle: bytes, landed: tuple, tmp_path: Path
+) -> None:
+    """`--repo` may be a repository someone else prepared (a bare repository handed over, a shared directory). Its
+    config must run nothing and its replace refs must not stand in for the signed commit. Before, with
+    `log.showSignature = true` and `gpg.program = <their script>` in its config and `refs/replace/<landed commit>`
+    pointing at a copy with a `gpgsig` header, `crewwork verify` ran their script (it read the commit with
+    `git show`) and still said OK; a repository holding only the replacement, not the signed commit, passed too."""
+    import shutil
+    import subprocess
+
+    repo, _base, commit, _diff = landed
+    hostile = tmp_path / "hostile.git"
+    subprocess.run(["git", "clone", "-q", "--mirror", str(repo), str(hostile)], check=True)
+    marker = tmp_path / "ran"
+    script = tmp_path / "evil-gpg"
+    script.write_text(f"#!/bin/sh\necho ran >> {marker}\nexit 1\n")
+    script.chmod(0o755)
+
+    def g(*args: str, input_: bytes | None = None) -> str:
+        out = subprocess.run(["git", f"--git-dir={hostile}", *args], input=input_, capture_output=True, check=True)
+        return out.stdout.decode().strip()
+
+    g("config", "log.showSignature", "true")
+    g("config", "gpg.program", str(script))
+    raw = g("cat-file", "commit", commit).split("\n")
+    at = next(i for i, line in enumerate(raw) if line.startswith("committer ")) + 1
+    signed_copy = "\n".join(
+        [*raw[:at], "gpgsig -----BEGIN PGP SIGNATURE-----", " ", " -----END PGP SIGNATURE-----", *raw[at:]]
+    )
+    replacement = g("hash-object", "-t", "commit", "-w", "--stdin", input_=signed_copy.encode() + b"\n")
+    g("replace", commit, replacement)
+
+    report = check(bundle, hostile, commit=commit)
+    assert not marker.exists(), "the repository's gpg.program ran"
+    assert report.ok, report.problems
+    # Without the signed commit itself (only something its replace ref points at), the commit is not there.
+    only_replacement = tmp_path / "only-replacement.git"
+    shutil.copytree(hostile, only_replacement)
+    subprocess.run(["git", f"--git-dir={only_replacement}", "update-ref", "-d", "refs/heads/crewwork/wi_a"], check=True)
+    subprocess.run(
+        ["git", f"--git-dir={only_replacement}", "-c", "gc.reflogExpire=now", "gc", "-q", "--prune=now"],
+        check=True,
+        env={**os.environ, "GIT_NO_REPLACE_OBJECTS": "1"},
+    )
+    has = subprocess.run(
+        ["git", f"--git-dir={only_replacement}", "cat-file", "-e", commit],
+        env={**os.environ, "GIT_NO_REPLACE_OBJECTS": "1"},
+        capture_output=True,
+    )
+    assert has.returncode != 0, "the signed commit is gone; only its replacement is left"
+    refused(check(bundle, only_replacement, commit=None), f"git:commit {commit} cannot be read")
+    assert not marker.exists()

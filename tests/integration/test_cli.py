@@ -48,6 +48,12 @@ async def test_submit_wait_status_and_list(crew: Crew, calc_repo: Path, tmp_path
         assert as_json["id"] == wid and as_json["attempts"][0]["verdict"] == "passed"
         listed = await cli(api, key, "list")
         assert wid in listed.stdout
+        # A download to a place that cannot be written is one line and exit 2 (it was a traceback, exit 1 "a bug";
+        # `bundle -o` shares the code).
+        art = json.loads((await cli(api, key, "artifacts", wid, "--json")).stdout)[0]["id"]
+        res = await cli(api, key, "artifacts", wid, art, "-o", str(tmp_path))
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.strip() == f"crewwork: cannot write {tmp_path}: Is a directory", res.stderr
 
 
 async def test_cli_errors_are_clear_and_nonzero(crew: Crew, tmp_path: Path) -> None:

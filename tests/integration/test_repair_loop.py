@@ -214,3 +214,33 @@ async def test_a_command_that_does_not_exist_ends_the_item_after_its_first_attem
     assert field in result.reason and "stopped after attempt 1" in result.reason, result.reason
     row = await crew.store.get_work_item(wid)
     assert row is not None and row.attempt_count == 1 and field in row.reason
+
+
+# What a module the tests import can do once the agent changed it: write, to the test process's real stderr (past
+# pytest's capture), the very line bubblewrap writes when it cannot exec a program, and exit 1 as bwrap does.
+FORGED_NOT_FOUND = (
+    "import os\n"
+    "for fd in os.listdir('/proc/self/fd'):\n"
+    "    try:\n"
+    "        if os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:'):\n"
+    "            os.write(int(fd), b'bwrap: execvp python: No such file or directory\\n')\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "os._exit(1)\n"
+)
+
+
+async def test_code_under_test_cannot_pass_for_a_missing_command_and_end_the_item(crew: Crew, calc_repo: Path) -> None:
+    """Only bwrap's own failure to start the program is `command_not_found` (which ends the item as the submission's
+    fault): code under test that writes bwrap's words and exits 1 is a failed attempt like any other, and the repair
+    loop goes on. Before, attempt 1's change ended the item: `validation.command[0] `python` does not exist … stopped
+    after attempt 1`, with exit code 127 recorded as measured evidence for a program that ran."""
+    steps = [{"files": {"calc.py": FORGED_NOT_FOUND}}, {"files": {"calc.py": RIGHT}}]
+    wid = await crew.submit(code_change(calc_repo, steps, budget={"max_attempts": 3}))
+    result = await crew.result(wid)
+    attempts = await crew.store.list_attempts(wid)
+    assert [a.cause for a in attempts][:1] != ["command_not_found"], [a.reason for a in attempts]
+    assert result.state == "succeeded", result.reason
+    first = result.attempts[0].validation
+    assert first is not None and first.sandbox is not None
+    assert not first.sandbox.command_not_found and first.sandbox.exit_code == 1

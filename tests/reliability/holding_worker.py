@@ -14,6 +14,7 @@ Test machinery only: it lives in tests/, and no production process loads it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,38 @@ class _Hold(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         info = activity.info()
         if info.activity_type == self.cfg.activity_type and info.attempt == 1:
-            (self.cfg.marker_dir / f"{info.activity_type}.held").write_text(info.workflow_id)
-            while not (self.cfg.marker_dir / "go").exists():
-                await asyncio.sleep(0.05)
-            return await _ignoring_cancellation(self.next.execute_activity(input))
+            if HOLD_AT is None:
+                await hold(self.cfg.marker_dir, info.activity_type, info.workflow_id)
+            try:
+                return await _ignoring_cancellation(self.next.execute_activity(input))
+            finally:
+                (self.cfg.marker_dir / f"{info.activity_type}.done").write_text(info.workflow_id)
         return await self.next.execute_activity(input)
+
+
+HOLD_AT = os.environ.get("CREWWORK_TEST_HOLD_AT") or None
+"""Where attempt 1 holds: at its start (unset), or `publish_evidence`: land_change holds *after* its first write (it
+has set `landing` and pushed the branch), just before it signs and publishes the evidence bundle: a zombie that
+stalled mid-landing."""
+
+
+async def hold(marker_dir: Path, activity_type: str, workflow_id: str) -> None:
+    (marker_dir / f"{activity_type}.held").write_text(workflow_id)
+    while not (marker_dir / "go").exists():
+        await asyncio.sleep(0.05)
+
+
+def _hold_before_publishing_evidence(marker_dir: Path) -> None:
+    from crewwork.activities.control import ControlActivities
+
+    original = ControlActivities._publish_evidence
+
+    async def held(self: Any, inp: Any, w: Any, landed: Any) -> str:
+        if activity.info().attempt == 1:
+            await hold(marker_dir, activity.info().activity_type, activity.info().workflow_id)
+        return await original(self, inp, w, landed)
+
+    ControlActivities._publish_evidence = held  # type: ignore[method-assign]
 
 
 async def _ignoring_cancellation(coro: Any) -> Any:
@@ -65,6 +93,8 @@ async def _ignoring_cancellation(coro: Any) -> Any:
 def main() -> None:
     pool, activity_type, marker_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     marker_dir.mkdir(parents=True, exist_ok=True)
+    if HOLD_AT == "publish_evidence":
+        _hold_before_publishing_evidence(marker_dir)
     asyncio.run(run_pool(pool, get_settings(), extra_interceptors=[HoldFirstAttempt(activity_type, marker_dir)]))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,52 @@ async def test_a_model_agent_zombie_frozen_before_its_first_write_makes_no_model
 async def crew_events(settings: Any, wid: str) -> list[dict[str, Any]]:
     async with running_crew(settings, pools=()) as crew:
         return [{"type": e.type, "data": e.data} for e in await crew.store.list_events(wid)]
+
+
+async def test_a_landing_that_stalled_after_its_first_write_publishes_no_evidence_once_superseded(
+    settings: Any, tmp_path: Path
+) -> None:
+    """land_change attempt 1 has set `landing` and pushed the branch, then stalls just before it signs the evidence
+    (its worker still holds the key being rotated out); attempt 2 lands on a worker with the new key, publishes its
+    bundle and the item succeeds. When attempt 1 wakes, nothing it would still publish may land: before, it signed
+    with the old key, force-pushed its note over the new one by compare-and-swap against whatever was there, and
+    stored a second `evidence-bundle.json` (and `landed.patch`) that the API then served, all after the item ended."""
+    from crewwork.evidence.keys import generate, load_trusted
+    from crewwork.evidence.settings import EvidenceSettings
+    from crewwork.evidence.verify import verify_bundle
+
+    (tmp_path / "keys").mkdir()
+    generate(tmp_path / "keys" / "old")
+    new_key = generate(tmp_path / "keys" / "new")
+    settings = settings.model_copy(update={"evidence": EvidenceSettings(signing_key_file=tmp_path / "keys" / "new")})
+    repo = calc(tmp_path / "landing")
+    markers = tmp_path / "markers"
+    env = {
+        "CREWWORK_EVIDENCE_SIGNING_KEY_FILE": str(tmp_path / "keys" / "old"),
+        "CREWWORK_TEST_HOLD_AT": "publish_evidence",
+    }
+    with holding_pool(settings, "control", "land_change", markers, **env):
+        async with running_crew(settings, pools=("agent", "validate")) as crew:
+            wid = await crew.submit(code_change(repo, {"files": {"calc.py": RIGHT}}))
+            await until("land_change attempt 1 to stall", lambda: _exists(markers / "land_change.held"), timeout_s=120)
+            async with extra_worker(crew, "control"):
+                final = await terminal(crew, wid, timeout_s=150)
+                assert final.state == "succeeded", final.reason
+                commit = git(repo, "rev-parse", f"crewwork/{wid}")
+                note_before = git(repo, "rev-parse", f"refs/notes/crewwork/{wid}")
+                (markers / "go").touch()
+                await until("the zombie to finish", lambda: _exists(markers / "land_change.done"), timeout_s=120)
+                assert git(repo, "rev-parse", f"refs/notes/crewwork/{wid}") == note_before, "the note was replaced"
+                arts = await crew.store.list_artifacts(wid)
+                bundles = [a for a in arts if a.name == "evidence-bundle.json"]
+                assert len(bundles) == 1, [(a.name, a.sha256) for a in bundles]
+                assert len([a for a in arts if a.name == "landed.patch"]) == 1
+                data = await crew.store.artifact_content(bundles[0].id)
+    assert data is not None
+    note = subprocess.run(
+        ["git", "notes", f"--ref=crewwork/{wid}", "show", commit], cwd=repo, capture_output=True, check=True
+    ).stdout
+    assert note == data
+    new_pub = tmp_path / "keys" / "new.pub"
+    report = verify_bundle(data, load_trusted([new_pub]), repo=repo, work_item=wid, commit=commit)
+    assert report.ok and report.keys == {new_key.keyid: "active"}, report.problems

@@ -215,3 +215,72 @@ async def test_mirror_meta_holds_no_secret_and_names_the_url(
     assert meta["url"] == smart_http.url("acme/calc.git")
     config = (gitdir / "config").read_text()
     assert "hooksPath" in config and http_password not in config and "url" not in config.lower()
+
+
+async def test_a_commit_with_the_same_tree_is_not_taken_for_the_landings_own_unless_crewwork_wrote_it(
+    daemon: GitDaemon, served: Served, cache: MirrorCache, tmp_path: Path
+):
+    """Whoever can push to the repository knows the validated change (the diff is on the API) and the delivery branch
+    (`crewwork/<id>`) before the item lands. Before, a commit they pushed there with the same tree on the same parent
+    was "recognised" as the landing's own: the item succeeded on it, and its evidence bundle signed, as the landed
+    commit, a commit whose author and message they chose (`Audited by the security team`, a `Crewwork-Work-Item`
+    trailer naming another item). Only crewwork's own commit (its identity, the landing's message, nothing else; a
+    retry's clock may differ) is recognised; anything else on the branch is a conflict."""
+    remote = Remote(address=LOOPBACK, url=parse_repo_url(daemon.url(served.name)))
+    main = git(served.bare, "rev-parse", "main")
+    message = "fix add\n\ncrewwork work item wi3, validated on attempt 1.\nCrewwork-Work-Item: wi3\n"
+    other = tmp_path / "other"
+    git(tmp_path, "clone", "--quiet", str(served.bare), str(other))
+    (other / "calc.py").write_text((other / "calc.py").read_text().replace("return a - b", "return a + b"))
+    git(other, "add", "-A")
+    tree = git(other, "write-tree")
+    forged = {
+        "GIT_AUTHOR_NAME": "Security Team",
+        "GIT_AUTHOR_EMAIL": "sec@example.com",
+        "GIT_COMMITTER_NAME": "Security Team",
+        "GIT_COMMITTER_EMAIL": "sec@example.com",
+    }
+    theirs = git_env(other, forged, "commit-tree", tree, "-p", main, "-m", "Audited by the security team")
+    git(other, "push", "--quiet", "origin", f"{theirs}:refs/heads/crewwork/wi3")
+    with pytest.raises(LandingConflictError, match="different content"):
+        await land_by_push(
+            cache, remote, work_item_id="wi3", base_commit=main, diff=RIGHT_DIFF, message=message,
+            scratch=tmp_path / "s3",
+        )  # fmt: skip
+    assert git(served.bare, "rev-parse", "refs/heads/crewwork/wi3") == theirs, "refused, not moved"
+    # crewwork's message under another identity, or crewwork's identity with another message: refused too.
+    ident = {
+        "GIT_AUTHOR_NAME": "crewwork",
+        "GIT_AUTHOR_EMAIL": "crewwork@localhost",
+        "GIT_COMMITTER_NAME": "crewwork",
+        "GIT_COMMITTER_EMAIL": "crewwork@localhost",
+    }
+    for n, (env, msg) in enumerate([(forged, message), (ident, message + "Reviewed-by: sec@example.com\n")]):
+        c = git_env(
+            other, {**env, "GIT_COMMITTER_DATE": "1700000000 +0000"}, "commit-tree", tree, "-p", main, input_=msg
+        )
+        git(other, "push", "--quiet", "origin", f"{c}:refs/heads/crewwork/wi4{n}")
+        with pytest.raises(LandingConflictError, match="different content"):
+            await land_by_push(
+                cache, remote, work_item_id=f"wi4{n}", base_commit=main, diff=RIGHT_DIFF, message=message,
+                scratch=tmp_path / f"s4{n}",
+            )  # fmt: skip
+    # crewwork's own commit from an earlier try (another second on the clock) is recognised.
+    ours = git_env(
+        other, {**ident, "GIT_COMMITTER_DATE": "1700000000 +0000", "GIT_AUTHOR_DATE": "1700000000 +0000"},
+        "commit-tree", tree, "-p", main, input_=message,
+    )  # fmt: skip
+    git(other, "push", "--quiet", "origin", f"{ours}:refs/heads/crewwork/wi5")
+    again = await land_by_push(
+        cache, remote, work_item_id="wi5", base_commit=main, diff=RIGHT_DIFF, message=message, scratch=tmp_path / "s5"
+    )
+    assert (again.commit, again.created) == (ours, False)
+
+
+def git_env(cwd: Path, env: dict[str, str], *args: str, input_: str | None = None) -> str:
+    import os
+    import subprocess
+
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env={**os.environ, **env}, input=input_, capture_output=True, text=True, check=True
+    ).stdout.strip()

@@ -8,6 +8,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,6 +189,49 @@ async def test_nonzero_exit_is_reported_without_cap_flags(sandbox: Sandbox, work
     assert (r.exit_code, r.stdout, r.stderr) == (3, b"out\n", b"err\n")
     assert not (r.timed_out or r.oom_killed or r.pids_limited) and r.killed_by_signal is None
     assert r.isolated and r.backend == sandbox.name and r.enforcement
+
+
+@pytest.mark.parametrize(
+    ("said", "code"),
+    [
+        ("bwrap: execvp python3: No such file or directory", 1),  # bwrap failing to exec the command
+        ("bwrap: Creating new namespace failed: Operation not permitted", 1),  # bwrap failing to build the sandbox
+        ("mount: /stage: permission denied.", 1),  # the root-side staging failing
+        ("cgroup-join: cannot write cgroup.procs", 125),  # joining the run's cgroup failing
+    ],
+)
+async def test_a_program_cannot_pass_its_own_words_off_as_the_machinerys(
+    sandbox: Sandbox, workspace: Path, said: str, code: int
+) -> None:
+    """What the sandbox's machinery says about itself (the command does not exist; the sandbox, its staging or its
+    cgroup could not be set up) must come from the machinery. A program that ran and printed the same words is a
+    program that failed: before, on bwrap, the first made its run `command_not_found` (exit 127, and the item ended
+    as the submission's fault) and the others a SandboxError (infrastructure: retried until the item was `dead`)."""
+    r = await sandbox.run(
+        ["sh", "-c", f"printf '%s\\n' '{said}' >&2; exit {code}"], workspace=workspace, limits=limits()
+    )
+    assert (r.exit_code, r.command_not_found, r.stderr) == (code, False, f"{said}\n".encode())
+
+
+async def test_bwraps_own_failures_are_still_the_machinerys(workspace: Path) -> None:
+    """The other side of the test above: when bwrap itself cannot build the sandbox (here: a bind whose source is
+    gone) or cannot exec the command, that is still a SandboxError and `command_not_found`, as bwrap says."""
+    from crewwork.sandbox.base import SandboxError
+    from crewwork.sandbox.bwrap import BwrapSandbox
+    from tests.sandbox.conftest import require_backend
+
+    require_backend("bwrap")
+
+    class BrokenBind(BwrapSandbox):
+        def command(self, argv: Any, *args: Any, **kw: Any) -> list[str]:
+            cmd = super().command(argv, *args, **kw)
+            at = len(cmd) - len(argv) - 1
+            return [*cmd[:at], "--ro-bind", "/nonexistent-crewwork-source", "/x", *cmd[at:]]
+
+    with pytest.raises(SandboxError, match="could not build the sandbox"):
+        await BrokenBind().run(["true"], workspace=workspace, limits=limits())
+    r = await BwrapSandbox().run(["no-such-test-runner"], workspace=workspace, limits=limits())
+    assert (r.exit_code, r.command_not_found) == (127, True) and r.stderr.startswith(b"bwrap: execvp ")
 
 
 def _was_overwritten(target: str) -> bool:

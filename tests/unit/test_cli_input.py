@@ -207,3 +207,23 @@ def free_port_number() -> int:
     from crewwork.temporal.devserver import free_port
 
     return free_port()
+
+
+def test_a_signing_key_put_where_its_variables_name_goes_is_never_echoed(tmp_path: Path) -> None:
+    """CREWWORK_EVIDENCE_SIGNING_KEY_ENV names the variable that holds the key. An operator who puts the key itself
+    there had it printed by `crewwork config` (as the value in force) and by every error about it (the control pool's
+    log, and the reason of each item that could not land). It is now a setting that does not parse, named in one line
+    without its value; and a PEM private key is masked wherever crewwork masks secrets (logs, events, config)."""
+    from crewwork.evidence.keys import generate
+    from crewwork.masking import mask_secrets
+
+    generate(tmp_path / "k")
+    pem = (tmp_path / "k").read_text()
+    seed_b64 = pem.splitlines()[1]  # its last characters are the key's own (the first are PKCS#8's header)
+    p = _bare(tmp_path, "config", CREWWORK_EVIDENCE_SIGNING_KEY_ENV=pem)
+    line = one_line_usage_error(p)
+    assert line.startswith("crewwork: invalid configuration: CREWWORK_EVIDENCE_SIGNING_KEY_ENV"), line
+    assert seed_b64[-20:] not in p.stdout + p.stderr, p.stderr
+    masked = mask_secrets(f"key: {pem} and json {pem!r}")
+    assert seed_b64[-20:] not in masked and masked.count("-----BEGIN PRIVATE KEY-----***") == 2, masked
+    assert _bare(tmp_path, "config", CREWWORK_EVIDENCE_SIGNING_KEY_ENV="EVIDENCE_KEY_2026").returncode == 0
