@@ -15,9 +15,12 @@ JOBS="${CREWWORK_TEST_JOBS:-4}"
 
 status=0
 start=$(date +%s)
-"$PYTEST" -ra -n "$JOBS" --dist worksteal -m "not alone" --durations=25 "$@" || status=$?
+mkdir -p test-artifacts
+# Every test's time is in the JUnit reports (test-artifacts/), the 25 slowest on the terminal.
+"$PYTEST" -ra -n "$JOBS" --dist load -m "not alone" --durations=25 --junitxml=test-artifacts/parallel.xml "$@" \
+    || status=$?
 mid=$(date +%s)
-"$PYTEST" -ra -m alone --durations=10 "$@"
+"$PYTEST" -ra -m alone --durations=10 --junitxml=test-artifacts/alone.xml "$@"
 rc=$?
 [ "$rc" = 0 ] || [ "$rc" = 5 ] || status=$rc
 end=$(date +%s)
