@@ -37,8 +37,6 @@ BUILTIN: dict[str, type[Agent]] = {
     ModelAgent.name: ModelAgent,
     CommandAgent.name: CommandAgent,
 }
-AGENTS = BUILTIN
-"""Deprecated alias of BUILTIN (the registry used to be this dict)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +148,6 @@ def reset_cache() -> None:
 
 
 __all__ = [
-    "AGENTS",
     "BUILTIN",
     "ENTRY_POINT_GROUP",
     "AgentInfo",
