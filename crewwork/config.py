@@ -261,13 +261,20 @@ class Settings(BaseSettings):
     model_endpoints: str = Field(
         default="",
         description="Operator model endpoints (JSON object by name, or a full transport config; docs/agents.md). "
-        "Read by the model agent's transport (crewwork/transport/config.py).",
+        "Handed to the model agent (crewwork.agents.base.OperatorAgentSettings), which parses it "
+        "(crewwork.transport.config.operator_config); set it on the API processes too, which check submissions "
+        "against it.",
     )
     command_agents: str = Field(
         default="",
-        description="CLIs the command agent may run (JSON; docs/agents.md). Read by crewwork/agents/command.py.",
+        description="CLIs the command agent may run (JSON; docs/agents.md). Handed to the command agent "
+        "(crewwork.agents.base.OperatorAgentSettings), which parses it (CommandAgentsSettings.parse).",
     )
-    command_agent_enabled: bool = Field(default=True, description="Whether the command agent may run at all.")
+    command_agent_enabled: bool = Field(
+        default=True,
+        description="Whether the command agent may run at all; false: a work item asking for it runs the built-in "
+        "model agent instead (docs/agents.md).",
+    )
     outbound_allow_networks: str = Field(
         default="",
         description="Comma-separated CIDRs a tenant-named URL (a webhook) may reach although they are not public "

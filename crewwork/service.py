@@ -91,7 +91,9 @@ class WorkItemService:
         from crewwork.policy import PolicyViolation
 
         try:
-            get_agent_class(spec.agent.name).validate_config(spec.kind, spec.agent.config)
+            get_agent_class(spec.agent.name, plugins=self.settings.agent_plugins).validate_config(
+                spec.kind, spec.agent.config
+            )
         except AgentConfigError as exc:
             raise SubmissionRejected(str(exc), "agent") from exc
         policy = policy or await self.policy(tenant_id)
@@ -192,7 +194,7 @@ class WorkItemService:
             repo_path=repo,
             submission_hash=digest,
             # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
-            mock=get_agent_class(spec.agent.name).mock,
+            mock=get_agent_class(spec.agent.name, plugins=self.settings.agent_plugins).mock,
         )
         # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
         # already running for this id is the same work item: not an error.

@@ -49,6 +49,7 @@ from crewwork.agents.base import (
     AgentError,
     AgentInfraError,
     AgentRunResult,
+    OperatorAgentSettings,
 )
 from crewwork.agents.edits import (
     DIVIDER_MARK,
@@ -159,7 +160,10 @@ class ModelAgent(Agent):
     # and it keeps its resumable session (heartbeat details) without a pickled round trip per model call.
     runs_inline = True
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, operator: OperatorAgentSettings | None = None, env: Mapping[str, str] | None = None) -> None:
+        """`operator`: the deployment's endpoints (default: this process's settings); `env`: where the endpoints'
+        API keys are looked up by name (default: this process's environment)."""
+        self._operator = OperatorAgentSettings.of_process() if operator is None else operator
         self._env = os.environ if env is None else env
 
     @classmethod
@@ -172,7 +176,7 @@ class ModelAgent(Agent):
         # allow_work_item_endpoints): refused here, at submission, not later at the worker. The API process reads
         # the same CREWWORK_MODEL_ENDPOINTS as the agent pool (docs/agents.md).
         try:
-            merge_configs(operator_config(), cfg.transport())
+            merge_configs(operator_config(OperatorAgentSettings.of_process().model_endpoints), cfg.transport())
         except TransportSettingsError as e:
             raise AgentConfigError(f"model agent config: {e}") from None
         unknown = [n for names in cfg.routes.values() for n in names if n not in cfg.endpoints]
@@ -184,7 +188,7 @@ class ModelAgent(Agent):
     async def run(self, ctx: AgentContext) -> AgentRunResult:
         try:
             cfg = ModelAgentConfig.from_agent_config(ctx.config)
-            transport = merge_configs(operator_config(self._env), cfg.transport())
+            transport = merge_configs(operator_config(self._operator.model_endpoints), cfg.transport())
             workload = "chat" if ctx.kind == WorkItemKind.task else cfg.workload
             transport.route(workload)  # fail early, with the configuration message, on a missing route
         except ValidationError as e:

@@ -175,7 +175,12 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
         unavailable_wait_s=settings.store_unavailable_wait_s,
         server_writes=settings.store_server_writes,
     )
-    metrics_server = start_pool_observability(pool, settings.task_queue(pool))
+    metrics_server = start_pool_observability(
+        pool,
+        settings.task_queue(pool),
+        metrics_port=settings.metrics_port,
+        temporal_metrics_port=settings.temporal_metrics_port,
+    )
     tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor
     client = await connect(settings)
     worker = build_worker(pool, client, store, settings, extra_interceptors=extra_interceptors)
