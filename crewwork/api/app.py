@@ -22,7 +22,6 @@ from crewwork.api import problems
 from crewwork.api.admin import router as admin_router
 from crewwork.api.evidence import router as evidence_router
 from crewwork.api.hotfix import router as hotfix_router
-from crewwork.api.options import ApiOptions
 from crewwork.api.ratelimit import ApiRateLimits
 from crewwork.api.repositories import router as repositories_router
 from crewwork.api.streams import EventHorizon
@@ -30,6 +29,7 @@ from crewwork.api.streams import router as events_router
 from crewwork.api.webhooks import router as webhooks_router
 from crewwork.api.work_items import router as work_items_router
 from crewwork.config import Settings, get_settings
+from crewwork.config.api import ApiOptions
 from crewwork.observability import (
     CONTENT_TYPE,
     HTTP_LATENCY,

@@ -284,7 +284,7 @@ async def test_the_prompt_carries_a_repository_map_of_the_base_commit(
     import subprocess
     from types import SimpleNamespace
 
-    from crewwork.codeintel.settings import CodeIntelSettings
+    from crewwork.config.codeintel import CodeIntelSettings
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=git_repo, capture_output=True, text=True, check=True)
     # What the agent pool gives: the workspace's private git directory and base commit, the registration's id.
