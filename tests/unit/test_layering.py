@@ -86,17 +86,39 @@ def _edges(name: str, targets: Iterable[str]) -> set[str]:
 
 GRAPH = {name: _edges(name, (m for m, _, _ in found)) for name, found in STATEMENTS.items()}
 
-# Edges known to close a cycle, each owned by a change under way elsewhere, and removed by it. The cycle tests ignore
-# exactly these; a new edge closing a cycle fails them, and so does an entry here that no longer exists.
+# Edges known to close a cycle, each to be removed by a change under way. The cycle tests ignore exactly these; a new
+# edge closing a cycle fails them, and so does an entry here that no longer exists (it must then leave the list).
 KNOWN_CYCLE_EDGES = {
     # Issue 27 item 1 (a step is one module, in crewwork/steps/): the repository service raises the activities' error
-    # types, and the reconciler ends items through the control activities.
+    # types, the reconciler ends items through the control activities (each importing crewwork.activities runs its
+    # __init__ first), and the agent activity reports a free slot to the worker pool.
     ("crewwork.repos.service", "crewwork.activities.errors"),
+    ("crewwork.repos.service", "crewwork.activities"),
     ("crewwork.reconcile", "crewwork.activities.control"),
+    ("crewwork.reconcile", "crewwork.activities"),
+    ("crewwork.activities.execute", "crewwork.workers.slots"),
+    ("crewwork.activities.execute", "crewwork.workers"),
     # Issue 27 items 2 and 3 (one fenced write; the store owns its SQL, the outbox deliverer moves out of it): the
     # fenced write enqueues webhook deliveries through the outbox, which needs the store.
     ("crewwork.store.fencing", "crewwork.store.outbox"),
     ("crewwork.store.outbox", "crewwork.store.store"),
+}
+
+# Package-level edges that still close a cycle and are not cut yet (issue 27 item 5, left for a next change; each line
+# says what cutting it takes).
+KNOWN_PACKAGE_CYCLE_EDGES = {
+    # Settings sections that still live in their packages, which import config: evidence.settings, repos.settings
+    # (it needs repos.urls, which store.tables and invariants import too) and sandbox.config (imported by activities).
+    ("crewwork.config", "crewwork.evidence"),
+    ("crewwork.config", "crewwork.repos"),
+    ("crewwork.config", "crewwork.sandbox"),
+    # The repository URL grammar (repos.urls, no dependencies of its own) sits in repos, above models and forge.
+    ("crewwork.models", "crewwork.repos"),
+    ("crewwork.forge", "crewwork.repos"),
+    # The preview's submission schema (preview.spec, no dependencies of its own) sits in preview, above models.
+    ("crewwork.models", "crewwork.preview"),
+    # The MCP tools reuse the HTTP API's problem shapes, submission helpers and rate limiter, and the app mounts MCP.
+    ("crewwork.mcp", "crewwork.api"),
 }
 
 
@@ -110,10 +132,13 @@ def _unit(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+def _package_graph(graph: dict[str, set[str]], *, known: bool = True) -> dict[str, set[str]]:
+    """Packages and their imports; without the known package-level edges unless `known`."""
     out: dict[str, set[str]] = {}
     for m, deps in graph.items():
         out.setdefault(_unit(m), set()).update(_unit(d) for d in deps if _unit(d) != _unit(m))
+    if not known:
+        out = {p: {d for d in deps if (p, d) not in KNOWN_PACKAGE_CYCLE_EDGES} for p, deps in out.items()}
     return out
 
 
@@ -156,14 +181,15 @@ def test_no_module_imports_another_in_a_cycle() -> None:
     assert _cycles(_without_known(GRAPH)) == []
 
 
-@pytest.mark.xfail(strict=True, reason="being cut: the package-level cycle through config, api, repos, sandbox, ...")
 def test_no_package_imports_another_in_a_cycle() -> None:
-    assert _cycles(_package_graph(_without_known(GRAPH))) == []
+    assert _cycles(_package_graph(_without_known(GRAPH), known=False)) == []
 
 
 def test_every_known_cycle_edge_still_exists() -> None:
     """An allowlisted edge that is gone must leave the list, so that it cannot come back unnoticed."""
     assert {(m, d) for m, d in KNOWN_CYCLE_EDGES if d not in GRAPH.get(m, set())} == set()
+    packages = _package_graph(GRAPH)
+    assert {(p, d) for p, d in KNOWN_PACKAGE_CYCLE_EDGES if d not in packages.get(p, set())} == set()
 
 
 def test_the_cycle_detector_sees_cycles_however_imported() -> None:
@@ -221,10 +247,11 @@ def report() -> str:
     lines = [
         f"modules: {len(MODULES)}; import statements naming a crewwork module: "
         + ", ".join(f"{k} {kinds.get(k, 0)}" for k in ("module", "function", "type_checking")),
-        f"known cycle edges (allowlisted): {len(KNOWN_CYCLE_EDGES)}",
+        f"known cycle edges (allowlisted): {len(KNOWN_CYCLE_EDGES)} between modules, "
+        f"{len(KNOWN_PACKAGE_CYCLE_EDGES)} between packages",
     ]
-    for label, graph in (("all edges", GRAPH), ("without the known edges", _without_known(GRAPH))):
-        modules, packages = _cycles(graph), _cycles(_package_graph(graph))
+    for label, graph, known in (("all edges", GRAPH, True), ("without the known edges", _without_known(GRAPH), False)):
+        modules, packages = _cycles(graph), _cycles(_package_graph(graph, known=known))
         lines.append(f"{label}: {len(modules)} module cycles, {len(packages)} package cycles")
         lines += [f"  module cycle: {' '.join(c)}" for c in modules]
         lines += [f"  package cycle: {' '.join(c)}" for c in packages]
