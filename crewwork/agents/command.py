@@ -43,6 +43,7 @@ from crewwork.agents.base import (
     AgentRunResult,
     OperatorAgentSettings,
 )
+from crewwork.agents.model import ModelAgent
 from crewwork.models import WorkItemKind
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, SandboxUnavailable
 from crewwork.transport.redact import Redactor
@@ -232,8 +233,6 @@ class CommandAgent(Agent):
         if kind == WorkItemKind.task:
             raise AgentConfigError("the command agent runs code changes; a `task` needs another agent")
         if cfg.model is not None:
-            from crewwork.agents.model import ModelAgent
-
             ModelAgent.validate_config(kind, cfg.model)
 
     async def run(self, ctx: AgentContext) -> AgentRunResult:

@@ -32,7 +32,10 @@ from crewwork.preview.evidence import (
 from crewwork.preview.spec import BrowserFlow, Click, Fill, Open, Press, Target, TextVisible, WaitForText
 from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, hand_over
+from crewwork.sandbox.bwrap import SYNTHETIC_ETC, BwrapSandbox
+from crewwork.sandbox.cgroups import RunCgroup
 from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.seccomp import build_filter
 
 CHROMIUM = "/usr/lib/chromium/chromium"
 CHROMIUM_ARGS = [
@@ -107,10 +110,6 @@ class Browser:
 
     async def _wrapper(self) -> Path:
         """The executable Playwright launches: this session's bwrap sandbox around the browser relay + Chromium."""
-        from crewwork.sandbox.bwrap import SYNTHETIC_ETC, BwrapSandbox
-        from crewwork.sandbox.cgroups import RunCgroup
-        from crewwork.sandbox.seccomp import build_filter
-
         try:
             sandbox = BwrapSandbox(self.settings)
         except SandboxError as exc:

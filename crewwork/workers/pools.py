@@ -32,6 +32,7 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+import crewwork.workflows as pkg
 from crewwork import tracing
 from crewwork.activities.control import ControlActivities
 from crewwork.activities.evidence import EvidenceActivities
@@ -156,8 +157,6 @@ def _cache_workflow_bytecode() -> None:
     work item. py_compile writes the cache whatever PYTHONDONTWRITEBYTECODE says; on a read-only install (the image
     compiles at build time) it is a no-op."""
     import compileall
-
-    import crewwork.workflows as pkg
 
     with contextlib.suppress(OSError):
         for d in pkg.__path__:
