@@ -1,8 +1,10 @@
 """Runtime configuration, entirely from environment variables (prefix `CREWWORK_`): the one reader of them.
 
 Every knob has its unit in its name and a description; `crewwork config` prints them all, the nested sections
-included (`sandbox`: CREWWORK_SANDBOX_*, `api`: the API process's own options, `mcp`: CREWWORK_MCP_*, `codeintel`:
-CREWWORK_CODEINTEL_*). Defaults are the embedded single-host setup: SQLite in the data directory and the Temporal
+included (`api`: the API process's own options, `mcp`: CREWWORK_MCP_*, `codeintel`: CREWWORK_CODEINTEL_*,
+`evidence`: CREWWORK_EVIDENCE_*, each in a module of this package; `sandbox`: CREWWORK_SANDBOX_*, in
+crewwork/sandbox/config.py; the repositories' models in crewwork/repos/settings.py). Code is handed the settings it
+needs; `get_settings()` is for a process's entry point. Defaults are the embedded single-host setup: SQLite in the data directory and the Temporal
 dev server on localhost. tests/unit/test_config_surface.py fails when the code names a CREWWORK_* variable that is not
 a field here.
 """
@@ -21,8 +23,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from crewwork.config.api import ApiOptions
 from crewwork.config.codeintel import CodeIntelSettings
+from crewwork.config.evidence import EvidenceSettings
 from crewwork.config.mcp import McpSettings
-from crewwork.evidence.settings import EvidenceSettings
 from crewwork.ids import is_tenant_id
 from crewwork.limits import OperatorCeilings
 from crewwork.masking import mask_secrets
