@@ -28,7 +28,7 @@ from crewwork.api.streams import EventHorizon
 from crewwork.api.streams import router as events_router
 from crewwork.api.webhooks import router as webhooks_router
 from crewwork.api.work_items import router as work_items_router
-from crewwork.config import Settings, get_settings
+from crewwork.config import Settings
 from crewwork.config.api import ApiOptions
 from crewwork.observability import (
     CONTENT_TYPE,
@@ -50,10 +50,7 @@ MAX_BODY_BYTES = 1024 * 1024
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def create_app(
-    settings: Settings | None = None, *, store: Store | None = None, options: ApiOptions | None = None
-) -> FastAPI:
-    settings = settings or get_settings()
+def create_app(settings: Settings, *, store: Store | None = None, options: ApiOptions | None = None) -> FastAPI:
     options = options or settings.api
 
     @contextlib.asynccontextmanager
