@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from crewwork.models.preview import BrowserFlow, Click, Fill, Open, Press, Target, TextVisible, WaitForText
 from crewwork.preview.evidence import (
     MAX_CONSOLE,
     MAX_ENTRY_CHARS,
@@ -29,7 +30,6 @@ from crewwork.preview.evidence import (
     StepRecord,
     cut,
 )
-from crewwork.preview.spec import BrowserFlow, Click, Fill, Open, Press, Target, TextVisible, WaitForText
 from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, hand_over
 from crewwork.sandbox.bwrap import SYNTHETIC_ETC, BwrapSandbox

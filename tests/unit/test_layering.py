@@ -114,8 +114,6 @@ KNOWN_PACKAGE_CYCLE_EDGES = {
     # The repository URL grammar (repos.urls, no dependencies of its own) sits in repos, above models and forge.
     ("crewwork.models", "crewwork.repos"),
     ("crewwork.forge", "crewwork.repos"),
-    # The preview's submission schema (preview.spec, no dependencies of its own) sits in preview, above models.
-    ("crewwork.models", "crewwork.preview"),
     # The MCP tools reuse the HTTP API's problem shapes, submission helpers and rate limiter, and the app mounts MCP.
     ("crewwork.mcp", "crewwork.api"),
 }

@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from crewwork.ids import is_tenant_id
+from crewwork.models.preview import PreviewSpec
 from crewwork.paths import PathPattern, RelPath, ReportPath
-from crewwork.preview.spec import PreviewSpec
 from crewwork.repos.urls import RepoURLError, parse_repo_url
 
 # Hard ceilings on what a submission may carry. Large content belongs in the repository or the artifact store.
