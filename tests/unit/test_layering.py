@@ -107,14 +107,15 @@ KNOWN_CYCLE_EDGES = {
 # Package-level edges that still close a cycle and are not cut yet (issue 27 item 5, left for a next change; each line
 # says what cutting it takes).
 KNOWN_PACKAGE_CYCLE_EDGES = {
-    # Settings sections that still live in their packages, which import config: repos.settings (it needs repos.urls,
-    # which store.tables and invariants import too) and sandbox.config (imported by activities).
+    # The repositories' settings section (repos.settings) still lives in repos, which imports config; moving it into
+    # crewwork/config/ needs the URL grammar it validates with (repos.urls, no dependencies of its own) to move below
+    # config too, and store.tables and invariants import that (issue 27 item 3's files).
     ("crewwork.config", "crewwork.repos"),
-    ("crewwork.config", "crewwork.sandbox"),
-    # The repository URL grammar (repos.urls, no dependencies of its own) sits in repos, above models and forge.
+    # The same URL grammar, above models (a repository URL is checked when a submission is parsed) and forge.
     ("crewwork.models", "crewwork.repos"),
     ("crewwork.forge", "crewwork.repos"),
-    # The MCP tools reuse the HTTP API's problem shapes, submission helpers and rate limiter, and the app mounts MCP.
+    # The MCP tools reuse the HTTP API's problem shapes, submission helpers and rate limiter, and the app mounts MCP:
+    # the shared parts belong below both.
     ("crewwork.mcp", "crewwork.api"),
 }
 
