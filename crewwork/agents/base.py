@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from crewwork.config import Settings
+
 # Re-exported: agent authors import the failure classes from here.
 from crewwork.errors import AgentConfigError as AgentConfigError
 from crewwork.errors import AgentError as AgentError
@@ -23,7 +25,6 @@ from crewwork.errors import AgentInfraError as AgentInfraError
 from crewwork.models import WorkItemKind
 
 if TYPE_CHECKING:
-    from crewwork.config import Settings
     from crewwork.sandbox.base import Sandbox, SandboxLimits
 
 
@@ -88,13 +89,12 @@ class OperatorAgentSettings:
 
     @classmethod
     def of_process(cls) -> OperatorAgentSettings:
-        """The settings of this process, for the callers that do not pass them yet: the agent activity constructs
-        agents with no arguments and calls `choose_agent` and `get_agent_class` without settings, and the plugin
+        """This process's settings, read afresh from its environment at each call (as the agents read it before
+        they were handed settings), for the callers that do not pass them yet: the agent activity constructs agents
+        with no arguments and calls `choose_agent` and `get_agent_class` without settings, and the plugin
         interface's `validate_config` has no place for them (issue 27 item 1 moves the activity into
-        `crewwork/steps/`, which can pass them). The only global settings read left in `crewwork.agents`."""
-        from crewwork.config import get_settings
-
-        return cls.of(get_settings())
+        `crewwork/steps/`, which can pass them). The only settings read in `crewwork.agents` not handed in."""
+        return cls.of(Settings())
 
 
 @dataclass
