@@ -269,13 +269,6 @@ class Workspace:
         finally:
             os.close(root_fd)
 
-    def remove_entry(self, rel: str) -> bool:
-        root_fd = safefs.open_root(self.path)
-        try:
-            return safefs.remove(root_fd, rel)
-        finally:
-            os.close(root_fd)
-
     # ------------------------------------------------------------------ trees
 
     async def apply(self, diff: bytes) -> tuple[Tree | None, str]:

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crewwork import __version__
+from crewwork.config.evidence import EvidenceSettings
 from crewwork.evidence.facts import Facts, LandedFact, ReviewFact
 from crewwork.evidence.format import run_url
 from crewwork.evidence.gather import gather
 from crewwork.evidence.keys import EvidenceKeyError, load_signer
-from crewwork.evidence.settings import EvidenceSettings
 from crewwork.evidence.sign import sign_bundle
 from crewwork.evidence.treedigest import commit_info, tree_digest
 

@@ -25,8 +25,8 @@ from fastapi.responses import StreamingResponse
 from starlette.routing import Mount
 
 from crewwork.api.app import create_app
-from crewwork.api.options import ApiOptions
 from crewwork.config import Settings
+from crewwork.config.api import ApiOptions
 from crewwork.store.tables import OutboxMessage
 from tests.api.conftest import LiveApi, Stack, make_tenant, task_item
 from tests.api.tenant_world import SHARED_IDEMPOTENCY_KEY, Owned, World, build_world, read_sse

@@ -175,8 +175,8 @@ async def test_a_landing_that_stalled_after_its_first_write_publishes_no_evidenc
     bundle and the item succeeds. When attempt 1 wakes, nothing it would still publish may land: before, it signed
     with the old key, force-pushed its note over the new one by compare-and-swap against whatever was there, and
     stored a second `evidence-bundle.json` (and `landed.patch`) that the API then served, all after the item ended."""
+    from crewwork.config.evidence import EvidenceSettings
     from crewwork.evidence.keys import generate, load_trusted
-    from crewwork.evidence.settings import EvidenceSettings
     from crewwork.evidence.verify import verify_bundle
 
     (tmp_path / "keys").mkdir()
