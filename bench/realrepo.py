@@ -42,7 +42,6 @@ from bench.harness import machine, table, write_results  # noqa: E402
 from crewwork.activities.common import AttemptWriter  # noqa: E402
 from crewwork.activities.execute import ExecuteActivities  # noqa: E402
 from crewwork.config import Settings  # noqa: E402
-from crewwork.contracts import ValidateInput  # noqa: E402
 from crewwork.models import (  # noqa: E402
     ArtifactRef,
     EnvironmentSpec,
@@ -56,6 +55,7 @@ from crewwork.repos.service import Repositories  # noqa: E402
 from crewwork.sandbox import SandboxLimits, get_sandbox  # noqa: E402
 from crewwork.sandbox.config import SandboxSettings  # noqa: E402
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache  # noqa: E402
+from crewwork.steps.validate import ValidateInput  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402

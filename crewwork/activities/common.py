@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork.activities.errors import STALE_ATTEMPT, bad_input
 from crewwork.models import WorkItemState
+from crewwork.steps.errors import STALE_ATTEMPT, bad_input
 from crewwork.store.fencing import Accepted, AttemptRecord, HandedOff, Rank, WriteResult
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
@@ -209,7 +209,7 @@ async def watch(
 
 async def artifact_bytes(store: Store, artifact_id: str) -> bytes:
     """An artifact's content, for a step that consumes an earlier step's output (the diff); missing is bad input."""
-    from crewwork.activities.errors import bad_input
+    from crewwork.steps.errors import bad_input
 
     data = await store.artifact_content(artifact_id)
     if data is None:

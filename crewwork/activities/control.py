@@ -15,29 +15,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork.activities.common import AttemptWriter, artifact_bytes
-from crewwork.activities.errors import (
-    EVIDENCE_UNAVAILABLE,
-    LANDING_CONFLICT,
-    PULL_REQUEST_FAILED,
-    STALE_ATTEMPT,
-    bad_input,
-)
 from crewwork.config import Settings
-from crewwork.contracts import (
-    AdmitInput,
-    AdmitResult,
-    CleanupInput,
-    FinishInput,
-    LandInput,
-    LandResult,
-    RecordInput,
-    RecordResult,
-    ReleaseInput,
-    SetStateInput,
-    WorkspaceLeaseInput,
-    WorkspaceLeaseResult,
-    WriteOutcome,
-)
 from crewwork.evidence.facts import ReviewFact
 from crewwork.evidence.format import MAX_BUNDLE_BYTES
 from crewwork.evidence.publish import BUNDLE_ARTIFACT, EvidenceUnavailable, Publisher, Signed
@@ -46,6 +24,20 @@ from crewwork.limits import check_within_ceilings, effective_budget
 from crewwork.models import ArtifactRef, WorkItemState
 from crewwork.repos.landing import Landed, LandingConflictError, notes_ref
 from crewwork.repos.service import REPO_ERRORS, Repositories, repo_failure
+from crewwork.steps.admit import AdmitInput, AdmitResult
+from crewwork.steps.errors import (
+    EVIDENCE_UNAVAILABLE,
+    LANDING_CONFLICT,
+    PULL_REQUEST_FAILED,
+    STALE_ATTEMPT,
+    bad_input,
+)
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.land import LandInput, LandResult
+from crewwork.steps.record import RecordInput, RecordResult
+from crewwork.steps.state import SetStateInput
+from crewwork.steps.step import WriteOutcome
+from crewwork.steps.workspace import CleanupInput, ReleaseInput, WorkspaceLeaseInput, WorkspaceLeaseResult
 from crewwork.store.fencing import HandedOff
 from crewwork.store.store import AttemptRecord, Store
 from crewwork.workspace import remove_tree

@@ -9,13 +9,13 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork.activities.errors import EVIDENCE_UNAVAILABLE, NOTHING_TO_SIGN
 from crewwork.config import Settings
-from crewwork.contracts import AttemptBundleInput
 from crewwork.evidence.format import MAX_BUNDLE_BYTES
 from crewwork.evidence.gather import NothingToSign
 from crewwork.evidence.publish import EvidenceUnavailable, Publisher, attempt_artifact
 from crewwork.models import ArtifactRef
+from crewwork.steps.errors import EVIDENCE_UNAVAILABLE, NOTHING_TO_SIGN
+from crewwork.steps.evidence import AttemptBundleInput
 from crewwork.store.store import Store
 
 

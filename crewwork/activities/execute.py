@@ -26,7 +26,6 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork.activities.common import AttemptWriter, watch
-from crewwork.activities.errors import AGENT_ERROR, bad_input
 from crewwork.activities.execute_base import (
     MAX_REPORT_BYTES,
     REPORT_DIR,
@@ -38,7 +37,6 @@ from crewwork.activities.validate_step import ValidateStep
 from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
 from crewwork.agents.isolation import call_for
 from crewwork.agents.registry import get_agent_class
-from crewwork.contracts import AgentStepInput, ValidateInput
 from crewwork.models import (
     AgentOutcome,
     ArtifactRef,
@@ -48,6 +46,9 @@ from crewwork.models import (
 )
 from crewwork.repos.mirror import MirrorHold
 from crewwork.sandbox.base import SandboxError
+from crewwork.steps.agent import AgentStepInput
+from crewwork.steps.errors import AGENT_ERROR, bad_input
+from crewwork.steps.validate import ValidateInput
 from crewwork.workers.slots import agent_done
 from crewwork.workspace import CaptureLimits, CaptureRefused, Workspace
 

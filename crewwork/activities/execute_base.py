@@ -12,10 +12,8 @@ from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops, safefs
 from crewwork.activities.common import AttemptWriter
-from crewwork.activities.errors import bad_input
 from crewwork.agents.isolation import AgentProcesses
 from crewwork.config import Settings
-from crewwork.contracts import AgentStepInput
 from crewwork.models import (
     ArtifactRef,
     SandboxSpec,
@@ -26,6 +24,8 @@ from crewwork.repos.service import REPO_ERRORS, Repositories, repo_failure
 from crewwork.sandbox.base import Sandbox, SandboxLimits
 from crewwork.sandbox.config import SandboxSettings
 from crewwork.sandbox.disk import DiskError
+from crewwork.steps.agent import AgentStepInput
+from crewwork.steps.errors import bad_input
 from crewwork.store.artifacts import artifact_row
 from crewwork.store.store import Store
 from crewwork.store.tables import Artifact

@@ -11,9 +11,7 @@ from typing import Any
 
 from crewwork import gitops
 from crewwork.activities.common import AttemptWriter, artifact_bytes
-from crewwork.activities.errors import bad_input
 from crewwork.activities.execute_base import MAX_REPORT_BYTES, StepBase, pick_sandbox, read_report, sandbox_limits
-from crewwork.contracts import ValidateInput
 from crewwork.evidence.sandbox_spec import sandbox_spec
 from crewwork.models import (
     EnvironmentSpec,
@@ -23,6 +21,8 @@ from crewwork.preview.run import PreviewRun, run_preview
 from crewwork.repos.environment import EnvironmentRejected, setup_plan
 from crewwork.sandbox.base import Mount
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnv, PreparedEnvCache, SetupFailed
+from crewwork.steps.errors import bad_input
+from crewwork.steps.validate import ValidateInput
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
 from crewwork.validation.protect import Protection, apply_protection, strip_platform

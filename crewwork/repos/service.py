@@ -11,7 +11,6 @@ import functools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from crewwork.activities.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.config import Settings
 from crewwork.forge.github import PullRequest
 from crewwork.models import PullRequestSpec, TenantRef
@@ -25,6 +24,7 @@ from crewwork.repos.mirror import MirrorCache, MirrorHold
 from crewwork.repos.remote import Remote
 from crewwork.repos.settings import ForgeConfig
 from crewwork.repos.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
+from crewwork.steps.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.transport.redact import Redactor
 
 

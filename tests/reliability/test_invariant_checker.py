@@ -129,8 +129,9 @@ async def test_queued_items_that_asked_again_pass_while_in_flight(pg_store: Stor
     while work is in flight, that is not a violation (it failed `fence_mark`); a mark below an accepted write is."""
     from crewwork.activities.control import ControlActivities
     from crewwork.config import Settings
-    from crewwork.contracts import AdmitInput, FinishInput
     from crewwork.models import WorkItemResult
+    from crewwork.steps.admit import AdmitInput
+    from crewwork.steps.finish import FinishInput
 
     control = ControlActivities(pg_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
     spec = WorkItemSpec.model_validate({"kind": "task", "input": {}})

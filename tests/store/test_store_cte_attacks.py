@@ -16,9 +16,11 @@ from sqlalchemy.exc import IntegrityError, NoResultFound, StatementError
 
 from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput, RecordInput
 from crewwork.invariants import check_invariants
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.record import RecordInput
 from crewwork.store.artifacts import artifact_row
 from crewwork.store.fencing import Accepted
 from crewwork.store.outbox import OutboxStore

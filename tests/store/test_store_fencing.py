@@ -14,8 +14,10 @@ from sqlalchemy import select
 from crewwork.activities.common import AttemptWriter, watch
 from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput, SetStateInput
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.state import SetStateInput
 from crewwork.store.store import AttemptRecord, Rank, Store
 from crewwork.store.tables import ApiKey
 
@@ -114,7 +116,7 @@ async def test_a_stale_attempt_record_changes_nothing(any_store: Store) -> None:
 async def test_a_result_and_its_attempt_record_are_one_write_at_one_rank(any_store: Store, tmp_path: Any) -> None:
     tid, wid = await _item(any_store)
     control = ControlActivities(any_store, Settings(data_dir=tmp_path))
-    from crewwork.contracts import RecordInput
+    from crewwork.steps.record import RecordInput
 
     record = RecordInput(work_item_id=wid, tenant_id=tid, step=6, attempt=1, verdict="passed", reason="output")
     result = WorkItemResult(work_item_id=wid, state=WorkItemState.succeeded, reason="task completed")

@@ -10,8 +10,9 @@ from sqlalchemy import func, select, text
 
 from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.finish import FinishInput
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import Rank, Store
 from crewwork.store.tables import OutboxMessage

@@ -8,8 +8,11 @@ from pathlib import Path
 
 from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput, RecordInput, SetStateInput
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.record import RecordInput
+from crewwork.steps.state import SetStateInput
 from crewwork.store.store import Store
 
 TASK = WorkItemSpec.model_validate({"kind": "task", "input": {}})
