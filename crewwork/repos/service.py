@@ -306,7 +306,7 @@ def _branch_of(ref: str | None) -> str | None:
 
 
 def repo_failure(exc: BaseException) -> Exception:
-    """The Temporal error for a repository failure (types in crewwork/activities/errors.py): retryable while the
+    """The Temporal error for a repository failure (types in crewwork/steps/errors.py): retryable while the
     remote is unreachable, not otherwise. The workflow ends the item `failed` naming the remote, never `dead`."""
     from temporalio.exceptions import ApplicationError
 

@@ -108,10 +108,10 @@ def test_the_cycle_detector_sees_a_cycle() -> None:
     [
         ("crewwork.transport", "crewwork.agents"),  # the model transport knows nothing of agents
         ("crewwork.store", "crewwork.api"),  # the store serves every layer and imports none of them
-        ("crewwork.store", "crewwork.activities"),
+        ("crewwork.store", "crewwork.steps"),
         ("crewwork.store", "crewwork.workflows"),
-        ("crewwork.validation", "crewwork.activities"),  # grading is pure
-        ("crewwork.sandbox", "crewwork.activities"),
+        ("crewwork.validation", "crewwork.steps"),  # grading is pure
+        ("crewwork.sandbox", "crewwork.steps"),
         ("crewwork.workflows", "crewwork.api"),
         ("crewwork.ids", "crewwork.store"),
         ("crewwork.masking", "crewwork.store"),
@@ -119,7 +119,7 @@ def test_the_cycle_detector_sees_a_cycle() -> None:
         ("crewwork.evidence.verify", "crewwork.store"),
         ("crewwork.evidence.verify", "crewwork.config"),
         ("crewwork.evidence", "crewwork.api"),
-        ("crewwork.evidence", "crewwork.activities"),
+        ("crewwork.evidence", "crewwork.steps"),
         ("crewwork.evidence", "crewwork.workflows"),
     ],
 )

@@ -38,7 +38,6 @@ FORBIDDEN_MODULES = {
     "httpx",
     "sqlalchemy",
     "crewwork.store",
-    "crewwork.activities",
     "crewwork.gitops",
     "crewwork.sandbox",
     "crewwork.agents",
