@@ -1,6 +1,8 @@
-"""How WorkItemWorkflow calls each step: the activity, its task queue, timeouts and retry policy, and the step
-number every call takes (writes rank by (step, Temporal attempt), crewwork/store/fencing.py). A base class of the
-workflow, so that crewwork/workflows/work_item.py reads as the lifecycle alone. Workflow code: deterministic."""
+"""How WorkItemWorkflow calls each step: one call path (`StepCalls._call`) for all of them. It gives the call the next
+step number (writes rank by (step, Temporal attempt), crewwork/store/fencing.py), runs the step by its activity name
+as its policy says (crewwork/steps/: task queue or local, timeouts, retry policy) and turns its failure into what it
+means for the item (`crewwork.steps.step.outcome`). A base class of the workflow, so that
+crewwork/workflows/work_item.py reads as the lifecycle alone. Workflow code: deterministic."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel
+
     from crewwork.models import (
         AgentOutcome,
         AttemptSummary,
@@ -40,11 +44,11 @@ with workflow.unsafe.imports_passed_through():
     from crewwork.workflows.policies import SA_STATE
     from crewwork.workflows.steps import Workspace, slim
 
-I = TypeVar("I")  # noqa: E741
+I = TypeVar("I", bound=BaseModel)  # noqa: E741
 R = TypeVar("R")
 
 
-async def execute(step: Step[Any, R], inp: Any, *, task_queue: str | None = None, summary: str | None = None) -> R:
+async def execute(step: Step[I, R], inp: I, *, task_queue: str | None = None, summary: str | None = None) -> R:
     """Run one step as its policy says: a local activity of the workflow, or an activity on `task_queue` (None: the
     workflow's own), by the step's activity name, with its timeouts and retry policy."""
     if step.local:
@@ -87,9 +91,7 @@ class StepCalls:
         self._step += 1
         return self._step
 
-    async def _call(
-        self, step: Step[Any, R], make: Callable[[int], Any], summary: str, *, what: str | None = None
-    ) -> R:
+    async def _call(self, step: Step[I, R], make: Callable[[int], I], summary: str, *, what: str | None = None) -> R:
         """The one way the workflow runs a step: the next step number, the step's own policy, and its failure turned
         into what it means for the item (`crewwork.steps.step.outcome`; `what` names the step in that reason)."""
         inp = make(self._next_step())
