@@ -41,8 +41,8 @@ with workflow.unsafe.imports_passed_through():
         ReleaseInput,
         WorkspaceLeaseInput,
     )
+    from crewwork.workflows.loop import Workspace, slim
     from crewwork.workflows.policies import SA_STATE
-    from crewwork.workflows.steps import Workspace, slim
 
 I = TypeVar("I", bound=BaseModel)  # noqa: E741
 R = TypeVar("R")

@@ -39,6 +39,12 @@ with workflow.unsafe.imports_passed_through():
     from crewwork.steps.step import Dead, Failed
     from crewwork.steps.workspace import RENEW_WORKSPACE, ReleaseInput
     from crewwork.workflows.calls import StepCalls
+    from crewwork.workflows.loop import (
+        RepairLoop,
+        Workspace,
+        commit_message,
+        submission_fault,
+    )
     from crewwork.workflows.policies import (
         ATTEMPTS_PER_RUN,
         QUEUE_POLL,
@@ -46,19 +52,13 @@ with workflow.unsafe.imports_passed_through():
         REVIEW_LEASE_TTL_S,
         REVIEW_RENEW_EVERY,
     )
-    from crewwork.workflows.steps import (
-        RepairLoop,
-        Workspace,
-        commit_message,
-        submission_fault,
-    )
 
 
 # workflow.patched marker: items sent back by reviewers are admitted again (histories from before it went on
 # without admission, and replay the same way).
 READMIT_AFTER_REVIEW = "readmit-after-review"
 # workflow.patched marker: a validation whose command (or a setup command) does not exist ends the item at once
-# (steps.submission_fault); histories from before it went on to the next attempt, and replay the same way.
+# (loop.submission_fault); histories from before it went on to the next attempt, and replay the same way.
 SUBMISSION_FAULT_ENDS_ITEM = "submission-fault-ends-item"
 
 
