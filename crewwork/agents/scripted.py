@@ -57,9 +57,9 @@ from crewwork.agents.base import (
     AgentInfraError,
     AgentRunResult,
 )
+from crewwork.errors import CaptureRefused
 from crewwork.models import WorkItemKind
 from crewwork.paths import PathRefused, RelPath, diff_paths
-from crewwork.workspace import CaptureRefused
 
 _STEP_KEYS = {
     "files",

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from crewwork.ids import is_tenant_id
 from crewwork.models.preview import PreviewSpec
 from crewwork.paths import PathPattern, RelPath, ReportPath
-from crewwork.repos.urls import RepoURLError, parse_repo_url
+from crewwork.urls import RepoURLError, parse_repo_url
 
 # Hard ceilings on what a submission may carry. Large content belongs in the repository or the artifact store.
 MAX_INSTRUCTION_CHARS = 20_000

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from crewwork.repos.git import RemoteNotFound, git_env, hardening, run_git
 from crewwork.repos.remote import HEADS_AND_TAGS, Remote
-from crewwork.repos.urls import RepoURL
+from crewwork.urls import RepoURL
 
 log = logging.getLogger("crewwork.repos.mirror")
 

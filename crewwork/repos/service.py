@@ -11,7 +11,6 @@ import functools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from crewwork.activities.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.config import Settings
 from crewwork.forge import ForgeError, forge_for
 from crewwork.forge.github import GitHubForge, PullRequest
@@ -25,8 +24,9 @@ from crewwork.repos.local import UnsafeLocalRepository, confine, local_git_dir
 from crewwork.repos.mirror import MirrorCache, MirrorHold
 from crewwork.repos.remote import Remote
 from crewwork.repos.settings import ForgeConfig
-from crewwork.repos.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
+from crewwork.steps.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.transport.redact import Redactor
+from crewwork.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
 
 
 class _Configured:
@@ -302,7 +302,7 @@ def _branch_of(ref: str | None) -> str | None:
 
 
 def repo_failure(exc: BaseException) -> Exception:
-    """The Temporal error for a repository failure (types in crewwork/activities/errors.py): retryable while the
+    """The Temporal error for a repository failure (types in crewwork/steps/errors.py): retryable while the
     remote is unreachable, not otherwise. The workflow ends the item `failed` naming the remote, never `dead`."""
     from temporalio.exceptions import ApplicationError
 

@@ -19,10 +19,10 @@ from crewwork.models import EnvironmentSpec, RepoSpec
 from crewwork.repos.credentials import CredentialError
 from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.repos.service import RepoPolicyError, Repositories, checked_local_git_dir
-from crewwork.repos.urls import RepoURL
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Store
 from crewwork.store.tables import Repository
+from crewwork.urls import RepoURL
 
 # Kernel interfaces: never a repository, whatever they resolve to (`/proc/self/cwd` is the service's own checkout).
 PSEUDO_FS = (Path("/proc"), Path("/sys"), Path("/dev"))

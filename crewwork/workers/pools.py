@@ -34,12 +34,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 import crewwork.workflows as pkg
 from crewwork import tracing
-from crewwork.activities.control import ControlActivities
-from crewwork.activities.evidence import EvidenceActivities
-from crewwork.activities.execute import ExecuteActivities
 from crewwork.config import Settings
 from crewwork.observability import activity_interceptors, start_pool_observability
 from crewwork.reconcile import Reconciler
+from crewwork.steps.ports import Ports
+from crewwork.steps.registry import activities
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
 from crewwork.workers.slots import SlotInterceptor, poll_ahead_tuner
@@ -81,27 +80,12 @@ def worker_tuning(pool: str, settings: Settings) -> dict[str, Any]:
 
 
 def pool_activities(pool: str, client: Any, store: Store, settings: Settings) -> list[Any]:
-    """The activities each pool's task queue serves (the one table of which pool runs what)."""
-    if pool == "control":
-        control = ControlActivities(store, settings, client)
-        return [
-            control.admit,
-            control.set_state,
-            control.acquire_workspace,
-            control.renew_workspace,
-            control.release_workspace,
-            control.record_attempt,
-            control.land_change,
-            control.finish,
-            control.cleanup,
-            EvidenceActivities(store, settings).sign_attempt_bundle,
-        ]
-    execute = ExecuteActivities(store, settings)
-    if pool == "agent":
-        if settings.agent_isolation == "process":
-            execute.agent_processes.prestart()  # warm children, so the first task does not wait for their imports
-        return [execute.run_agent]
-    return [execute.validate_change]
+    """The activities each pool's task queue serves: the steps whose policy names the pool (crewwork/steps/registry.py),
+    bound to this worker's ports."""
+    ports = Ports.build(store, settings, client=client)
+    if pool == "agent" and settings.agent_isolation == "process":
+        ports.agent_processes.prestart()  # warm children, so the first task does not wait for their imports
+    return activities(pool, ports)  # type: ignore[arg-type]
 
 
 def build_worker(

@@ -89,15 +89,16 @@ GRAPH = {name: _edges(name, (m for m, _, _ in found)) for name, found in STATEME
 # Edges known to close a cycle, each to be removed by a change under way. The cycle tests ignore exactly these; a new
 # edge closing a cycle fails them, and so does an entry here that no longer exists (it must then leave the list).
 KNOWN_CYCLE_EDGES = {
-    # Issue 27 item 1 (a step is one module, in crewwork/steps/): the repository service raises the activities' error
-    # types, the reconciler ends items through the control activities (each importing crewwork.activities runs its
-    # __init__ first), and the agent activity reports a free slot to the worker pool.
-    ("crewwork.repos.service", "crewwork.activities.errors"),
-    ("crewwork.repos.service", "crewwork.activities"),
-    ("crewwork.reconcile", "crewwork.activities.control"),
-    ("crewwork.reconcile", "crewwork.activities"),
-    ("crewwork.activities.execute", "crewwork.workers.slots"),
-    ("crewwork.activities.execute", "crewwork.workers"),
+    # Not cut yet: the repository service raises the steps' error types (crewwork/steps/errors.py: the types belong
+    # below both), the reconciler hands a freed place on as the finishing step does (steps.handoff), and the agent
+    # step reports a free slot to the worker pool (workers.slots). Importing a step module runs crewwork/steps'
+    # __init__ first, hence the package edges.
+    ("crewwork.repos.service", "crewwork.steps.errors"),
+    ("crewwork.repos.service", "crewwork.steps"),
+    ("crewwork.reconcile", "crewwork.steps.handoff"),
+    ("crewwork.reconcile", "crewwork.steps"),
+    ("crewwork.steps.agent.activity", "crewwork.workers.slots"),
+    ("crewwork.steps.agent.activity", "crewwork.workers"),
     # Issue 27 items 2 and 3 (one fenced write; the store owns its SQL, the outbox deliverer moves out of it): the
     # fenced write enqueues webhook deliveries through the outbox, which needs the store.
     ("crewwork.store.fencing", "crewwork.store.outbox"),
@@ -108,11 +109,9 @@ KNOWN_CYCLE_EDGES = {
 # says what cutting it takes).
 KNOWN_PACKAGE_CYCLE_EDGES = {
     # The repositories' settings section (repos.settings) still lives in repos, which imports config; moving it into
-    # crewwork/config/ needs the URL grammar it validates with (repos.urls, no dependencies of its own) to move below
-    # config too, and store.tables and invariants import that (issue 27 item 3's files).
+    # crewwork/config/ is what is left (the URL grammar it validates with is crewwork.urls now, below both).
     ("crewwork.config", "crewwork.repos"),
-    # The same URL grammar, above models (a repository URL is checked when a submission is parsed) and forge.
-    ("crewwork.models", "crewwork.repos"),
+    # forge names a repository by its RepoURL and calls the repositories' credentials.
     ("crewwork.forge", "crewwork.repos"),
     # The MCP tools reuse the HTTP API's problem shapes, submission helpers and rate limiter, and the app mounts MCP:
     # the shared parts belong below both.
@@ -210,10 +209,10 @@ def test_the_cycle_detector_sees_cycles_however_imported() -> None:
     [
         ("crewwork.transport", "crewwork.agents"),  # the model transport knows nothing of agents
         ("crewwork.store", "crewwork.api"),  # the store serves every layer and imports none of them
-        ("crewwork.store", "crewwork.activities"),
+        ("crewwork.store", "crewwork.steps"),
         ("crewwork.store", "crewwork.workflows"),
-        ("crewwork.validation", "crewwork.activities"),  # grading is pure
-        ("crewwork.sandbox", "crewwork.activities"),
+        ("crewwork.validation", "crewwork.steps"),  # grading is pure
+        ("crewwork.sandbox", "crewwork.steps"),
         ("crewwork.workflows", "crewwork.api"),
         ("crewwork.ids", "crewwork.store"),
         ("crewwork.masking", "crewwork.store"),
@@ -221,7 +220,7 @@ def test_the_cycle_detector_sees_cycles_however_imported() -> None:
         ("crewwork.evidence.verify", "crewwork.store"),
         ("crewwork.evidence.verify", "crewwork.config"),
         ("crewwork.evidence", "crewwork.api"),
-        ("crewwork.evidence", "crewwork.activities"),
+        ("crewwork.evidence", "crewwork.steps"),
         ("crewwork.evidence", "crewwork.workflows"),
     ],
 )
