@@ -56,21 +56,13 @@ async def test_a_plugin_agent_runs_a_task_end_to_end(crew: Crew) -> None:
     assert result.attempts[0].agent is not None and result.attempts[0].agent.agent == "textstats"
 
 
-async def test_plugin_config_and_operator_policy_are_checked_at_submission(
-    crew: Crew, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_plugin_config_and_operator_policy_are_checked_at_submission(crew: Crew) -> None:
     with pytest.raises(SubmissionRejected, match="`top` must be an integer") as err:
         await crew.submit(
             {"kind": "task", "input": {"text": "x"}, "agent": {"name": "textstats", "config": {"top": 0}}}
         )
     assert err.value.field == "agent"
-    from crewwork.config import reset_settings_cache
-
-    monkeypatch.setenv("CREWWORK_AGENT_PLUGINS", "")
-    reset_settings_cache()
-    try:
-        with pytest.raises(SubmissionRejected, match="not enabled it"):
-            await crew.submit({"kind": "task", "input": {"text": "x"}, "agent": {"name": "textstats"}})
-    finally:
-        monkeypatch.delenv("CREWWORK_AGENT_PLUGINS")
-        reset_settings_cache()
+    # An operator that enables no plugins: the service reads the settings it was given (not the environment).
+    crew.service.settings = crew.settings.model_copy(update={"agent_plugins": ""})
+    with pytest.raises(SubmissionRejected, match="not enabled it"):
+        await crew.submit({"kind": "task", "input": {"text": "x"}, "agent": {"name": "textstats"}})
