@@ -524,14 +524,12 @@ class FencingStore(Database):
         writer: str,
         fields: dict[str, Any] | None = None,
         event_data: dict[str, Any] | None = None,
-        before: Callable[[AsyncSession, Accepted], Awaitable[None]] | None = None,
         max_in_flight: int | None = None,
         hand_off_cap: int = 0,
         attempt: AttemptRecord | None = None,
     ) -> WriteResult[list[HandedOff]]:
         """A fenced state change. `attempt` is written first in the same write (a `task` item's last attempt
-        record with its result: one write), with the item's attempt count raised to it by the change itself.
-        `before` (tests: a pause inside the write) runs first in the same transaction, on the Python path. When the
+        record with its result: one write), with the item's attempt count raised to it by the change itself. When the
         change takes the item out of the in-flight states, its place goes to the tenant's first queued items in the
         same transaction (`hand_off`, at most `hand_off_cap` of them); the value lists them, for the caller to tell
         their workflows. A queued item that ends (cancelled) hands on the free places too: a hand-off that found its
@@ -539,7 +537,7 @@ class FencingStore(Database):
         handing = max_in_flight is not None and hand_off_cap > 0 and state.value not in IN_FLIGHT_STATES
         reason, fields, event_data = without_nul(reason), without_nul(fields), without_nul(event_data)
         attempt = attempt.clean() if attempt is not None else None
-        if self.server_writes and before is None and not (set(fields or ()) - _SERVER_FIELDS):
+        if self.server_writes and not (set(fields or ()) - _SERVER_FIELDS):
             ops: list[dict[str, Any]] = [attempt.server_op(count=False)] if attempt is not None else []
             server_fields: dict[str, Any] = dict(fields or {})
             if "result" in server_fields:
@@ -577,21 +575,13 @@ class FencingStore(Database):
             )
             handed = [HandedOff(**h) for h in (res.value or {}).get("handed", [])] if res.ok else None
             return res.carrying(handed)
-        if attempt is not None:
-            record = attempt
+        record = attempt
+        if record is not None:
             fields = {**(fields or {}), "attempt_count": self.attempt_count_at_least(record.number)}
-            pause = before
-
-            async def _with_record(s: AsyncSession, w: Accepted) -> None:
-                await self.write_attempt(s, w, work_item_id, tenant_id, record, count=False)
-                if pause is not None:
-                    await pause(s, w)
-
-            before = _with_record
 
         async def _apply(s: AsyncSession, w: Accepted) -> list[HandedOff]:
-            if before is not None:
-                await before(s, w)
+            if record is not None:
+                await self.write_attempt(s, w, work_item_id, tenant_id, record, count=False)
             await self.change_state(s, w, work_item_id, tenant_id, state, reason, writer, fields, event_data)
             return []
 

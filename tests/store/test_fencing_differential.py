@@ -38,7 +38,7 @@ from tests.conftest import run_sync
 
 pytestmark = pytest.mark.postgres
 
-settings.register_profile("ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROFILE = os.environ.get("CREWWORK_HYPOTHESIS_PROFILE", "ci")
 
