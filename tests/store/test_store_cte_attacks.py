@@ -375,7 +375,7 @@ async def test_a_state_change_of_a_row_that_is_not_there_commits_no_event(any_st
     async def body(s: Any, started: Any) -> None:
         started()
         acc = Accepted(now=1.0, rank=Rank(4, 1))
-        await any_store.change_state(s, acc, ghost, tid, WorkItemState.running, "x", "zombie", None, None)
+        await any_store.writes.change_state(s, acc, ghost, tid, WorkItemState.running, "x", "zombie", None, None)
 
     with pytest.raises(NoResultFound):
         await any_store.transaction(body)
