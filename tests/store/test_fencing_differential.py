@@ -38,7 +38,7 @@ from tests.conftest import run_sync
 
 pytestmark = pytest.mark.postgres
 
-settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("deep", max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PROFILE = os.environ.get("CREWWORK_HYPOTHESIS_PROFILE", "ci")
 
@@ -141,6 +141,40 @@ scenarios = st.builds(
     st.lists(st.sampled_from(["", "work_item.state_changed", "work_item.other"]), max_size=2).map(tuple),
     st.lists(ops, min_size=1, max_size=14).map(tuple),
 )
+
+LIFECYCLE = ["running", "validating", "awaiting_review", "landing", "succeeded", "failed", "cancelled", "dead"]
+
+
+@st.composite
+def lifecycles(draw: st.DrawFn) -> Scenario:
+    """Items going through their steps as their workflows schedule them (step numbers rising, retries taking the
+    next attempt, the tenant's one limit on every admission and hand-off), interleaved, with zombies: copies of
+    earlier writes at an earlier attempt, waking later."""
+    limit = draw(st.sampled_from([1, 2]))
+    queues: list[list[Op]] = []
+    for item in range(ITEMS):
+        steps: list[Op] = [Op("admit", item, Rank(1, draw(st.integers(1, 2))), {"max_in_flight": limit})]
+        for step in range(2, draw(st.integers(1, 6)) + 1):
+            rank = Rank(step, draw(st.integers(1, 3)))
+            kind = draw(st.sampled_from(["set_state", "set_state", "record", "event"]))
+            if kind == "set_state":
+                state = draw(st.sampled_from(LIFECYCLE))
+                steps.append(_state(item, rank, state, max_in_flight=limit, hand_off_cap=3))
+            elif kind == "record":
+                steps.append(Op("record", item, rank, {"record": draw(records)}))
+            else:
+                steps.append(Op("event", item, rank, {"data": {}, "artifacts": draw(st.integers(0, 1))}))
+        queues.append(steps)
+    merged: list[Op] = []
+    while any(queues):
+        i = draw(st.sampled_from([k for k, q in enumerate(queues) if q]))
+        merged.append(queues[i].pop(0))
+    for src, pos in draw(st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99)), max_size=3)):
+        op = merged[src % len(merged)]
+        zombie = Op(op.kind, op.item, Rank(op.rank.step, max(0, op.rank.attempt - 1)), op.args)
+        merged.insert(max(pos % (len(merged) + 1), src % len(merged) + 1), zombie)
+    return Scenario(hooks=("",) if draw(st.booleans()) else (), ops=tuple(merged))
+
 
 # ------------------------------------------------------------------------------------------------ running them
 
@@ -333,7 +367,7 @@ def _state(item: int, rank: Rank, state: str, **args: Any) -> Op:
 
 
 @settings(settings.get_profile(PROFILE))
-@given(scenario=scenarios)
+@given(scenario=st.one_of(scenarios, lifecycles()))
 @example(  # the basic order: an attempt retried, its stale first attempt waking late, then the item closed
     scenario=Scenario(
         hooks=("",),
