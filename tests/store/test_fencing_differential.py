@@ -442,9 +442,11 @@ race_ops = st.one_of(
 )
 
 
-async def _race(store: Store, batch: list[Op]) -> None:
+async def _race(stores: list[Store], batch: list[Op]) -> None:
+    """The batch at once, the writers taking turns over `stores` (two: workers of both paths on one database)."""
+    store = stores[0]
     tid, ids = await _setup(store, ("",))
-    outs = await asyncio.gather(*(_apply(store, tid, ids, op) for op in batch))
+    outs = await asyncio.gather(*(_apply(stores[i % len(stores)], tid, ids, op) for i, op in enumerate(batch)))
     async with store.engine.connect() as c:
         events = (
             await c.execute(
@@ -490,7 +492,9 @@ async def _race(store: Store, batch: list[Op]) -> None:
 @settings(settings.get_profile(PROFILE), max_examples=max(10, settings.get_profile(PROFILE).max_examples // 3))
 @given(
     batch=st.lists(race_ops, min_size=2, max_size=6),
-    impl=st.sampled_from(["python-sqlite", "python-postgres", "server-postgres"]),
+    impl=st.sampled_from(["python-sqlite", "python-postgres", "server-postgres", "python-postgres+server-postgres"]),
 )
 def test_racing_writers_never_let_a_stale_attempt_win(runner: Runner, batch: list[Op], impl: str) -> None:
-    runner.run(_race(runner.stores[impl], batch))
+    """Writers racing on one item through one implementation, or through both on one PostgreSQL database (workers
+    of both kinds during a rolling change of `CREWWORK_STORE_SERVER_WRITES`)."""
+    runner.run(_race([runner.stores[name] for name in impl.split("+")], batch))
