@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from crewwork.masking import without_nul
 from crewwork.store.fencing import AttemptRecord, FencingStore, Rank, WriteResult
 from crewwork.store.tables import Attempt
 
@@ -22,7 +23,7 @@ class AttemptStore(FencingStore):
         fingerprints in attempt order (None for a passed attempt), read in the same transaction: what the workflow's
         same-cause breaker needs."""
         return await self.writes.record_attempt(
-            work_item_id=work_item_id, tenant_id=tenant_id, rank=rank, record=record, writer=writer
+            work_item_id=work_item_id, tenant_id=tenant_id, rank=rank, record=record, writer=without_nul(writer)
         )
 
     async def fingerprints(self, work_item_id: str) -> list[str | None]:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from crewwork.masking import without_nul
 from crewwork.models import WorkItemState
 from crewwork.store.engine import Database
 from crewwork.store.fencing_dialects import PostgresWrites, SqliteWrites
@@ -61,7 +62,9 @@ T = TypeVar("T")
 class FencingStore(Database):
     """The fenced writes of a store, run by `writes`: the Python path (`SqliteWrites`, `PostgresWrites`, the
     reference, crewwork/store/fencing_python.py) or the server-side function (`ServerWrites`,
-    crewwork/store/fencing_server.py), chosen by the dialect and `server_writes`."""
+    crewwork/store/fencing_server.py), chosen by the dialect and `server_writes`. A writer's name is cleaned here, for
+    every path, as the rest of a write's text is (`without_nul`): with a NUL in it the server path failed the write
+    where the Python path stored it (found by tests/store/test_fencing_differential.py)."""
 
     writes: PythonWrites
 
@@ -91,7 +94,7 @@ class FencingStore(Database):
         """Run `apply(session, accepted)` only if `rank` is at least the highest rank accepted for the item, all in
         one transaction that holds the item row's lock (`PythonWrites.fenced_write`)."""
         return await self.writes.fenced_write(
-            rank=rank, work_item_id=work_item_id, tenant_id=tenant_id, writer=writer, apply=apply
+            rank=rank, work_item_id=work_item_id, tenant_id=tenant_id, writer=without_nul(writer), apply=apply
         )
 
     async def fenced_event(
@@ -111,7 +114,7 @@ class FencingStore(Database):
             rank=rank,
             work_item_id=work_item_id,
             tenant_id=tenant_id,
-            writer=writer,
+            writer=without_nul(writer),
             type_=type_,
             data=data,
             artifacts=artifacts,
@@ -140,7 +143,7 @@ class FencingStore(Database):
             rank=rank,
             state=state,
             reason=reason,
-            writer=writer,
+            writer=without_nul(writer),
             fields=fields,
             event_data=event_data,
             max_in_flight=max_in_flight,
@@ -163,7 +166,7 @@ class FencingStore(Database):
             work_item_id=work_item_id,
             tenant_id=tenant_id,
             rank=rank,
-            writer=writer,
+            writer=without_nul(writer),
             max_in_flight=max_in_flight,
             fingerprints=fingerprints,
         )

@@ -112,7 +112,7 @@ set_state = st.builds(
     st.sampled_from(STATES),
     st.one_of(st.none(), texts),
     fields_,
-    st.sampled_from([None, {"k": "v"}, {"state": "forged"}]),
+    st.one_of(st.sampled_from([None, {"k": "v"}, {"state": "forged"}]), st.builds(lambda t: {"k": t}, texts)),
     st.one_of(st.none(), records),
     limits,
     st.sampled_from([0, 1, 3, 3]),
@@ -123,7 +123,10 @@ event = st.builds(
     lambda item, rank, data, n: Op("event", item, rank, {"data": data, "artifacts": n}),
     items,
     ranks,
-    st.sampled_from([{}, {"diff_ref": "x", "size": 2.0}, {"note": "token=sk-abcdefghijklmnopqrstuvwx"}]),
+    st.one_of(
+        st.sampled_from([{}, {"diff_ref": "x", "size": 2.0}, {"note": "token=sk-abcdefghijklmnopqrstuvwx"}]),
+        st.builds(lambda t: {"note": t, "nested": [t, {"k": t}]}, texts),
+    ),
     st.integers(0, 2),
 )
 ops = st.one_of(set_state, set_state, admit, admit, record, event)
@@ -231,7 +234,9 @@ def _record(r: dict[str, Any]) -> AttemptRecord:
 async def _apply(store: Store, tid: str, ids: list[str], op: Op) -> Any:
     """Run one writer; its outcome with item ids replaced by their index."""
     wid = ids[op.item]
-    w = {"work_item_id": wid, "tenant_id": tid, "rank": op.rank, "writer": f"{op.kind}#{op.rank.attempt}"}
+    # Item 1's writers name a secret (a writer is masked wherever an event names it) and a NUL.
+    writer = f"{op.kind}#{op.rank.attempt}" + (" token=sk-abcdefghijklmnopqrstuvwx \x00" if op.item == 1 else "")
+    w = {"work_item_id": wid, "tenant_id": tid, "rank": op.rank, "writer": writer}
     a = op.args
     if op.kind == "set_state":
         res = await store.set_state(
@@ -404,6 +409,19 @@ def _state(item: int, rank: Rank, state: str, **args: Any) -> Op:
             Op("admit", 2, ADMIT, {"max_in_flight": 1}),
             _state(0, Rank(2, 1), "awaiting_review"),
             _state(1, Rank(2, 1), "cancelled", max_in_flight=1, hand_off_cap=3),
+        ),
+    )
+)
+@example(  # regression: a NUL in a writer's name failed the server write (text argument) and not the Python path
+    scenario=Scenario(
+        hooks=("",),
+        ops=(
+            Op("admit", 1, ADMIT, {"max_in_flight": 1}),
+            _state(1, Rank(2, 1), "running"),
+            Op("event", 1, Rank(1, 1), {"data": {}, "artifacts": 0}),
+            Op("record", 1, Rank(2, 1), {"record": {"number": 1, "verdict": "failed", "reason": "x"}}),
+            _state(1, Rank(3, 1), "failed", max_in_flight=1, hand_off_cap=3),
+            _state(1, Rank(4, 1), "running"),
         ),
     )
 )
