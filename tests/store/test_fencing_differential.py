@@ -53,7 +53,8 @@ ITEMS = 3
 ranks = st.builds(Rank, st.integers(0, 4), st.integers(0, 3))
 items = st.integers(0, ITEMS)  # ITEMS: missing
 limits = st.sampled_from([None, 1, 1, 1, 2, 3])  # mostly a tenant limit of one: places are scarce
-texts = st.sampled_from(["", "ok", "token=sk-abcdefghijklmnopqrstuvwx", "é\u2603", "a\x00b"])
+texts = st.sampled_from(["", "ok", "token=sk-abcdefghijklmnopqrstuvwx", "é\u2603", "a\x00b", "lone \ud800"])
+numbers = st.sampled_from([0, -0.0, 2.0, 1e16, 1e300, 1.5e-10, 2**70, -1])
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,21 @@ records = st.builds(
     },
     st.integers(1, 3),
     st.sampled_from(["passed", "failed", "error"]),
-    st.sampled_from([None, "fp-a", "fp-b"]),
+    st.sampled_from([None, "fp-a", "fp-b", "fp \x00"]),
     texts,
-    st.sampled_from([None, {}, {"diff_ref": {"id": "ar_1"}, "n": 1.5}]),
+    st.one_of(
+        st.sampled_from([None, {}, {"diff_ref": {"id": "ar_1"}, "n": 1.5}]),
+        st.builds(lambda t, n: {"claim": t, "n": n, "diff_ref": {"id": t}}, texts, numbers),
+    ),
 )
 fields_ = st.fixed_dictionaries(
     {},
     optional={
-        "result": st.sampled_from([None, {"state": "succeeded", "x": [1, 2.5, -0.0]}, {"pull_request_url": "u"}]),
-        "delivery_branch": st.sampled_from([None, "crew/b"]),
+        "result": st.one_of(
+            st.sampled_from([None, {"state": "succeeded", "x": [1, 2.5, -0.0]}, {"pull_request_url": "u"}]),
+            st.builds(lambda t, n: {"reason": t, "n": n, "z": {"b": 1, "a": 2}}, texts, numbers),
+        ),
+        "delivery_branch": st.sampled_from([None, "crew/b", "crew/\x00"]),
         "landed_commit": st.sampled_from([None, "abc123"]),
         "mock": st.booleans(),
     },
