@@ -343,8 +343,9 @@ async def _rows(store: Store, tid: str, ids: list[str]) -> dict[str, Any]:
             for r in item_rows
         ),
         "events": [(by_id[r[0]], r[1], idx(_json(r[2]) or ""), r[3]) for r in events],
-        "attempts": [(by_id[r[0]], *r[1:7], _json(r[7]), _json(r[8])) for r in attempts],
-        "artifacts": [(by_id[r[0]], *r[1:]) for r in artifacts],
+        # By item index: ids are not made in the same order by every run.
+        "attempts": sorted((by_id[r[0]], *r[1:7], _json(r[7]), _json(r[8])) for r in attempts),
+        "artifacts": sorted((by_id[r[0]], *r[1:]) for r in artifacts),
         "outbox": [(by_id[r[0]], *r[1:3], payload(r[3]), r[4]) for r in outbox],
     }
 
