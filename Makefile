@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test install install-dev sandbox-env test-env lint typecheck pytest dev clean
+.PHONY: demo test check fast install install-dev sandbox-env test-env lint typecheck pytest dev clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,17 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
+## The whole suite in parallel (scripts/run-tests.sh: CREWWORK_TEST_JOBS workers, then the `alone` tests).
 pytest: install
-	$(VENV)/bin/pytest -ra
+	bash scripts/run-tests.sh
+
+## The fast tier: the tests that need no database, sandbox or git server -- pure units, grading, and the workflow's
+## decisions on Temporal's time-skipping test server. Seconds, not minutes.
+fast: install
+	$(VENV)/bin/pytest -q -n 2 tests/unit tests/workflows tests/validation
+
+## Before every commit: lint, types and the fast tier (under 2 minutes).
+check: lint typecheck fast
 
 ## The tests: lint, types, then the whole suite against real PostgreSQL, Temporal, sandboxes and a browser.
 test: test-env lint typecheck pytest

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from crewwork.models.preview import BrowserFlow, PreviewSpec  # noqa: E402
 from crewwork.preview.run import run_preview  # noqa: E402
-from crewwork.preview.spec import BrowserFlow, PreviewSpec  # noqa: E402
 from crewwork.sandbox import SANDBOXES, SandboxSettings, get_sandbox  # noqa: E402
 from crewwork.sandbox.base import SandboxLimits  # noqa: E402
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupPlan  # noqa: E402

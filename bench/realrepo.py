@@ -7,7 +7,7 @@ allowlisting proxy. Three things are timed, interleaved round by round so both s
 
 - **bare**: `python -m pytest -q -p no:cacheprovider --junitxml=... toolz/tests` with the environment's own venv
   python, in a checkout of the base commit with the fix applied, as a plain subprocess;
-- **crewwork warm**: crewwork's validation of that change (`ExecuteActivities._validate`: mirror check, a workspace from
+- **crewwork warm**: crewwork's validation of that change (`crewwork.steps.validate.activity.validate`: mirror check, a workspace from
   the mirror (a private git directory reading its objects), prepared environment, apply the diff and put protected
   test infrastructure back, write the workspace, run the command in a fresh bwrap sandbox, save the log and
   report, grade), with the mirror and the environment already on this host;
@@ -39,10 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.harness import machine, table, write_results  # noqa: E402
-from crewwork.activities.common import AttemptWriter  # noqa: E402
-from crewwork.activities.execute import ExecuteActivities  # noqa: E402
 from crewwork.config import Settings  # noqa: E402
-from crewwork.contracts import ValidateInput  # noqa: E402
 from crewwork.models import (  # noqa: E402
     ArtifactRef,
     EnvironmentSpec,
@@ -56,6 +53,10 @@ from crewwork.repos.service import Repositories  # noqa: E402
 from crewwork.sandbox import SandboxLimits, get_sandbox  # noqa: E402
 from crewwork.sandbox.config import SandboxSettings  # noqa: E402
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache  # noqa: E402
+from crewwork.steps.attempt import AttemptWriter  # noqa: E402
+from crewwork.steps.ports import Ports  # noqa: E402
+from crewwork.steps.validate import ValidateInput  # noqa: E402
+from crewwork.steps.validate.activity import validate  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402
@@ -136,7 +137,7 @@ async def run(rounds: int, cold_runs: int) -> dict[str, Any]:
             row, _ = await store.create_work_item(tenant_id=tenant, spec=spec, base_commit=base, repo_path=url)
             art = await store.put_artifact(work_item_id=row.id, tenant_id=tenant, name="fix.diff", data=diff.encode())
             diff_ref = ArtifactRef(id=art.id, name=art.name, size=art.size, sha256=art.sha256)
-            acts = ExecuteActivities(store, settings)
+            ports = Ports.build(store, settings)
 
             def validate_input(attempt: int) -> ValidateInput:
                 return ValidateInput(
@@ -157,7 +158,7 @@ async def run(rounds: int, cold_runs: int) -> dict[str, Any]:
             async def crewwork_validate() -> float:
                 started = time.perf_counter()
                 inp = validate_input(next(counter))
-                out = await acts._validate(inp, AttemptWriter.of(store, inp), lambda *a: None)
+                out = await validate(ports, inp, AttemptWriter.of(store, inp), lambda *a: None)
                 elapsed = time.perf_counter() - started
                 if not out.passed:
                     raise SystemExit(f"crewwork validation did not pass: {out.reason}")

@@ -144,9 +144,10 @@ def run_demo(
     serve: bool = False,
     json_output: bool = False,
     unsafe: bool = False,
+    restart_healthy_s: float = 60.0,
 ) -> int:
     """Run the demo; its exit status. Raises NoSandbox, before starting anything, where no isolating sandbox works
-    and `unsafe` was not asked for."""
+    and `unsafe` was not asked for. `restart_healthy_s`: the stack's CREWWORK_POOL_RESTART_HEALTHY_S."""
     from crewwork.stack import Stack
 
     global _narrative
@@ -178,6 +179,7 @@ def run_demo(
         },
         database_url=f"sqlite+aiosqlite:///{data_dir / 'state' / 'crewwork.db'}",
         on_event=lambda m: _say(f"    {m}"),
+        healthy_after_s=restart_healthy_s,
     )
     _say("2/5 starting the embedded stack (Temporal dev server, SQLite store, API, control/agent/validate pools)")
     summary: dict[str, Any] = {"ok": False, "data_dir": str(data_dir)}

@@ -1,5 +1,7 @@
-"""Agent failure classes: a leaf module, so the model transport (crewwork/transport) can raise them without
-importing the agents package. `crewwork.agents.base` re-exports them for agent authors."""
+"""Agent failure classes, and the refusal to capture an agent's change: a leaf module, so the model transport
+(crewwork/transport) and the agents can raise them without importing the agents package or the workspace machinery
+(the API process loads the agents, never the workspace). `crewwork.agents.base` re-exports the agent classes for
+agent authors; `crewwork.workspace` the capture refusals."""
 
 from __future__ import annotations
 
@@ -18,3 +20,11 @@ class AgentInfraError(RuntimeError):
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class CaptureRefused(RuntimeError):
+    """The change cannot be captured; the message is the attempt's error (not an infrastructure fault)."""
+
+
+class DiffTooLarge(CaptureRefused):
+    pass

@@ -313,9 +313,6 @@ class PrivateGit:
             timeout_s=timeout_s,
         )
 
-    async def tree_of(self, commit: str) -> str:
-        return (await self.run("rev-parse", "--verify", "--end-of-options", f"{commit}^{{tree}}")).out.strip()
-
     async def ls_tree(self, tree: str, *, max_output: int = 256 * 1024 * 1024) -> Tree:
         """Every blob and submodule entry of `tree`, recursively, by path (bytes, as git stores them)."""
         raw = (await self.run("ls-tree", "-r", "-z", "--full-tree", tree, max_output=max_output)).raw

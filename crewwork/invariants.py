@@ -45,11 +45,11 @@ from crewwork.models import WorkItemKind, WorkItemState
 from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.repos.git import RemoteError
 from crewwork.repos.remote import Remote
-from crewwork.repos.urls import RepoURLError, parse_repo_url
 from crewwork.store.fencing import Rank
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
 from crewwork.store.tables import Attempt, Event, Lease, LeaseHistory, WorkItem
+from crewwork.urls import RepoURLError, parse_repo_url
 
 REJECTIONS = frozenset({"stale_write_rejected", "write_after_terminal_rejected"})
 # Phases of a work item in lifecycle order; every terminal state is the last phase.

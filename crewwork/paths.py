@@ -113,9 +113,6 @@ class RelPath(str):
         obj.parts = parts
         return obj
 
-    def encode_fs(self) -> bytes:
-        return self.encode("utf-8")
-
     @classmethod
     def __get_pydantic_core_schema__(cls, _source: Any, _handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         return _parsed_str_schema(cls)

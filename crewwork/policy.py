@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crewwork.agents.scripted import fault_fields
 from crewwork.config import Settings
 from crewwork.limits import OperatorCeilings, ceiling_violations
 from crewwork.models import WorkItemKind, WorkItemSpec
@@ -136,8 +137,6 @@ class Policy:
                 f"agent {name!r} is not allowed here (allowed: {shown}; CREWWORK_POLICY_AGENTS)", "agent.name"
             )
         if name == "scripted" and not self.settings.test_faults:
-            from crewwork.agents.scripted import fault_fields
-
             faults = fault_fields(spec.agent.config)
             if faults:
                 raise PolicyViolation(

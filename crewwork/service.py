@@ -30,7 +30,10 @@ from crewwork.models import (
     WorkItemSpec,
     WorkItemStatus,
 )
-from crewwork.policy import Policy
+from crewwork.policy import Policy, PolicyViolation
+from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
+from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
+from crewwork.repos.tenancy import RepositoryRegistry
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
 from crewwork.store.work_items import IdempotencyConflict
@@ -88,10 +91,10 @@ class WorkItemService:
         Returns (the spec as it is stored and run, repository locator, base commit): the spec names the registered
         repository (its id, URL and the ref), with its protected paths and default environment filled in; the
         locator is the registered URL (a remote's normalised URL, or a local repository's absolute path)."""
-        from crewwork.policy import PolicyViolation
-
         try:
-            get_agent_class(spec.agent.name).validate_config(spec.kind, spec.agent.config)
+            get_agent_class(spec.agent.name, plugins=self.settings.agent_plugins).validate_config(
+                spec.kind, spec.agent.config
+            )
         except AgentConfigError as exc:
             raise SubmissionRejected(str(exc), "agent") from exc
         policy = policy or await self.policy(tenant_id)
@@ -112,10 +115,6 @@ class WorkItemService:
     async def _check_repository(self, spec: WorkItemSpec, tenant_id: str) -> tuple[WorkItemSpec, str, str]:
         """The tenant's registered repository exists and has the ref; its environment and pull request are allowed
         (crewwork.repos: docs/repositories.md)."""
-        from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
-        from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
-        from crewwork.repos.tenancy import RepositoryRegistry
-
         assert spec.repo is not None
         repos = Repositories(self.settings)
         registry = RepositoryRegistry(self.store, self.settings, repos)
@@ -192,7 +191,7 @@ class WorkItemService:
             repo_path=repo,
             submission_hash=digest,
             # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
-            mock=get_agent_class(spec.agent.name).mock,
+            mock=get_agent_class(spec.agent.name, plugins=self.settings.agent_plugins).mock,
         )
         # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
         # already running for this id is the same work item: not an error.

@@ -98,10 +98,10 @@ class Stack:
     ui: bool = True
     on_event: object = None
     worker_argv: Callable[[str], list[str]] | None = None
-    healthy_after_s: float | None = None
-    """Seconds after which a running process counts as healthy and its back-off resets (default: the setting
-    `pool_restart_healthy_s`)."""
     """The command that runs one pool process (default: this Python's `-m crewwork worker --pool POOL`)."""
+    healthy_after_s: float = 60.0
+    """Seconds after which a running process counts as healthy and its back-off resets (the setting
+    `pool_restart_healthy_s`, CREWWORK_POOL_RESTART_HEALTHY_S)."""
     temporal: DevServer | None = None
     processes: list[ManagedProcess] = field(default_factory=list)
     api_key: str = ""
@@ -198,10 +198,6 @@ class Stack:
 
     def _supervise(self) -> None:
         healthy_s = self.healthy_after_s
-        if healthy_s is None:
-            from crewwork.config import get_settings
-
-            healthy_s = get_settings().pool_restart_healthy_s
         while not self._stop.wait(0.5):
             for p in self.processes:
                 if p.restart and not p.alive():

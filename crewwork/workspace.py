@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crewwork import gitops, safefs
+from crewwork.errors import CaptureRefused, DiffTooLarge
 from crewwork.gitops import PrivateGit, Tree, TreeEntry
 from crewwork.models import DiffStats
 from crewwork.paths import PLATFORM_DIR, is_dotgit, refused_component
@@ -41,14 +42,6 @@ _NO_SYMLINK_NAMES = {b".gitmodules", b".gitattributes", b".gitignore", b".mailma
 
 class WorkspaceError(RuntimeError):
     """The workspace could not be made (the repository holds something the platform refuses to write)."""
-
-
-class CaptureRefused(RuntimeError):
-    """The change cannot be captured; the message is the attempt's error (not an infrastructure fault)."""
-
-
-class DiffTooLarge(CaptureRefused):
-    pass
 
 
 @dataclass(frozen=True)
@@ -266,13 +259,6 @@ class Workspace:
         root_fd = safefs.open_root(self.path)
         try:
             safefs.make_dirs(root_fd, rel, owner=self.owner)
-        finally:
-            os.close(root_fd)
-
-    def remove_entry(self, rel: str) -> bool:
-        root_fd = safefs.open_root(self.path)
-        try:
-            return safefs.remove(root_fd, rel)
         finally:
             os.close(root_fd)
 

@@ -66,6 +66,36 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = 1
 
 
+# The suite's longest tests (a minute or more each, mostly waiting on real processes), longest first. The parallel
+# pass (scripts/run-tests.sh: xdist `--dist load`) hands tests out in collection order, so starting these first puts
+# them on different workers at the start instead of leaving one worker running them at the end. Figures: the
+# slowest durations printed by `make test`.
+LONG_FIRST = (
+    "tests/repos/test_no_shared_disk.py",
+    "tests/soak/",
+    "tests/integration/test_cli_scripting.py",
+    "tests/reliability/test_zombies.py",
+    "tests/deploy/test_pool_drain.py",
+    "tests/integration/test_docs_examples.py",
+    "tests/api/test_api_fuzz.py",
+    "tests/preview/test_repair.py",
+    "tests/integration/test_cli.py",
+    "tests/integration/test_repair_loop.py",
+    "tests/deploy/test_scale_out.py",
+    "tests/integration/test_embedded.py",
+    "tests/browser/",
+    "tests/api/test_api_tenancy.py",
+    "tests/repos/test_work_items.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 # ------------------------------------------------------------------------------------------------ mounts
 
 

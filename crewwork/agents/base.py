@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from crewwork.config import Settings
+
 # Re-exported: agent authors import the failure classes from here.
 from crewwork.errors import AgentConfigError as AgentConfigError
 from crewwork.errors import AgentError as AgentError
@@ -60,6 +62,39 @@ class AgentContext:
 
 async def _current() -> None:
     return None
+
+
+@dataclass(frozen=True)
+class OperatorAgentSettings:
+    """The operator's configuration of the built-in agents, as `crewwork.config.Settings` read it from the
+    environment; the agents parse the JSON themselves (their models live with them)."""
+
+    model_endpoints: str = ""
+    """CREWWORK_MODEL_ENDPOINTS: the model agent's endpoints and routes (JSON, `crewwork.transport.TransportConfig`)."""
+    command_agents: str = ""
+    """CREWWORK_COMMAND_AGENTS: the CLIs the command agent may run (JSON, `crewwork.agents.command.CommandAgentsSettings`)."""
+    command_agent_enabled: bool = True
+    """CREWWORK_COMMAND_AGENT_ENABLED: the command agent's kill switch."""
+    agent_plugins: str = "*"
+    """CREWWORK_AGENT_PLUGINS: the plugins that may be used (`*`, empty, or comma-separated names)."""
+
+    @classmethod
+    def of(cls, settings: Settings) -> OperatorAgentSettings:
+        return cls(
+            model_endpoints=settings.model_endpoints,
+            command_agents=settings.command_agents,
+            command_agent_enabled=settings.command_agent_enabled,
+            agent_plugins=settings.agent_plugins,
+        )
+
+    @classmethod
+    def of_process(cls) -> OperatorAgentSettings:
+        """This process's settings, read afresh from its environment at each call (as the agents read it before
+        they were handed settings), for the callers that do not pass them yet: the agent activity constructs agents
+        with no arguments and calls `choose_agent` and `get_agent_class` without settings, and the plugin
+        interface's `validate_config` has no place for them (issue 27 item 1 moves the activity into
+        `crewwork/steps/`, which can pass them). The only settings read in `crewwork.agents` not handed in."""
+        return cls.of(Settings())
 
 
 @dataclass

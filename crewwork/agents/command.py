@@ -41,7 +41,9 @@ from crewwork.agents.base import (
     AgentError,
     AgentInfraError,
     AgentRunResult,
+    OperatorAgentSettings,
 )
+from crewwork.agents.model import ModelAgent
 from crewwork.models import WorkItemKind
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, SandboxUnavailable
 from crewwork.transport.redact import Redactor
@@ -49,9 +51,11 @@ from crewwork.transport.redact import Redactor
 T = TypeVar("T")
 
 ENV_ENABLED = "CREWWORK_COMMAND_AGENT_ENABLED"
-"""Operator kill switch: "false"/"0"/"no"/"off" makes every work item run the built-in model agent."""
+"""The operator's kill switch (Settings.command_agent_enabled), named in messages: false makes every work item run
+the built-in model agent."""
 ENV_COMMANDS = "CREWWORK_COMMAND_AGENTS"
-"""Operator's command definitions as JSON: ``{"commands": {"name": CommandSpec, ...}}``."""
+"""The operator's command definitions as JSON (Settings.command_agents), named in messages:
+``{"commands": {"name": CommandSpec, ...}}``."""
 FALLBACK_AGENT = "model"
 
 _OUTPUT_KEEP = 16_384
@@ -128,9 +132,9 @@ class CommandAgentsSettings(BaseModel):
     """Allowed CLIs by name; a work item refers to one by this name."""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> CommandAgentsSettings:
-        env = os.environ if env is None else env
-        raw = env.get(ENV_COMMANDS, "").strip()
+    def parse(cls, raw: str) -> CommandAgentsSettings:
+        """From the JSON text of ``CREWWORK_COMMAND_AGENTS`` (Settings.command_agents; empty when unset)."""
+        raw = raw.strip()
         if not raw:
             return cls()
         try:
@@ -152,37 +156,32 @@ class CommandAgentConfig(BaseModel):
     """Config of the built-in model agent, used when the command agent is not chosen."""
 
 
-def enabled(env: Mapping[str, str] | None = None) -> bool:
-    """The operator kill switch (default on)."""
-    env = os.environ if env is None else env
-    return env.get(ENV_ENABLED, "true").strip().lower() not in {"false", "0", "no", "off"}
-
-
 def choose_agent(
     requested: str,
     config: Mapping[str, Any] | None,
     *,
     repo: str | None = None,
     labels: Mapping[str, str] | None = None,
-    env: Mapping[str, str] | None = None,
+    operator: OperatorAgentSettings | None = None,
 ) -> tuple[str, str]:
     """Which agent runs for a work item that asked for `requested`, and why (a sentence for the evidence).
 
     Only a request for "command" can be redirected: to the built-in model agent when the operator's kill
     switch is off, when the command is not defined by the operator, or when the work item is not eligible
-    for it (repository glob, required labels).
+    for it (repository glob, required labels). `operator`: the deployment's settings (default: this process's).
     """
     if requested != CommandAgent.name:
         return requested, f"agent {requested!r} was requested"
+    operator = OperatorAgentSettings.of_process() if operator is None else operator
     fallback = f"; the built-in {FALLBACK_AGENT!r} agent runs instead"
-    if not enabled(env):
+    if not operator.command_agent_enabled:
         return (
             FALLBACK_AGENT,
             f"the command agent is disabled by the operator ({ENV_ENABLED}=false){fallback}",
         )
     try:
         cfg = CommandAgentConfig.model_validate(dict(config or {}))
-        settings = CommandAgentsSettings.from_env(env)
+        settings = CommandAgentsSettings.parse(operator.command_agents)
     except (ValidationError, AgentConfigError) as e:
         return FALLBACK_AGENT, f"the command agent cannot run: {str(e).splitlines()[0]}{fallback}"
     spec = settings.commands.get(cfg.command)
@@ -216,7 +215,10 @@ class CommandAgent(Agent):
     name = "command"
     mock = False
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, operator: OperatorAgentSettings | None = None, env: Mapping[str, str] | None = None) -> None:
+        """`operator`: the deployment's commands and kill switch (default: this process's settings); `env`: where
+        a command's `pass_env` variables are read (default: this process's environment)."""
+        self._operator = OperatorAgentSettings.of_process() if operator is None else operator
         self._env = os.environ if env is None else env
 
     @classmethod
@@ -231,17 +233,15 @@ class CommandAgent(Agent):
         if kind == WorkItemKind.task:
             raise AgentConfigError("the command agent runs code changes; a `task` needs another agent")
         if cfg.model is not None:
-            from crewwork.agents.model import ModelAgent
-
             ModelAgent.validate_config(kind, cfg.model)
 
     async def run(self, ctx: AgentContext) -> AgentRunResult:
-        if not enabled(self._env):
+        if not self._operator.command_agent_enabled:
             # The activity should have chosen the model agent already; the switch still holds if it did not.
             raise AgentError(f"the command agent is disabled by the operator ({ENV_ENABLED}=false)")
         try:
             cfg = CommandAgentConfig.model_validate(ctx.config)
-            settings = CommandAgentsSettings.from_env(self._env)
+            settings = CommandAgentsSettings.parse(self._operator.command_agents)
         except ValidationError as e:
             raise AgentError(f"command agent config: {str(e).splitlines()[0]}") from None
         except AgentConfigError as e:

@@ -227,7 +227,7 @@ class AgentProcesses:
         """Run `call` in a child; the child's callbacks are served from `ctx`. Cancellation kills the child, except
         while `deaf()` says this attempt cannot hear it: the test-only zombie (the scripted agent's `stall_s`),
         which is cut off from Temporal by construction and is stopped by the platform only once its item has ended
-        (crewwork.activities.common.watch)."""
+        (crewwork.steps.attempt.watch)."""
         child = await self.acquire()
         healthy = False
         try:

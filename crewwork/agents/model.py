@@ -40,7 +40,7 @@ import re
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from crewwork.agents.base import (
     Agent,
@@ -49,6 +49,7 @@ from crewwork.agents.base import (
     AgentError,
     AgentInfraError,
     AgentRunResult,
+    OperatorAgentSettings,
 )
 from crewwork.agents.edits import (
     DIVIDER_MARK,
@@ -57,13 +58,12 @@ from crewwork.agents.edits import (
     EditError,
     apply_edit_text,
 )
+from crewwork.agents.model_config import ModelAgentConfig
 from crewwork.agents.model_prompt import _reask, build_prompt
 from crewwork.models import WorkItemKind
 from crewwork.transport import (
     ChatResult,
-    EndpointConfig,
     ModelClient,
-    TransportConfig,
     TransportSettingsError,
     merge_configs,
     operator_config,
@@ -76,54 +76,6 @@ RESUME_FORMAT = 1
 # out of the details; a resumed run then asks the model again from that point instead of failing to heartbeat.
 RESUME_MAX_BYTES = 1024 * 1024
 _SECRET_KEY_NAMES = re.compile(r"(?i)(api[_-]?key|token|secret|password|passwd|credential|authorization)")
-
-
-class ModelAgentConfig(BaseModel):
-    """The model agent's part of a work item's ``agent.config``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    endpoints: dict[str, EndpointConfig] = Field(default_factory=dict)
-    """Extra endpoints for this work item, merged over the operator's ``CREWWORK_MODEL_ENDPOINTS``."""
-    routes: dict[str, list[str]] = Field(default_factory=dict)
-    """Workload -> ordered endpoint names, overriding the operator's routes for this work item."""
-    workload: str = "edit"
-    """Route used for code changes (a `task` always uses "chat")."""
-    max_edit_rounds: int = Field(default=3, ge=1, le=10)
-    """Model calls per attempt at most: the first ask plus re-asks after a malformed or unappliable edit."""
-    max_tokens: int | None = Field(default=None, gt=0)
-    """Token budget of this attempt (prompt + completion, all calls); exceeding it ends the attempt."""
-    max_cost_usd: float | None = Field(default=None, gt=0)
-    """Cost budget of this attempt in USD (needs prices on the endpoints)."""
-    max_output_tokens: int | None = Field(default=None, gt=0)
-    """Cap on one completion, sent as ``max_tokens``; overrides the endpoint's own cap."""
-    context_files: list[str] = Field(default_factory=list, max_length=50)
-    """Repo-relative files always shown to the model, before any it is pointed at."""
-    max_context_files: int = Field(default=8, ge=0, le=100)
-    """Files whose contents go into the prompt, at most."""
-    max_file_chars: int = Field(default=24_000, ge=100)
-    """Characters of one file in the prompt; a longer file is shown truncated (and marked so)."""
-    max_context_chars: int = Field(default=120_000, ge=1000)
-    """Characters of all file contents in the prompt together."""
-    max_listing_entries: int = Field(default=300, ge=0, le=10_000)
-    """Repository paths listed in the prompt, at most."""
-    repo_map_tokens: int | None = Field(default=None, ge=0, le=8192)
-    """Size budget (tokens) of the repository map in the prompt; default the operator's
-    CREWWORK_CODEINTEL_AGENT_MAP_TOKENS, 0 leaves it out."""
-    instructions: str | None = Field(default=None, max_length=20_000)
-    """Extra guidance appended to the system prompt (house style, constraints)."""
-    heartbeat_interval_s: float = Field(default=5.0, gt=0, le=60)
-    """Seconds between liveness heartbeats while waiting on a model call."""
-
-    @classmethod
-    def from_agent_config(cls, config: Mapping[str, Any]) -> ModelAgentConfig:
-        """Parse a work item's agent config. A nested ``"model"`` object (as the command agent's config
-        carries for its fallback) takes precedence."""
-        data = config.get("model") if isinstance(config.get("model"), Mapping) else config
-        return cls.model_validate(dict(data or {}))
-
-    def transport(self) -> TransportConfig:
-        return TransportConfig(endpoints=dict(self.endpoints), routes=dict(self.routes))
 
 
 SYSTEM_PROMPT = f"""You are a careful software engineer editing a git repository to complete a task.
@@ -159,7 +111,10 @@ class ModelAgent(Agent):
     # and it keeps its resumable session (heartbeat details) without a pickled round trip per model call.
     runs_inline = True
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, operator: OperatorAgentSettings | None = None, env: Mapping[str, str] | None = None) -> None:
+        """`operator`: the deployment's endpoints (default: this process's settings); `env`: where the endpoints'
+        API keys are looked up by name (default: this process's environment)."""
+        self._operator = OperatorAgentSettings.of_process() if operator is None else operator
         self._env = os.environ if env is None else env
 
     @classmethod
@@ -172,7 +127,7 @@ class ModelAgent(Agent):
         # allow_work_item_endpoints): refused here, at submission, not later at the worker. The API process reads
         # the same CREWWORK_MODEL_ENDPOINTS as the agent pool (docs/agents.md).
         try:
-            merge_configs(operator_config(), cfg.transport())
+            merge_configs(operator_config(OperatorAgentSettings.of_process().model_endpoints), cfg.transport())
         except TransportSettingsError as e:
             raise AgentConfigError(f"model agent config: {e}") from None
         unknown = [n for names in cfg.routes.values() for n in names if n not in cfg.endpoints]
@@ -184,7 +139,7 @@ class ModelAgent(Agent):
     async def run(self, ctx: AgentContext) -> AgentRunResult:
         try:
             cfg = ModelAgentConfig.from_agent_config(ctx.config)
-            transport = merge_configs(operator_config(self._env), cfg.transport())
+            transport = merge_configs(operator_config(self._operator.model_endpoints), cfg.transport())
             workload = "chat" if ctx.kind == WorkItemKind.task else cfg.workload
             transport.route(workload)  # fail early, with the configuration message, on a missing route
         except ValidationError as e:

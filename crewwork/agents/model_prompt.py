@@ -6,19 +6,11 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from crewwork.agents.base import (
-    AgentContext,
-)
-from crewwork.agents.edits import (
-    EditApplyError,
-    EditError,
-    resolve_in_workspace,
-)
-
-if TYPE_CHECKING:
-    from crewwork.agents.model import ModelAgentConfig
+from crewwork.agents.base import AgentContext
+from crewwork.agents.edits import EditApplyError, EditError, resolve_in_workspace
+from crewwork.agents.model_config import ModelAgentConfig
+from crewwork.paths import is_dotgit
 
 _PATH_TOKEN = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.[A-Za-z0-9]{1,8})(?![\w/-])")
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
@@ -71,8 +63,6 @@ def build_prompt(
 def list_files(ws: Path) -> list[str]:
     """The workspace's files, repo-relative, sorted. Walked directly (never `git` in the workspace: host git
     does not run in one, see docs/sandbox.md); links are listed, never followed, and no `.git` entry counts."""
-    from crewwork.paths import is_dotgit
-
     files: list[str] = []
     for root, dirs, names in os.walk(ws):
         dirs[:] = sorted(d for d in dirs if not is_dotgit(d) and not (root == str(ws) and d == ".crewwork"))

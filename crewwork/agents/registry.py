@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
-from crewwork.agents.base import Agent, AgentConfigError
+from crewwork.agents.base import Agent, AgentConfigError, OperatorAgentSettings
 from crewwork.agents.command import CommandAgent
 from crewwork.agents.model import ModelAgent
 from crewwork.agents.scripted import ScriptedAgent
@@ -37,8 +37,6 @@ BUILTIN: dict[str, type[Agent]] = {
     ModelAgent.name: ModelAgent,
     CommandAgent.name: CommandAgent,
 }
-AGENTS = BUILTIN
-"""Deprecated alias of BUILTIN (the registry used to be this dict)."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +68,11 @@ def _dist(ep: EntryPoint) -> str:
     return f"{d.name} {d.version}" if d is not None else "unknown distribution"
 
 
-def _allowed_plugins(setting: str | None = None) -> set[str] | None:
-    """None: every installed plugin; else the names the operator enabled."""
+def _allowed_plugins(setting: str | None) -> set[str] | None:
+    """None: every installed plugin; else the names the operator enabled (`setting`: CREWWORK_AGENT_PLUGINS; None
+    for this process's)."""
     if setting is None:
-        from crewwork.config import get_settings
-
-        setting = get_settings().agent_plugins
+        setting = OperatorAgentSettings.of_process().agent_plugins
     names = {n.strip() for n in setting.split(",") if n.strip()}
     return None if "*" in names else names
 
@@ -104,8 +101,8 @@ def _load(name: str) -> type[Agent]:
 
 def get_agent_class(name: str, *, plugins: str | None = None) -> type[Agent]:
     """The agent class for `name`: a built-in, or an enabled plugin (loaded on first use). AgentConfigError names
-    what is known when there is no such agent, or why a plugin cannot be used. `plugins` overrides
-    CREWWORK_AGENT_PLUGINS (tests)."""
+    what is known when there is no such agent, or why a plugin cannot be used. `plugins`: the
+    operator's CREWWORK_AGENT_PLUGINS (Settings.agent_plugins); None reads this process's settings."""
     if name in BUILTIN:
         return BUILTIN[name]
     points = _plugin_points()
@@ -150,7 +147,6 @@ def reset_cache() -> None:
 
 
 __all__ = [
-    "AGENTS",
     "BUILTIN",
     "ENTRY_POINT_GROUP",
     "AgentInfo",

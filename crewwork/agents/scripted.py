@@ -57,6 +57,7 @@ from crewwork.agents.base import (
     AgentInfraError,
     AgentRunResult,
 )
+from crewwork.errors import CaptureRefused
 from crewwork.models import WorkItemKind
 from crewwork.paths import PathRefused, RelPath, diff_paths
 
@@ -215,7 +216,6 @@ class ScriptedAgent(Agent):
         if step.get("diff"):
             if handle is None:
                 raise AgentError("scripted agent: applying a diff needs the platform's workspace handle")
-            from crewwork.workspace import CaptureRefused
 
             try:
                 ok, err = await handle.apply_in_place(step["diff"].encode())

@@ -22,14 +22,14 @@ from crewwork.api import problems
 from crewwork.api.admin import router as admin_router
 from crewwork.api.evidence import router as evidence_router
 from crewwork.api.hotfix import router as hotfix_router
-from crewwork.api.options import ApiOptions
 from crewwork.api.ratelimit import ApiRateLimits
 from crewwork.api.repositories import router as repositories_router
 from crewwork.api.streams import EventHorizon
 from crewwork.api.streams import router as events_router
 from crewwork.api.webhooks import router as webhooks_router
 from crewwork.api.work_items import router as work_items_router
-from crewwork.config import Settings, get_settings
+from crewwork.config import Settings
+from crewwork.config.api import ApiOptions
 from crewwork.observability import (
     CONTENT_TYPE,
     HTTP_LATENCY,
@@ -50,10 +50,7 @@ MAX_BODY_BYTES = 1024 * 1024
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def create_app(
-    settings: Settings | None = None, *, store: Store | None = None, options: ApiOptions | None = None
-) -> FastAPI:
-    settings = settings or get_settings()
+def create_app(settings: Settings, *, store: Store | None = None, options: ApiOptions | None = None) -> FastAPI:
     options = options or settings.api
 
     @contextlib.asynccontextmanager

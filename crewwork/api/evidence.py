@@ -115,8 +115,8 @@ async def sign_attempt(
     from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
     from temporalio.exceptions import ApplicationError
 
-    from crewwork.contracts import AttemptBundleInput
     from crewwork.service import WorkflowUnavailable
+    from crewwork.steps.evidence import AttemptBundleInput
     from crewwork.workflows.evidence import EvidenceBundleWorkflow, bundle_workflow_id
 
     row = await owned(store, principal, work_item_id)

@@ -13,6 +13,7 @@ from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, ServiceDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.api.schemas import SubmitResponse
+from crewwork.api.work_items import submit_spec
 from crewwork.models import AgentSpec, BudgetSpec, RepoSpec, ReviewSpec, ValidationSpec, WorkItemKind, WorkItemSpec
 
 router = APIRouter(prefix="/v1", tags=["work items"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
@@ -109,8 +110,6 @@ async def hotfix(
     service: ServiceDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)] = None,
 ) -> SubmitResponse:
-    from crewwork.api.work_items import submit_spec
-
     refuse_unstorable_body(report)  # named by the report's own fields, not the derived instruction's
     try:
         spec = derive_spec(report)

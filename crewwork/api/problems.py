@@ -11,6 +11,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from crewwork.service import SubmissionRejected, refuse_unstorable
+from crewwork.store.engine import unavailable
+
 
 class Problem(BaseModel):
     type: str = "about:blank"
@@ -105,8 +108,6 @@ async def unhandled_handler(_req: Request, exc: Exception) -> JSONResponse:
 
     from sqlalchemy.exc import DBAPIError
 
-    from crewwork.store.engine import unavailable
-
     if isinstance(exc, ConnectionError) or (isinstance(exc, DBAPIError) and unavailable(exc)):
         # The store cannot be reached (restart, failover): nothing was done; the client may retry (with the same
         # idempotency key, for a submission).
@@ -143,8 +144,6 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 def refuse_unstorable_body(body: Any, field_prefix: str = "") -> None:
     """422 `invalid_text` (or `too_deeply_nested`) for a request body holding what the store cannot keep, naming
     the field: see crewwork.service.refuse_unstorable, which every work item submission goes through."""
-    from crewwork.service import SubmissionRejected, refuse_unstorable
-
     try:
         refuse_unstorable(body, field_prefix)
     except SubmissionRejected as exc:

@@ -29,6 +29,7 @@ from crewwork.api.schemas import (
 )
 from crewwork.api.streams import SSE_HEADERS, SSE_RESPONSE, event_stream, resume_point
 from crewwork.models import ReviewDecision, WorkItemKind, WorkItemSpec, WorkItemState
+from crewwork.repos.tenancy import RepositoryNotFound
 from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavailable
 from crewwork.store.store import Principal, Store
 from crewwork.store.tables import Artifact, Attempt, WorkItem
@@ -109,7 +110,6 @@ async def submit_spec(
 ) -> SubmitResponse:
     if idempotency_key and spec.idempotency_key is None:
         spec = spec.model_copy(update={"idempotency_key": idempotency_key})
-    from crewwork.repos.tenancy import RepositoryNotFound
 
     try:
         res = await service.submit(principal.tenant_id, spec)

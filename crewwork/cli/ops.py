@@ -204,6 +204,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
         api_port=args.api_port,
         database_url=s.database_url,
         on_event=lambda m: out.note(f"[dev] {m}"),
+        healthy_after_s=s.pool_restart_healthy_s,
     )
     stop = False
 
@@ -306,6 +307,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             serve=args.serve,
             json_output=bool(args.json),
             unsafe=args.unsafe,
+            restart_healthy_s=get_settings().pool_restart_healthy_s,
         )
     except NoSandbox as exc:
         if args.json:

@@ -1,5 +1,3 @@
 """Code intelligence, offline: a repository map (definitions and references per file from tree-sitter, ranked by a
 reference graph, cut to a token budget) per tenant registration and commit (docs/mcp.md, "Repository maps").
-
-Submodules import only what they need, so `crewwork.config` can import `crewwork.codeintel.settings` alone.
 """

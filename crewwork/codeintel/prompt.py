@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crewwork.codeintel.repomap import IndexCache, cached_index, rank, render
-from crewwork.codeintel.settings import CodeIntelSettings
+from crewwork.config.codeintel import CodeIntelSettings
 from crewwork.repos.trees import load_index
 
 log = logging.getLogger("crewwork.codeintel")

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from crewwork.codeintel.settings import CodeIntelSettings
 from crewwork.codeintel.tags import Definition, FileTags, extract, language_of
+from crewwork.config.codeintel import CodeIntelSettings
 from crewwork.repos.trees import Entry, TreeError, read_blobs
 
 INDEX_FORMAT = 1

@@ -28,7 +28,7 @@ from securesystemslib.signer import CryptoSigner, SSlibKey
 from crewwork.evidence.canonical import StrictJSONError, strict_loads
 
 if TYPE_CHECKING:
-    from crewwork.evidence.settings import EvidenceSettings
+    from crewwork.config.evidence import EvidenceSettings
 
 log = logging.getLogger("crewwork.evidence.keys")
 

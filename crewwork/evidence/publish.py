@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crewwork import __version__
+from crewwork.config.evidence import EvidenceSettings
 from crewwork.evidence.facts import Facts, LandedFact, ReviewFact
 from crewwork.evidence.format import run_url
 from crewwork.evidence.gather import gather
-from crewwork.evidence.keys import EvidenceKeyError, load_signer
-from crewwork.evidence.settings import EvidenceSettings
+from crewwork.evidence.keys import EvidenceKeyError, load_signer, published_keys
 from crewwork.evidence.sign import sign_bundle
 from crewwork.evidence.treedigest import commit_info, tree_digest
 
@@ -60,7 +60,17 @@ class Publisher:
 
     @functools.cached_property
     def _signer(self) -> CryptoSigner | None:
-        return load_signer(self.settings.signing_key_file, self.settings.signing_key_env)
+        signer = load_signer(self.settings.signing_key_file, self.settings.signing_key_env)
+        if signer is not None:
+            # A key the operator published as retired or revoked signs nothing new: verifiers refuse a revoked key's
+            # signatures, and a retired key is one rotated out. Signing on would land changes whose bundles fail.
+            for key in published_keys(self.settings):
+                if key.keyid == signer.public_key.keyid and key.status != "active":
+                    raise EvidenceKeyError(
+                        f"the signing key is published as {key.status} (CREWWORK_EVIDENCE_PUBLIC_KEYS): "
+                        "configure the new key to sign with"
+                    )
+        return signer
 
     def signer(self) -> CryptoSigner | None:
         """The signing key, or None when none is configured. EvidenceUnavailable when it cannot be loaded.

@@ -7,7 +7,7 @@ operator's `ForgeConfig` whose scope covers a repository.
 from __future__ import annotations
 
 from crewwork.repos.settings import ForgeConfig, matches
-from crewwork.repos.urls import RepoURL
+from crewwork.urls import RepoURL
 
 
 class ForgeError(RuntimeError):

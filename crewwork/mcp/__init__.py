@@ -1,5 +1,3 @@
 """The MCP endpoint of the API (docs/mcp.md): external agents read, search and hand off work over a tenant's own
 registered repositories and work items, through the same rules as the HTTP API.
-
-Submodules import only what they need, so `crewwork.config` can import `crewwork.mcp.settings` alone.
 """

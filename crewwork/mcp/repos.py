@@ -25,9 +25,9 @@ from crewwork.repos.remote import Remote
 from crewwork.repos.service import RepoPolicyError, Repositories
 from crewwork.repos.tenancy import RepositoryNotFound, RepositoryRegistry
 from crewwork.repos.trees import TreeError, TreeIndex, load_index, parse_ref, resolve_commit
-from crewwork.repos.urls import RepoURLError
 from crewwork.store.store import Store
 from crewwork.store.tables import Repository
+from crewwork.urls import RepoURLError
 
 
 class McpToolError(Exception):

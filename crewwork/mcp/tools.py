@@ -19,11 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from crewwork.api.problems import ProblemError
+from crewwork.api.work_items import evidence, get_item, owned, review, submit
 from crewwork.config import Settings
 from crewwork.mcp.repos import McpToolError, OpenRepo, TenantRepositories
+from crewwork.models import ReviewDecision, WorkItemSpec
 from crewwork.repos.service import Repositories
 from crewwork.repos.trees import TreeError, parse_path, read_blob, read_link, resolve, run_bounded
-from crewwork.service import WorkItemService
+from crewwork.service import WorkItemService, refuse_unstorable
 from crewwork.store.store import Principal, Store
 
 BINARY_SNIFF_BYTES = 8000
@@ -495,8 +497,6 @@ async def _problem(call: Awaitable[Any]) -> Any:
 
 
 async def _owned(ctx: ToolContext, work_item_id: str) -> Any:
-    from crewwork.api.work_items import owned
-
     # MCP is tenant-scoped even for admin keys: an admin reads other tenants' items through the HTTP API.
     return await _problem(owned(ctx.store, _tenant_only(ctx.principal), work_item_id))
 
@@ -558,8 +558,6 @@ async def git_status(ctx: ToolContext, args: WorkItemArgs) -> dict[str, Any]:
 
 
 async def get_work_item(ctx: ToolContext, args: WorkItemArgs) -> dict[str, Any]:
-    from crewwork.api.work_items import get_item
-
     row = await _owned(ctx, args.work_item_id)
     view = await _problem(get_item(ctx.request, row.id, _tenant_only(ctx.principal), ctx.store, ctx.service, True))
     doc: dict[str, Any] = view.model_dump(mode="json")
@@ -567,8 +565,6 @@ async def get_work_item(ctx: ToolContext, args: WorkItemArgs) -> dict[str, Any]:
 
 
 async def get_evidence(ctx: ToolContext, args: WorkItemArgs) -> dict[str, Any]:
-    from crewwork.api.work_items import evidence
-
     rows = await _problem(evidence(args.work_item_id, _tenant_only(ctx.principal), ctx.store))
     return {"work_item_id": args.work_item_id, "attempts": [r.model_dump(mode="json") for r in rows]}
 
@@ -588,10 +584,6 @@ class SubmitArgs(Args):
 
 async def submit_work_item(ctx: ToolContext, args: SubmitArgs) -> dict[str, Any]:
     from pydantic import ValidationError
-
-    from crewwork.api.work_items import submit
-    from crewwork.models import WorkItemSpec
-    from crewwork.service import refuse_unstorable
 
     try:
         refuse_unstorable(args.work_item, "work_item.")
@@ -617,9 +609,6 @@ class ReviewArgs(Args):
 
 
 async def review_work_item(ctx: ToolContext, args: ReviewArgs) -> dict[str, Any]:
-    from crewwork.api.work_items import review
-    from crewwork.models import ReviewDecision
-
     decision = ReviewDecision(action=args.action, comment=args.comment, reviewer=args.reviewer)
     res = await _problem(review(args.work_item_id, decision, _tenant_only(ctx.principal), ctx.store, ctx.service))
     doc: dict[str, Any] = res.model_dump(mode="json")

@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from crewwork.transport.redact import MASK, redact
+
 # ------------------------------------------------------------------------------------------------ logging
 
 _context: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("crewwork_log_context", default=None)
@@ -91,7 +93,6 @@ def mask_secrets_in_text(text: str) -> str:
     tokens and common token prefixes (`sk-`, `cw_`, `ghp_`, `whsec_`, ... see crewwork.transport.redact)."""
     if not text:
         return text
-    from crewwork.transport.redact import MASK, redact
 
     text = _PEM_PRIVATE_KEY.sub(lambda m: f"-----BEGIN {m.group(1)}PRIVATE KEY-----{MASK}", text)
     text = _URL_WITH_PASSWORD.sub(_mask_url, text)

@@ -66,20 +66,21 @@ def enable_temporal_runtime_metrics(port: int, host: str = "0.0.0.0") -> None:
     )
 
 
-def start_pool_observability(pool: str, task_queue: str) -> MetricsServer | None:
-    """Called by a pool process at start, from the settings:
+def start_pool_observability(
+    pool: str, task_queue: str, *, metrics_port: int | None, temporal_metrics_port: int | None
+) -> MetricsServer | None:
+    """Called by a pool process at start, with its settings:
 
-    - CREWWORK_METRICS_PORT=N: crewwork metrics of this process (activity timings, the pool's identity, process
-      CPU and memory) at http://0.0.0.0:N/metrics; the store's projections are the API's, not a pool's;
-    - CREWWORK_TEMPORAL_METRICS_PORT=N: the Temporal SDK runtime metrics on port N (must differ from the above).
+    - `metrics_port` (CREWWORK_METRICS_PORT): crewwork metrics of this process (activity timings, the pool's
+      identity, process CPU and memory) at http://0.0.0.0:PORT/metrics; the store's projections are the API's, not
+      a pool's;
+    - `temporal_metrics_port` (CREWWORK_TEMPORAL_METRICS_PORT): the Temporal SDK runtime metrics (must differ from
+      the above).
 
     JSON logs (CREWWORK_LOG_FORMAT=json) are set up by `crewwork worker` before this runs."""
-    from crewwork.config import get_settings
-
-    settings = get_settings()
-    if settings.temporal_metrics_port:
-        enable_temporal_runtime_metrics(settings.temporal_metrics_port)
+    if temporal_metrics_port:
+        enable_temporal_runtime_metrics(temporal_metrics_port)
     POOL_INFO.labels(pool=pool, task_queue=task_queue).set(1)
-    if not settings.metrics_port:
+    if not metrics_port:
         return None
-    return serve_metrics(settings.metrics_port)
+    return serve_metrics(metrics_port)

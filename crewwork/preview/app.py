@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 
 from crewwork import safefs
+from crewwork.models.preview import ReadySpec
 from crewwork.preview.evidence import AppRun
-from crewwork.preview.spec import ReadySpec
 from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits, SandboxRunResult
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from crewwork.models.preview import BrowserFlow, Click, Fill, Open, Press, Target, TextVisible, WaitForText
 from crewwork.preview.evidence import (
     MAX_CONSOLE,
     MAX_ENTRY_CHARS,
@@ -29,10 +30,12 @@ from crewwork.preview.evidence import (
     StepRecord,
     cut,
 )
-from crewwork.preview.spec import BrowserFlow, Click, Fill, Open, Press, Target, TextVisible, WaitForText
 from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, hand_over
+from crewwork.sandbox.bwrap import SYNTHETIC_ETC, BwrapSandbox
+from crewwork.sandbox.cgroups import RunCgroup
 from crewwork.sandbox.config import SandboxSettings
+from crewwork.sandbox.seccomp import build_filter
 
 CHROMIUM = "/usr/lib/chromium/chromium"
 CHROMIUM_ARGS = [
@@ -107,10 +110,6 @@ class Browser:
 
     async def _wrapper(self) -> Path:
         """The executable Playwright launches: this session's bwrap sandbox around the browser relay + Chromium."""
-        from crewwork.sandbox.bwrap import SYNTHETIC_ETC, BwrapSandbox
-        from crewwork.sandbox.cgroups import RunCgroup
-        from crewwork.sandbox.seccomp import build_filter
-
         try:
             sandbox = BwrapSandbox(self.settings)
         except SandboxError as exc:

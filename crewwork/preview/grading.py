@@ -22,8 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from crewwork.preview.evidence import FlowRecord, HttpExchange, PreviewEvidence, cut
-from crewwork.preview.spec import (
+from crewwork.models.preview import (
     BrowserFlow,
     Contains,
     HttpProbe,
@@ -37,6 +36,7 @@ from crewwork.preview.spec import (
     UrlIs,
     probe_id,
 )
+from crewwork.preview.evidence import FlowRecord, HttpExchange, PreviewEvidence, cut
 
 PREVIEW_CAUSES = (
     "preview_not_started",

@@ -9,8 +9,8 @@ import time
 
 import httpx
 
+from crewwork.models.preview import HttpProbe
 from crewwork.preview.evidence import MAX_BODY_SEEN, MAX_HEADERS_SEEN, HttpExchange, cut
-from crewwork.preview.spec import HttpProbe
 
 
 async def run_http(client: httpx.AsyncClient, probe: HttpProbe) -> HttpExchange:

@@ -1,5 +1,5 @@
 """The two small programs that run inside sandboxes to connect a preview: standard-library Python only, written
-next to the host's sockets and mounted read-only (the reverse of crewwork/repos/proxy.py's relay, and that relay).
+next to the host's sockets and mounted read-only (the reverse of crewwork/sandbox/proxy.py's relay, and that relay).
 
     probe (host) -> front.sock -> Tunnels (host) <- hub.sock <- APP_RELAY (app sandbox) -> 127.0.0.1:PORT (the app)
     Chromium (browser sandbox) -> 127.0.0.1:PORT -> BROWSER_RELAY -> front.sock -> ...

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from crewwork.models import ArtifactRef, PreviewOutcome, ProbeResult
+from crewwork.models.preview import PreviewSpec
 from crewwork.preview.app import AppPreview
 from crewwork.preview.detect import NotDetected, detect, read_facts, with_port
 from crewwork.preview.evidence import MAX_LOG_TAIL, FlowRecord, HttpExchange, PreviewEvidence, cut
 from crewwork.preview.grading import PreviewVerdict, console_errors
 from crewwork.preview.httpprobe import run_http, transcript
-from crewwork.preview.spec import PreviewSpec
 from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
 from crewwork.sandbox.config import SandboxSettings

@@ -8,7 +8,7 @@ the cloud metadata service, shared, reserved, multicast, unspecified, and IPv6 f
 
 The host is judged by what git would connect to: an address in any spelling the system resolver reads
 (`2130706433`, `0x7f.1`, `0177.0.0.1`, `127.1`, `0`, `[::ffff:127.0.0.1]`) is that address; a name is resolved
-once and *every* address it resolves to must pass. The URL grammar (`crewwork.repos.urls`) has already refused
+once and *every* address it resolves to must pass. The URL grammar (`crewwork.urls`) has already refused
 user info in http(s) URLs, hosts starting with `-`, trailing dots, `%`-escapes and anything but `[A-Za-z0-9._-]`
 or a bracketed IPv6 literal in a host, and paths git would read into the host (`@[`, a `%` git would decode again),
 so what is judged here is the host git is given.
@@ -49,7 +49,7 @@ from crewwork.outbound import (
 )
 from crewwork.repos.credentials import GitAuth
 from crewwork.repos.git import DEFAULT_SSH_COMMAND, RemoteAddressRefused, RemoteUnavailable
-from crewwork.repos.urls import DEFAULT_PORTS, RepoURL
+from crewwork.urls import DEFAULT_PORTS, RepoURL
 
 ALLOW_SETTING = "CREWWORK_REPO_ALLOW_NETWORKS"
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from crewwork.models import TenantRef
 from crewwork.repos.settings import RepoCredential, matches
-from crewwork.repos.urls import RepoURL, redact_url
 from crewwork.transport.redact import Redactor
+from crewwork.urls import RepoURL, redact_url
 
 # Directories every sandbox backend exposes (bwrap binds these read-only; the Docker image has its own, but the
 # worker's files under them would be visible to the bwrap backend on the same host).

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crewwork.repos.credentials import GitAuth
-from crewwork.repos.urls import RepoURL, redact_url
+from crewwork.urls import RepoURL, redact_url
 
 # Environment variables host git may inherit from the worker; everything else is dropped (GIT_TRACE_CURL would
 # log headers, GIT_SSH/GIT_ASKPASS/SSH_AUTH_SOCK would bring the operator's own identity, GIT_DIR would redirect).

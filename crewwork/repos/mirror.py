@@ -39,9 +39,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from crewwork.repos.git import RemoteNotFound, run_git
+from crewwork.repos.git import RemoteNotFound, git_env, hardening, run_git
 from crewwork.repos.remote import HEADS_AND_TAGS, Remote
-from crewwork.repos.urls import RepoURL
+from crewwork.urls import RepoURL
 
 log = logging.getLogger("crewwork.repos.mirror")
 
@@ -292,8 +292,6 @@ class MirrorCache:
 
 def _prune_worktrees(gitdir: Path) -> None:
     import subprocess
-
-    from crewwork.repos.git import git_env, hardening
 
     subprocess.run(
         ["git", *hardening(), f"--git-dir={gitdir}", "worktree", "prune"],

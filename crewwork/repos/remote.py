@@ -24,7 +24,7 @@ from crewwork.repos.git import (
     run_git,
 )
 from crewwork.repos.local import Confined, UnsafeLocalRepository, local_git_dir, local_server
-from crewwork.repos.urls import RepoURL
+from crewwork.urls import RepoURL
 
 HEADS_AND_TAGS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 

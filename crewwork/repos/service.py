@@ -11,9 +11,9 @@ import functools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from crewwork.activities.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.config import Settings
-from crewwork.forge.github import PullRequest
+from crewwork.forge import ForgeError, forge_for
+from crewwork.forge.github import GitHubForge, PullRequest
 from crewwork.models import PullRequestSpec, TenantRef
 from crewwork.outbound import Resolver
 from crewwork.repos.address import RemoteAddressPolicy
@@ -24,8 +24,9 @@ from crewwork.repos.local import UnsafeLocalRepository, confine, local_git_dir
 from crewwork.repos.mirror import MirrorCache, MirrorHold
 from crewwork.repos.remote import Remote
 from crewwork.repos.settings import ForgeConfig
-from crewwork.repos.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
+from crewwork.steps.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.transport.redact import Redactor
+from crewwork.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
 
 
 class _Configured:
@@ -218,8 +219,6 @@ class Repositories:
     def forge(self, url: RepoURL, requested: PullRequestSpec | None) -> ForgeConfig | None:
         """The forge that opens a pull request for landings on `url`: when the work item asks for one, or the
         forge opens one for every landing. Raises RepoPolicyError when one is asked for and none is configured."""
-        from crewwork.forge import forge_for
-
         forge = forge_for(url, self.settings.forges)
         if requested is not None and forge is None:
             raise RepoPolicyError(
@@ -251,9 +250,6 @@ class Repositories:
     ) -> PullRequest | None:
         """Open (or find, on a retry) the pull request of a landed branch, if one is wanted. ForgeError on failure.
         `evidence`: a paragraph about the change's signed evidence bundle, for the body."""
-        from crewwork.forge import ForgeError
-        from crewwork.forge.github import GitHubForge
-
         url = self.locate(locator)
         try:
             forge = self.forge(url, spec)
@@ -306,7 +302,7 @@ def _branch_of(ref: str | None) -> str | None:
 
 
 def repo_failure(exc: BaseException) -> Exception:
-    """The Temporal error for a repository failure (types in crewwork/activities/errors.py): retryable while the
+    """The Temporal error for a repository failure (types in crewwork/steps/errors.py): retryable while the
     remote is unreachable, not otherwise. The workflow ends the item `failed` naming the remote, never `dead`."""
     from temporalio.exceptions import ApplicationError
 

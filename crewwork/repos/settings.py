@@ -14,11 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from crewwork.urls import RepoURLError, parse_repo_url
+
 
 def _check_prefix(v: str) -> str:
     """A scope is a normalised URL prefix; scp-style scopes (`git@host:acme/`) are compared as written."""
-    from crewwork.repos.urls import RepoURLError, parse_repo_url
-
     if "://" in v:
         try:
             parse_repo_url(v.rstrip("/") + "/x")

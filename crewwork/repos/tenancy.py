@@ -16,11 +16,13 @@ from typing import Any
 
 from crewwork.config import Settings
 from crewwork.models import EnvironmentSpec, RepoSpec
+from crewwork.repos.credentials import CredentialError
+from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.repos.service import RepoPolicyError, Repositories, checked_local_git_dir
-from crewwork.repos.urls import RepoURL
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Store
 from crewwork.store.tables import Repository
+from crewwork.urls import RepoURL
 
 # Kernel interfaces: never a repository, whatever they resolve to (`/proc/self/cwd` is the service's own checkout).
 PSEUDO_FS = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -93,9 +95,6 @@ class RepositoryRegistry:
     async def register(self, tenant_id: str, reg: Registration, *, auto: bool = False) -> Repository:
         """Check and store a registration; RepoPolicyError (a 422) naming what is wrong, RepositoryExists (a 409)
         when the tenant already registered the URL."""
-        from crewwork.repos.credentials import CredentialError
-        from crewwork.repos.environment import EnvironmentRejected, check_environment
-
         cap = self.settings.max_repositories_per_tenant
         if await self.store.count_repositories(tenant_id) >= cap:
             raise TooManyRepositories(f"a tenant may register at most {cap} repositories; remove one first")

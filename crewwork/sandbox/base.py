@@ -21,8 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from crewwork.models import SandboxReport
+from crewwork.safefs import chown_tree
+from crewwork.sandbox.disk import is_full
+from crewwork.sandbox.limits import SandboxLimits as SandboxLimits
+
 if TYPE_CHECKING:
-    from crewwork.models import SandboxReport
     from crewwork.sandbox.config import SandboxSettings
 
 
@@ -80,35 +84,6 @@ def check_mounts(mounts: Sequence[Mount]) -> list[tuple[str, Mount]]:
     return out
 
 
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Hard caps for one sandboxed run. Every backend enforces all of them or says which it could not."""
-
-    memory_mb: int = 1024
-    """Memory (RSS + page cache charged to the run) in MiB; swap is capped to the same value (no swapping)."""
-    pids: int = 256
-    """Processes and threads alive at once inside the sandbox (a fork bomb stops here)."""
-    cpus: float = 1.0
-    """CPU bandwidth in cores (1.5 = one and a half cores' worth of time per period)."""
-    timeout_s: float = 600.0
-    """Wall-clock seconds from start to exit; the whole process tree is killed when it runs out."""
-    tmpfs_mb: int = 256
-    """Size in MiB of the private, memory-backed /tmp (the only writable place besides the workspace)."""
-    output_tail_bytes: int = 8192
-    """Bytes of the end of stdout and of stderr kept in reports (the full logs become artifacts)."""
-    max_log_bytes: int = 8 * 1024 * 1024
-    """Bytes of stdout and of stderr kept at most; output beyond is dropped and `truncated` is set."""
-    disk_mb: int = 4096
-    """Size in MiB of each workspace's own file system (its disk cap; see crewwork.sandbox.disk)."""
-
-    def __post_init__(self) -> None:
-        for name in ("memory_mb", "pids", "cpus", "timeout_s", "tmpfs_mb", "max_log_bytes", "disk_mb"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sandbox limit {name} must be positive, got {getattr(self, name)!r}")
-        if self.output_tail_bytes < 0:
-            raise ValueError("sandbox limit output_tail_bytes must not be negative")
-
-
 @dataclass
 class SandboxRunResult:
     """What one sandboxed command did, measured by the platform (never by the command itself)."""
@@ -162,8 +137,6 @@ class SandboxRunResult:
         return "exit" if self.exit_code is not None else "unknown"
 
     def report(self, tail_bytes: int = 8192) -> SandboxReport:
-        from crewwork.models import SandboxReport
-
         return SandboxReport(
             backend=self.backend,
             isolated=self.isolated,
@@ -261,19 +234,11 @@ DISK_FULL_MARKERS = (b"No space left on device", b"[Errno 28]", b"ENOSPC", b"Dis
 
 def disk_limited(ws: Path, exit_code: int | None, stdout: bytes, stderr: bytes) -> bool:
     """Whether a run hit the disk cap: its workspace is full, or it failed saying it ran out of space."""
-    from crewwork.sandbox.disk import is_full
-
     if is_full(ws):
         return True
     if exit_code in (0, None):
         return False
     return any(m in stderr[-65536:] or m in stdout[-65536:] for m in DISK_FULL_MARKERS)
-
-
-def sandbox_owner(uid: int, gid: int) -> tuple[int, int] | None:
-    """Who owns workspaces and runs sandboxed commands on the host: the configured unprivileged uid when the
-    worker is root, else None (the worker's own, already unprivileged, uid)."""
-    return (uid, gid) if os.geteuid() == 0 else None
 
 
 def hand_over(ws: Path, owner: tuple[int, int] | None, mounts: Sequence[Mount] = ()) -> None:
@@ -284,8 +249,6 @@ def hand_over(ws: Path, owner: tuple[int, int] | None, mounts: Sequence[Mount] =
     for path in [ws, *(Path(m.host) for m in mounts if m.writable)]:
         st = path.stat()
         if (st.st_uid, st.st_gid) != owner:
-            from crewwork.safefs import chown_tree
-
             chown_tree(path, owner)
 
 

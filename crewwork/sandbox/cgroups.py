@@ -158,15 +158,6 @@ class RunCgroup:
         full fork() of the (large) worker process instead of vfork()."""
         return ["/bin/sh", "-c", JOIN_SCRIPT, "cgroup-join", str(len(self.procs_files)), *self.procs_files]
 
-    def join_from_child(self) -> None:
-        """Called in the forked child before exec: only raw syscalls, no allocation-heavy Python."""
-        for f in self.procs_files:
-            fd = os.open(f, os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
-
     # ------------------------------------------------------------------ evidence
 
     def oom_killed(self) -> bool:
@@ -246,13 +237,3 @@ def _sweep_stale(parents: list[Path], pattern: str) -> None:
                 with contextlib.suppress(OSError):
                     if d.is_dir() and now - d.stat().st_mtime > STALE_AFTER_S and not (d / "cgroup.procs").read_text():
                         d.rmdir()
-
-
-def cgroups_usable() -> tuple[bool, str]:
-    """Probe by creating (and removing) a real leaf group with the default limits."""
-    try:
-        cg = RunCgroup.create(SandboxLimits())
-    except OSError as exc:
-        return False, f"cgroups not usable ({exc}); rlimits only"
-    cg.remove()
-    return True, cg.version

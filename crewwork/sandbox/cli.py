@@ -16,6 +16,7 @@ from typing import Any
 
 from crewwork.sandbox.base import SandboxError, SandboxLimits, SandboxRunResult
 from crewwork.sandbox.config import DEFAULT_IMAGE, SandboxSettings
+from crewwork.sandbox.image import build_image
 from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
 
 
@@ -104,8 +105,6 @@ def _print_result(result: SandboxRunResult, limits: SandboxLimits) -> None:
 
 
 def cmd_build_image(args: argparse.Namespace) -> int:
-    from crewwork.sandbox.image import build_image
-
     settings = SandboxSettings()
     name = args.name or settings.docker_image
     try:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from crewwork.sandbox.base import SandboxLimits
+from crewwork.sandbox.disk import loop_available
+from crewwork.sandbox.limits import SandboxLimits
 
 if TYPE_CHECKING:
     from crewwork.models import SandboxSpec
@@ -166,17 +167,13 @@ class SandboxSettings(BaseSettings):
 
     def owner(self) -> tuple[int, int] | None:
         """(uid, gid) workspaces belong to and sandboxes run as, or None when the worker is not root."""
-        from crewwork.sandbox.base import sandbox_owner
-
-        return sandbox_owner(self.uid, self.gid)
+        return (self.uid, self.gid) if os.geteuid() == 0 else None
 
     def workspace_disk_mb(self, limits: SandboxLimits) -> int | None:
         """The disk size to give a workspace under these settings, or None for no disk cap."""
         if self.workspace_disk == "none":
             return None
         if self.workspace_disk == "auto":
-            from crewwork.sandbox.disk import loop_available
-
             if not loop_available()[0]:
                 return None
         return limits.disk_mb

@@ -37,7 +37,7 @@ A repository's environment (`SetupPlan`, from `EnvironmentSpec`) adds three thin
   leads PATH for the setup commands and for every later run, and PYTHONPATH is not set, so tests run with the
   repository's interpreter and packages, never crewwork's own. Without it, runs use the sandbox's own clean
   interpreter (crewwork/sandbox/toolchain.py, or the image's) with PYTHONPATH into `env/`.
-- `allowlist`: setup commands reach the network through `crewwork.repos.proxy` (an allowlisting proxy on a unix
+- `allowlist`: setup commands reach the network through `crewwork.sandbox.proxy` (an allowlisting proxy on a unix
   socket bind-mounted into the setup sandbox only). Later runs get no socket: no network.
 - `secrets`: environment variables for the setup commands only, masked in the setup log.
 Without an allowlist, sandboxes have no network at all: setup installs from what is mounted (a wheelhouse, a
@@ -68,6 +68,7 @@ from typing import Any
 from crewwork.safefs import delete_tree
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits, SandboxRunResult
 from crewwork.sandbox.disk import WorkspaceDisk, is_mountpoint, unmount_blocking
+from crewwork.sandbox.proxy import AllowlistProxy, new_sock_dir
 
 # Run with the environment's interpreter inside the sandbox: `python -m venv`, and where the interpreter has no
 # ensurepip (slimmed images, Debian's python3 without python3-venv) a venv without pip plus a copy of the
@@ -488,8 +489,6 @@ class PreparedEnvCache:
                 run_env["PATH"] = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
             commands += [("setup", list(c), list(c)) for c in setup]
             if plan.allowlist:
-                from crewwork.repos.proxy import AllowlistProxy, new_sock_dir
-
                 proxy = AllowlistProxy(list(plan.allowlist), new_sock_dir(self.root))
                 await proxy.__aenter__()
                 run_mounts.append(Mount(proxy.sock_dir, NET_INSIDE))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crewwork.sandbox.base import SandboxUnavailable
+from crewwork.sandbox.image import IMAGE_PACKAGES, distribution_closure, fingerprint
 
 TOOLCHAIN_INSIDE = "/opt/crewwork/python"
 """Where the bwrap backend shows the toolchain inside the sandbox."""
@@ -79,7 +80,6 @@ class Toolchain:
 @functools.cache
 def toolchain_fingerprint() -> str:
     # The image's fingerprint covers the interpreter, the stdlib selection and every distribution's version.
-    from crewwork.sandbox.image import fingerprint
 
     return fingerprint()
 
@@ -118,8 +118,6 @@ def _check_private(root: Path) -> None:
 
 
 def _build(root: Path, dest: Path) -> None:
-    from crewwork.sandbox.image import IMAGE_PACKAGES, distribution_closure
-
     tmp = root / f".tmp-{uuid.uuid4().hex[:12]}"
     try:
         # `-I`: the base interpreter itself ignores PYTHON* variables and the user site while it makes the venv.

@@ -242,7 +242,7 @@ class Repository(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     url: Mapped[str] = mapped_column(Text)
-    """The normalised URL (crewwork.repos.urls), for a local repository its resolved absolute path."""
+    """The normalised URL (crewwork.urls), for a local repository its resolved absolute path."""
     default_ref: Mapped[str] = mapped_column(String(256), default="HEAD")
     credential: Mapped[str | None] = mapped_column(String(128), nullable=True)
     """The NAME of an operator-held credential (CREWWORK_REPO_CREDENTIALS); never the secret."""

@@ -101,7 +101,7 @@ class DevServer:
         ]
         # The dev server's SQLite file in WAL mode with synchronous=NORMAL: a committed transition survives a crash
         # of the server process (the WAL is in the OS's hands), only a power loss can lose the last few, and the
-        # server spends ~25% less CPU per work item than with a full fsync per transition (bench/trace.py).
+        # server spends less CPU per work item than with a full fsync per transition (docs/performance.md).
         for pragma in SQLITE_PRAGMAS:
             cmd += ["--sqlite-pragma", pragma]
         if self.ui:

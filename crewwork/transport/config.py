@@ -16,7 +16,6 @@ and a work item can neither redefine an operator endpoint nor point an operator 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -161,10 +160,10 @@ def parse_transport_config(data: Mapping[str, Any] | None, *, source: str) -> Tr
         raise TransportSettingsError(f"invalid model transport config in {source}: {_brief(e)}") from None
 
 
-def operator_config(env: Mapping[str, str] | None = None) -> TransportConfig:
-    """The operator's transport config from ``CREWWORK_MODEL_ENDPOINTS`` (empty when unset)."""
-    env = os.environ if env is None else env
-    raw = env.get(ENV_ENDPOINTS, "").strip()
+def operator_config(raw: str) -> TransportConfig:
+    """The operator's transport config from the JSON text of ``CREWWORK_MODEL_ENDPOINTS`` (Settings.model_endpoints;
+    empty when unset)."""
+    raw = raw.strip()
     if not raw:
         return TransportConfig()
     try:

@@ -10,6 +10,7 @@ printed: every section has a share of `max_chars`, and the whole is cut to `max_
 from __future__ import annotations
 
 from crewwork.models import DiffStats
+from crewwork.preview.grading import console_errors
 from crewwork.validation.grading import Cause, ValidationEvidence, Verdict
 
 DEFAULT_MAX_CHARS = 16_000
@@ -199,8 +200,6 @@ def _changes(diff_stats: DiffStats | None) -> str:
 
 def _probes(verdict: Verdict, evidence: ValidationEvidence | None, *, budget: int) -> str:
     """The preview's failing probes: which assertion, what was seen, what the page logged."""
-    from crewwork.preview.grading import console_errors
-
     pv = verdict.preview
     assert pv is not None
     failed = [p for p in pv.probes if not p.passed]

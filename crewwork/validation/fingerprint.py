@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from crewwork.validation.grading import Verdict
+
+class Failure(Protocol):
+    """What a fingerprint is made of (a `crewwork.validation.grading.Verdict` is one)."""
+
+    @property
+    def cause(self) -> str: ...
+    @property
+    def failing_tests(self) -> Sequence[str]: ...
+    @property
+    def error_signature(self) -> str | None: ...
+
 
 # Order matters: addresses and paths before bare numbers, or the numbers inside them would be replaced first.
 # Every pattern is unambiguous (no overlapping quantifiers): the text comes from code under test.
@@ -64,7 +74,7 @@ def fingerprint_parts(cause: str, failing_tests: list[str], error_signature: str
     return f"{cause}\n{detail}"
 
 
-def fingerprint(verdict: Verdict) -> str:
+def fingerprint(verdict: Failure) -> str:
     """``"<cause>:<12 hex>"``, equal for the same failure across attempts."""
     cause = str(verdict.cause)  # a StrEnum, so this is its value
     canonical = fingerprint_parts(cause, list(verdict.failing_tests), verdict.error_signature)

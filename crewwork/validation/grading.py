@@ -50,9 +50,9 @@ from crewwork.models import (
     TestCaseResult,
     ValidationOutcome,
 )
+from crewwork.models.preview import PreviewSpec
 from crewwork.preview.evidence import PreviewEvidence
 from crewwork.preview.grading import PreviewVerdict, grade_preview
-from crewwork.preview.spec import PreviewSpec
 from crewwork.validation.fingerprint import fingerprint
 from crewwork.validation.parsers import ParsedReport, normalize_test_id, parse_report
 

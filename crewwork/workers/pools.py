@@ -32,13 +32,13 @@ from temporalio.worker import (
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+import crewwork.workflows as pkg
 from crewwork import tracing
-from crewwork.activities.control import ControlActivities
-from crewwork.activities.evidence import EvidenceActivities
-from crewwork.activities.execute import ExecuteActivities
 from crewwork.config import Settings
 from crewwork.observability import activity_interceptors, start_pool_observability
 from crewwork.reconcile import Reconciler
+from crewwork.steps.ports import Ports
+from crewwork.steps.registry import activities
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
 from crewwork.workers.slots import SlotInterceptor, poll_ahead_tuner
@@ -55,13 +55,13 @@ HEALTH_INTERVAL_S = 5.0
 
 def worker_tuning(pool: str, settings: Settings) -> dict[str, Any]:
     """Slots, pollers and the slot interceptor of a pool's worker (the bare-Temporal baseline in bench/ uses the
-    same)."""
+    same, so that comparisons measure crewwork and not the tuning)."""
     if pool == "control":
         return {
             "max_concurrent_activities": settings.control_concurrency,
-            # A burst of new work items waits on the non-sticky polls: the default (5 polls, 1 in 6 non-sticky) let
-            # 100 submitted items wait ~1.9 s p50 for their first workflow task (bench/trace.py); 10 polls, half
-            # non-sticky, cut that to ~0.4 s.
+            # A new work item's first workflow task can only be taken by a non-sticky poll, so a burst of
+            # submissions waits on those: half the polls are non-sticky, not the SDK's 1 in 6 (figures in
+            # docs/performance.md, "Figures behind the code").
             "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(settings.workflow_task_pollers),
             "nonsticky_to_sticky_poll_ratio": 1.0,
         }
@@ -80,27 +80,12 @@ def worker_tuning(pool: str, settings: Settings) -> dict[str, Any]:
 
 
 def pool_activities(pool: str, client: Any, store: Store, settings: Settings) -> list[Any]:
-    """The activities each pool's task queue serves (the one table of which pool runs what)."""
-    if pool == "control":
-        control = ControlActivities(store, settings, client)
-        return [
-            control.admit,
-            control.set_state,
-            control.acquire_workspace,
-            control.renew_workspace,
-            control.release_workspace,
-            control.record_attempt,
-            control.land_change,
-            control.finish,
-            control.cleanup,
-            EvidenceActivities(store, settings).sign_attempt_bundle,
-        ]
-    execute = ExecuteActivities(store, settings)
-    if pool == "agent":
-        if settings.agent_isolation == "process":
-            execute.agent_processes.prestart()  # warm children, so the first task does not wait for their imports
-        return [execute.run_agent]
-    return [execute.validate_change]
+    """The activities each pool's task queue serves: the steps whose policy names the pool (crewwork/steps/registry.py),
+    bound to this worker's ports."""
+    ports = Ports.build(store, settings, client=client)
+    if pool == "agent" and settings.agent_isolation == "process":
+        ports.agent_processes.prestart()  # warm children, so the first task does not wait for their imports
+    return activities(pool, ports)  # type: ignore[arg-type]
 
 
 def build_worker(
@@ -133,11 +118,10 @@ def workflow_runner(mode: str = "off") -> WorkflowRunner:
     """The control pool's workflow runner (`CREWWORK_WORKFLOW_SANDBOX`).
 
     Temporal's sandbox re-imports every module not passed through for each workflow run it starts, and wraps every
-    activation in its import hooks. Measured on WorkItemWorkflow: replaying a `task` history costs 19-21 ms of CPU
-    under `full`, 13-15 under `passthrough` and ~10 under `off`; in bench/overhead.py a `task` item costs the worker
-    process 48 ms of CPU under `passthrough` and 43 under `off`. `passthrough` already gives up the sandbox's module-level restrictions
-    (`datetime.now`, `random`, ... are not intercepted in a passed-through module), so `off` is the default, and
-    determinism is guarded where it is cheaper and stricter: tests/unit/test_workflow_determinism.py rejects
+    activation in its import hooks, which costs CPU per workflow task (docs/performance.md, "Figures behind the
+    code"). `passthrough` already gives up the sandbox's module-level restrictions (`datetime.now`, `random`, ...
+    are not intercepted in a passed-through module), so `off` is the default, and determinism is guarded where it is
+    cheaper and stricter: tests/unit/test_workflow_determinism.py rejects
     clock, randomness, I/O and threading in the workflow modules by reading their source, and the committed
     histories are replayed under the *full* sandbox in tests/integration/test_replay.py."""
     if mode == "full":
@@ -153,12 +137,10 @@ def _cache_workflow_bytecode() -> None:
     """Write the bytecode of the workflow modules if it is missing.
 
     Temporal's workflow sandbox executes the workflow module afresh for every workflow run it starts. Without a
-    `.pyc` (PYTHONDONTWRITEBYTECODE, a fresh checkout) that means compiling ~700 lines of source per work item: 7% of
-    the control process's CPU under the load test (py-spy, bench/trace.py). py_compile writes the cache whatever
-    PYTHONDONTWRITEBYTECODE says; on a read-only install (the image compiles at build time) it is a no-op."""
+    `.pyc` (PYTHONDONTWRITEBYTECODE, a fresh checkout) that means compiling the workflow modules' source once per
+    work item. py_compile writes the cache whatever PYTHONDONTWRITEBYTECODE says; on a read-only install (the image
+    compiles at build time) it is a no-op."""
     import compileall
-
-    import crewwork.workflows as pkg
 
     with contextlib.suppress(OSError):
         for d in pkg.__path__:
@@ -175,7 +157,12 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
         unavailable_wait_s=settings.store_unavailable_wait_s,
         server_writes=settings.store_server_writes,
     )
-    metrics_server = start_pool_observability(pool, settings.task_queue(pool))
+    metrics_server = start_pool_observability(
+        pool,
+        settings.task_queue(pool),
+        metrics_port=settings.metrics_port,
+        temporal_metrics_port=settings.temporal_metrics_port,
+    )
     tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor
     client = await connect(settings)
     worker = build_worker(pool, client, store, settings, extra_interceptors=extra_interceptors)

@@ -2,13 +2,13 @@
 while the attempt still writes its last transaction and reports its completion.
 
 Temporal's fixed slot supplier polls only for a free slot, and a slot is free only once the activity's completion
-has been sent. With a 100 ms agent that tail (the attempt's last write, encoding the result, the completion round
-trip, then the poll round trip and the server's matching) kept a slot idle ~40 ms per task (bench/trace.py,
-docs/performance.md). `PollAheadSlots` counts a slot as taken only while its activity has not reached its tail:
+has been sent: the tail (the attempt's last write, encoding the result, the completion round trip, then the poll
+round trip and the server's matching) leaves the slot idle, which matters for short agents (docs/performance.md,
+"Figures behind the code"). `PollAheadSlots` counts a slot as taken only while its activity has not reached its tail:
 an activity declares its tail with `agent_done()` (or, at the latest, when it returns: `SlotInterceptor`), and from
 then on its slot may already be polled for again.
 
-So at most `limit` agents run at once, exactly as before, and at most `limit` more attempts are finishing their
+So at most `limit` agents run at once, as with a fixed supplier, and at most `limit` more attempts are finishing their
 writes. Nothing waits in the process for a slot: a reservation is only granted when an agent slot is free, so a
 task taken by this process starts at once (no prefetch that could leave another process idle). Fencing, events and
 at-least-once delivery are untouched: an attempt's writes and their ranks are the same, only the next poll starts

@@ -1,29 +1,20 @@
-"""How WorkItemWorkflow calls each step: the activity, its task queue, timeouts and retry policy, and the step
-number every call takes (writes rank by (step, Temporal attempt), crewwork/store/fencing.py). A base class of the
-workflow, so that crewwork/workflows/work_item.py reads as the lifecycle alone. Workflow code: deterministic."""
+"""How WorkItemWorkflow calls each step: one call path (`StepCalls._call`) for all of them. It gives the call the next
+step number (writes rank by (step, Temporal attempt), crewwork/store/fencing.py), runs the step by its activity name
+as its policy says (crewwork/steps/: task queue or local, timeouts, retry policy) and turns its failure into what it
+means for the item (`crewwork.steps.step.outcome`). A base class of the workflow, so that
+crewwork/workflows/work_item.py reads as the lifecycle alone. Workflow code: deterministic."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from datetime import timedelta
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from crewwork.activities.control import ControlActivities
-    from crewwork.activities.errors import BAD_INPUT
-    from crewwork.activities.execute import ExecuteActivities
-    from crewwork.contracts import (
-        AgentStepInput,
-        CleanupInput,
-        FinishInput,
-        RecordInput,
-        ReleaseInput,
-        ValidateInput,
-        WorkspaceLeaseInput,
-    )
+    from pydantic import BaseModel
+
     from crewwork.models import (
         AgentOutcome,
         AttemptSummary,
@@ -34,32 +25,53 @@ with workflow.unsafe.imports_passed_through():
         WorkItemState,
         WorkItemStatus,
     )
-    from crewwork.workflows.policies import (
-        AGENT_START_TO_CLOSE,
-        CONTROL_RETRY,
-        CONTROL_TIMEOUT,
-        EXECUTION_HEARTBEAT,
-        EXECUTION_RETRY,
-        SA_STATE,
-        VALIDATE_MARGIN,
+    from crewwork.steps.agent import RUN_AGENT, AgentStepInput
+    from crewwork.steps.finish import FINISH, FinishInput
+    from crewwork.steps.record import RECORD_ATTEMPT, RecordInput
+    from crewwork.steps.step import Dead, Step, outcome
+    from crewwork.steps.validate import VALIDATE, ValidateInput
+    from crewwork.steps.workspace import (
+        ACQUIRE_WORKSPACE,
+        CLEANUP,
+        RELEASE_WORKSPACE,
         WORKSPACE_LEASE_TTL_S,
         WORKSPACE_POLL,
         WORKSPACE_POLL_MAX,
+        CleanupInput,
+        ReleaseInput,
+        WorkspaceLeaseInput,
     )
-    from crewwork.workflows.steps import (
-        Dead,
-        Workspace,
-        cause,
-        has_type,
-        raise_item_failure,
-        reraise_cancellation,
-        slim,
-        tries,
-        validation_budget_s,
-    )
+    from crewwork.workflows.loop import Workspace, slim
+    from crewwork.workflows.policies import SA_STATE
 
+I = TypeVar("I", bound=BaseModel)  # noqa: E741
 R = TypeVar("R")
-A = TypeVar("A")
+
+
+async def execute(step: Step[I, R], inp: I, *, task_queue: str | None = None, summary: str | None = None) -> R:
+    """Run one step as its policy says: a local activity of the workflow, or an activity on `task_queue` (None: the
+    workflow's own), by the step's activity name, with its timeouts and retry policy."""
+    if step.local:
+        res = await workflow.execute_local_activity(
+            step.name,
+            inp,
+            result_type=step.result,
+            start_to_close_timeout=step.timeout(inp),
+            retry_policy=step.retry,
+            summary=summary,
+        )
+    else:
+        res = await workflow.execute_activity(
+            step.name,
+            inp,
+            result_type=step.result,
+            task_queue=task_queue,
+            start_to_close_timeout=step.timeout(inp),
+            heartbeat_timeout=step.heartbeat,
+            retry_policy=step.retry,
+            summary=summary,
+        )
+    return cast(R, res)
 
 
 class StepCalls:
@@ -79,98 +91,58 @@ class StepCalls:
         self._step += 1
         return self._step
 
-    async def _local(self, fn: Callable[[Any, A], Awaitable[R]], make: Callable[[int], A], summary: str) -> R:
-        """A control-pool store write as a local activity of this workflow: no task-queue round trip through the
-        server, and far fewer history events."""
+    async def _call(self, step: Step[I, R], make: Callable[[int], I], summary: str, *, what: str | None = None) -> R:
+        """The one way the workflow runs a step: the next step number, the step's own policy, and its failure turned
+        into what it means for the item (`crewwork.steps.step.outcome`; `what` names the step in that reason)."""
+        inp = make(self._next_step())
+        queue = self._queues[step.pool] if step.pool is not None and not step.local else None
         try:
-            return await workflow.execute_local_activity_method(
-                fn,
-                make(self._next_step()),
-                start_to_close_timeout=CONTROL_TIMEOUT,
-                retry_policy=CONTROL_RETRY,
-                summary=summary,
-            )
+            return await execute(step, inp, task_queue=queue, summary=summary)
         except ActivityError as exc:
-            reraise_cancellation(exc)
-            raise_item_failure(exc, summary)
-            raise Dead(f"{summary} failed after retries: {cause(exc)}") from exc
-
-    async def _control(self, fn: Callable[[Any, A], Awaitable[R]], make: Callable[[int], A], summary: str) -> R:
-        """A control-pool activity that does more than a store write (git), on the control task queue."""
-        try:
-            return await workflow.execute_activity_method(
-                fn,
-                make(self._next_step()),
-                task_queue=self._queues["control"],
-                start_to_close_timeout=CONTROL_TIMEOUT,
-                retry_policy=CONTROL_RETRY,
-                summary=summary,
-            )
-        except ActivityError as exc:
-            reraise_cancellation(exc)
-            raise_item_failure(exc, summary)
-            raise Dead(f"{summary} failed after retries: {cause(exc)}") from exc
+            raise outcome(step, exc, what or summary) from exc
 
     async def _agent(self, attempt: int, *, diagnostics: str | None, review_comment: str | None) -> AgentOutcome:
         inp = self._inp
-        try:
-            return await workflow.execute_activity_method(
-                ExecuteActivities.run_agent,
-                AgentStepInput(
-                    **self._ref(self._next_step()),
-                    attempt=attempt,
-                    spec=inp.spec,
-                    repo_path=inp.repo_path,
-                    base_commit=inp.base_commit,
-                    diagnostics=diagnostics,
-                    review_comment=review_comment,
-                ),
-                task_queue=self._queues["agent"],
-                start_to_close_timeout=AGENT_START_TO_CLOSE,
-                heartbeat_timeout=EXECUTION_HEARTBEAT,
-                retry_policy=EXECUTION_RETRY,
-                summary=f"attempt {attempt}: agent {inp.spec.agent.name}",
-            )
-        except ActivityError as exc:
-            reraise_cancellation(exc)
-            raise_item_failure(exc, f"attempt {attempt}: agent")
-            if has_type(exc, BAD_INPUT):
-                raise Dead(f"bad input: {cause(exc)}") from exc
-            raise Dead(f"agent step failed{tries(exc)}: {cause(exc)}") from exc
+        return await self._call(
+            RUN_AGENT,
+            lambda step: AgentStepInput(
+                **self._ref(step),
+                attempt=attempt,
+                spec=inp.spec,
+                repo_path=inp.repo_path,
+                base_commit=inp.base_commit,
+                diagnostics=diagnostics,
+                review_comment=review_comment,
+            ),
+            f"attempt {attempt}: agent {inp.spec.agent.name}",
+            what=f"attempt {attempt}: agent",
+        )
 
     async def _validate(self, attempt: int, outcome: AgentOutcome, review_comment: str | None) -> ValidationOutcome:
         inp = self._inp
         spec = inp.spec
         assert spec.validation is not None and inp.repo_path and inp.base_commit
-        try:
-            return await workflow.execute_activity_method(
-                ExecuteActivities.validate_change,
-                ValidateInput(
-                    **self._ref(self._next_step()),
-                    attempt=attempt,
-                    repo_path=inp.repo_path,
-                    base_commit=inp.base_commit,
-                    validation=spec.validation,
-                    sandbox=spec.sandbox,
-                    diff_ref=outcome.diff_ref,
-                    diff_stats=outcome.diff_stats,
-                    review_comment=review_comment,
-                    environment=spec.environment,
-                ),
-                task_queue=self._queues["validate"],
-                start_to_close_timeout=timedelta(seconds=validation_budget_s(inp)) + VALIDATE_MARGIN,
-                heartbeat_timeout=EXECUTION_HEARTBEAT,
-                retry_policy=EXECUTION_RETRY,
-                summary=f"attempt {attempt}: validate",
-            )
-        except ActivityError as exc:
-            reraise_cancellation(exc)
-            raise_item_failure(exc, f"attempt {attempt}: validate")
-            raise Dead(f"validation failed{tries(exc)}: {cause(exc)}") from exc
+        validation, repo_path, base_commit = spec.validation, inp.repo_path, inp.base_commit
+        return await self._call(
+            VALIDATE,
+            lambda step: ValidateInput(
+                **self._ref(step),
+                attempt=attempt,
+                repo_path=repo_path,
+                base_commit=base_commit,
+                validation=validation,
+                sandbox=spec.sandbox,
+                diff_ref=outcome.diff_ref,
+                diff_stats=outcome.diff_stats,
+                review_comment=review_comment,
+                environment=spec.environment,
+            ),
+            f"attempt {attempt}: validate",
+        )
 
     async def _record(self, record: RecordInput) -> list[str | None]:
-        res = await self._local(
-            ControlActivities.record_attempt,
+        res = await self._call(
+            RECORD_ATTEMPT,
             lambda step: record.model_copy(update={"step": step}),
             f"record attempt {record.attempt}",
         )
@@ -210,8 +182,8 @@ class StepCalls:
         delay = WORKSPACE_POLL
         announced = False
         while True:
-            res = await self._local(
-                ControlActivities.acquire_workspace,
+            res = await self._call(
+                ACQUIRE_WORKSPACE,
                 lambda step: WorkspaceLeaseInput(**self._ref(step), key=key, ttl_s=WORKSPACE_LEASE_TTL_S),
                 "take the workspace lease",
             )
@@ -247,8 +219,8 @@ class StepCalls:
             pull_request_url=pull_request_url,
         )
         self._set(state, reason)
-        await self._local(
-            ControlActivities.finish,
+        await self._call(
+            FINISH,
             lambda step: FinishInput(**self._ref(step), result=result, record=record),
             f"finish: {state.value}",
         )
@@ -262,8 +234,8 @@ class StepCalls:
 
     async def _release(self, workspace: Workspace) -> None:
         try:
-            await self._local(
-                ControlActivities.release_workspace,
+            await self._call(
+                RELEASE_WORKSPACE,
                 lambda step: ReleaseInput(**self._ref(step), key=workspace.key, grant=workspace.grant),
                 "release the workspace lease",
             )
@@ -272,8 +244,8 @@ class StepCalls:
 
     async def _cleanup(self) -> None:
         try:
-            await self._control(
-                ControlActivities.cleanup,
+            await self._call(
+                CLEANUP,
                 lambda step: CleanupInput(**self._ref(step), repo_path=self._inp.repo_path),
                 "remove worktrees",
             )

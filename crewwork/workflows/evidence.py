@@ -8,10 +8,9 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from crewwork.activities.evidence import EvidenceActivities
-    from crewwork.contracts import AttemptBundleInput
     from crewwork.models import ArtifactRef
-    from crewwork.workflows.policies import CONTROL_RETRY, CONTROL_TIMEOUT
+    from crewwork.steps.evidence import SIGN_ATTEMPT_BUNDLE, AttemptBundleInput
+    from crewwork.workflows.calls import execute
 
 
 def bundle_workflow_id(work_item_id: str, attempt: int) -> str:
@@ -22,9 +21,4 @@ def bundle_workflow_id(work_item_id: str, attempt: int) -> str:
 class EvidenceBundleWorkflow:
     @workflow.run
     async def run(self, inp: AttemptBundleInput) -> ArtifactRef:
-        return await workflow.execute_activity_method(
-            EvidenceActivities.sign_attempt_bundle,
-            inp,
-            start_to_close_timeout=CONTROL_TIMEOUT,
-            retry_policy=CONTROL_RETRY,
-        )
+        return await execute(SIGN_ATTEMPT_BUNDLE, inp)

@@ -5,8 +5,9 @@
       -> code change: workspace lease -> repair until pass [agent -> validate -> record] -> review gate -> land
                       -> finish -> release the workspace and clean up
 
-Deterministic code only: no I/O, no clock, no randomness. Everything that touches the world is an activity, called
-by method reference, routed to its pool's task queue (short store writes run as local activities of this workflow).
+Deterministic code only: no I/O, no clock, no randomness. Everything that touches the world is a step (crewwork/steps/),
+run through the one call path (`StepCalls._call`) by its declared policy: its pool's task queue or a local activity
+of this workflow, its timeouts and retries, and what its failure means for the item.
 Every activity call gets the next step number: an attempt's writes rank by (step, Temporal attempt), so whatever
 Temporal scheduled later outranks it (crewwork/store/fencing.py). Long loops continue as new with their state and
 the step counter carried over; the same-cause breaker is fed from the persisted attempt history, so neither a
@@ -21,14 +22,6 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from crewwork.activities.control import ControlActivities
-    from crewwork.contracts import (
-        AdmitInput,
-        AdmitResult,
-        LandInput,
-        ReleaseInput,
-        SetStateInput,
-    )
     from crewwork.limits import DEFAULT_BREAKER_K, Limits
     from crewwork.models import (
         AgentOutcome,
@@ -40,7 +33,18 @@ with workflow.unsafe.imports_passed_through():
         WorkItemState,
         WorkItemStatus,
     )
+    from crewwork.steps.admit import ADMIT, AdmitInput, AdmitResult
+    from crewwork.steps.land import LAND, LandInput
+    from crewwork.steps.state import SET_STATE, SetStateInput
+    from crewwork.steps.step import Dead, Failed
+    from crewwork.steps.workspace import RENEW_WORKSPACE, ReleaseInput
     from crewwork.workflows.calls import StepCalls
+    from crewwork.workflows.loop import (
+        RepairLoop,
+        Workspace,
+        commit_message,
+        submission_fault,
+    )
     from crewwork.workflows.policies import (
         ATTEMPTS_PER_RUN,
         QUEUE_POLL,
@@ -48,21 +52,13 @@ with workflow.unsafe.imports_passed_through():
         REVIEW_LEASE_TTL_S,
         REVIEW_RENEW_EVERY,
     )
-    from crewwork.workflows.steps import (
-        Dead,
-        Failed,
-        RepairLoop,
-        Workspace,
-        commit_message,
-        submission_fault,
-    )
 
 
 # workflow.patched marker: items sent back by reviewers are admitted again (histories from before it went on
 # without admission, and replay the same way).
 READMIT_AFTER_REVIEW = "readmit-after-review"
 # workflow.patched marker: a validation whose command (or a setup command) does not exist ends the item at once
-# (steps.submission_fault); histories from before it went on to the next attempt, and replay the same way.
+# (loop.submission_fault); histories from before it went on to the next attempt, and replay the same way.
 SUBMISSION_FAULT_ENDS_ITEM = "submission-fault-ends-item"
 
 
@@ -162,8 +158,8 @@ class WorkItemWorkflow(StepCalls):
         while True:
             self._slot_freed = False
             self._handed_off = False
-            res = await self._local(
-                ControlActivities.admit,
+            res = await self._call(
+                ADMIT,
                 lambda step: AdmitInput(**self._ref(step), spec=self._inp.spec, resumed=resumed),
                 "admit",
             )
@@ -199,8 +195,8 @@ class WorkItemWorkflow(StepCalls):
         freed place may be handed to the item in between; the admission then finds it admitted. Returns the item's
         result when it cannot go on (it ended meanwhile), else None, with `workspace` holding the new grant."""
         await self._release(workspace)
-        await self._local(
-            ControlActivities.set_state,
+        await self._call(
+            SET_STATE,
             lambda step: SetStateInput(
                 **self._ref(step),
                 state=WorkItemState.queued,
@@ -326,8 +322,8 @@ class WorkItemWorkflow(StepCalls):
         self._review = None
         self._awaiting_review = True
         self._set(WorkItemState.awaiting_review, "awaiting review")
-        await self._local(
-            ControlActivities.set_state,
+        await self._call(
+            SET_STATE,
             lambda step: SetStateInput(
                 **self._ref(step),
                 state=WorkItemState.awaiting_review,
@@ -349,8 +345,8 @@ class WorkItemWorkflow(StepCalls):
             except TimeoutError:
                 if deadline is not None and workflow.now() >= deadline:
                     break
-                await self._local(
-                    ControlActivities.renew_workspace,
+                await self._call(
+                    RENEW_WORKSPACE,
                     lambda step: ReleaseInput(
                         **self._ref(step), key=workspace.key, grant=workspace.grant, ttl_s=REVIEW_LEASE_TTL_S
                     ),
@@ -363,8 +359,8 @@ class WorkItemWorkflow(StepCalls):
         inp = self._inp
         assert passed.diff_ref is not None and inp.repo_path and inp.base_commit
         self._set(WorkItemState.landing, "landing", attempt=loop.attempt)
-        landed = await self._control(
-            ControlActivities.land_change,
+        landed = await self._call(
+            LAND,
             lambda step: LandInput(
                 **self._ref(step),
                 repo_path=inp.repo_path or "",

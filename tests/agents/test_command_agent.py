@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -10,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from crewwork.agents.base import AgentConfigError, AgentContext, AgentError
+from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, OperatorAgentSettings
 from crewwork.agents.command import CommandAgent, choose_agent
+from crewwork.config import Settings
 from crewwork.models import WorkItemKind
 from crewwork.sandbox.base import Sandbox, SandboxLimits
 from tests.agents.conftest import CALC, git_diff
@@ -63,6 +65,20 @@ def cli_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+CLI_ENV = {"CLI_TOKEN": "tok-0123456789-very-secret"}
+
+
+def operator_settings(env: dict[str, str]) -> OperatorAgentSettings:
+    """The agents' settings as a process with `env` reads them (crewwork.config.Settings, the only reader)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith("CREWWORK_"):
+                mp.delenv(name)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        return OperatorAgentSettings.of(Settings())
+
+
 def operator_env(cli_dir: Path, **spec: Any) -> dict[str, str]:
     command = {
         # The sandbox's own python (never the worker's), the CLI where the operator mounts it.
@@ -71,10 +87,11 @@ def operator_env(cli_dir: Path, **spec: Any) -> dict[str, str]:
         "pass_env": ["CLI_TOKEN"],
         **spec,
     }
-    return {
-        "CREWWORK_COMMAND_AGENTS": json.dumps({"commands": {"fixer": command}}),
-        "CLI_TOKEN": "tok-0123456789-very-secret",
-    }
+    return {"CREWWORK_COMMAND_AGENTS": json.dumps({"commands": {"fixer": command}})}
+
+
+def operator(cli_dir: Path, **spec: Any) -> OperatorAgentSettings:
+    return operator_settings(operator_env(cli_dir, **spec))
 
 
 async def test_cli_runs_in_a_real_sandbox_and_its_change_is_in_the_workspace(
@@ -87,7 +104,7 @@ async def test_cli_runs_in_a_real_sandbox_and_its_change_is_in_the_workspace(
         limits=SandboxLimits(timeout_s=60),
         diagnostics="FAILED tests/test_calc.py::test_add",
     )
-    result = await CommandAgent(env=operator_env(cli_dir)).run(ctx)
+    result = await CommandAgent(operator(cli_dir), env=CLI_ENV).run(ctx)
 
     assert (git_repo / "calc.py").read_text() == CALC.replace("a - b", "a + b")
     diff = git_diff(git_repo)
@@ -106,46 +123,47 @@ async def test_cli_runs_in_a_real_sandbox_and_its_change_is_in_the_workspace(
 
 async def test_nonzero_exit_and_timeout_are_agent_errors(make_ctx: MakeCtx, git_repo: Path, cli_dir: Path):
     sandbox = get_bwrap()
-    fail_env = operator_env(cli_dir)
+    failing = operator(cli_dir)
     with pytest.raises(AgentError, match=r"exited with code 3; stderr tail: oops") as info:
-        await CommandAgent(env=fail_env).run(
+        await CommandAgent(failing, env=CLI_ENV).run(
             make_ctx({"command": "fixer", "args": ["fail"]}, sandbox=sandbox, limits=SandboxLimits(timeout_s=60))
         )
     assert '"exit_code": 3' in info.value.transcript  # type: ignore[attr-defined]
 
-    slow_env = operator_env(cli_dir, timeout_s=1.0)
+    slow = operator(cli_dir, timeout_s=1.0)
     with pytest.raises(AgentError, match=r"timed out after 1\.0s"):
-        await CommandAgent(env=slow_env).run(
+        await CommandAgent(slow, env=CLI_ENV).run(
             make_ctx({"command": "fixer", "args": ["sleep"]}, sandbox=sandbox, limits=SandboxLimits(timeout_s=60))
         )
 
 
 def test_kill_switch_falls_back_to_the_model_agent(cli_dir: Path):
     env = operator_env(cli_dir)
-    assert choose_agent("command", {"command": "fixer"}, env=env)[0] == "command"
-    name, why = choose_agent("command", {"command": "fixer"}, env={**env, "CREWWORK_COMMAND_AGENT_ENABLED": "false"})
+    assert choose_agent("command", {"command": "fixer"}, operator=operator_settings(env))[0] == "command"
+    off = operator_settings({**env, "CREWWORK_COMMAND_AGENT_ENABLED": "false"})
+    name, why = choose_agent("command", {"command": "fixer"}, operator=off)
     assert name == "model" and "disabled by the operator" in why
-    assert choose_agent("scripted", {}, env={"CREWWORK_COMMAND_AGENT_ENABLED": "false"})[0] == "scripted"
+    assert choose_agent("scripted", {}, operator=off)[0] == "scripted"
 
 
 async def test_kill_switch_also_stops_a_run_that_was_not_rerouted(make_ctx: MakeCtx, cli_dir: Path):
-    env = {**operator_env(cli_dir), "CREWWORK_COMMAND_AGENT_ENABLED": "0"}
+    off = operator_settings({**operator_env(cli_dir), "CREWWORK_COMMAND_AGENT_ENABLED": "0"})
     with pytest.raises(AgentError, match="disabled by the operator"):
-        await CommandAgent(env=env).run(make_ctx({"command": "fixer"}))
+        await CommandAgent(off, env=CLI_ENV).run(make_ctx({"command": "fixer"}))
 
 
 def test_eligibility_by_repository_glob_and_labels(cli_dir: Path):
-    env = operator_env(cli_dir, allowed_repos=["/srv/repos/team-a/*"], required_labels={"agent-cli": "ok"})
+    env = operator(cli_dir, allowed_repos=["/srv/repos/team-a/*"], required_labels={"agent-cli": "ok"})
     ok = choose_agent(
-        "command", {"command": "fixer"}, repo="/srv/repos/team-a/api", labels={"agent-cli": "ok"}, env=env
+        "command", {"command": "fixer"}, repo="/srv/repos/team-a/api", labels={"agent-cli": "ok"}, operator=env
     )
     assert ok == ("command", "command 'fixer' is enabled and this work item is eligible")
     other = "/srv/repos/team-b/api"
-    name, why = choose_agent("command", {"command": "fixer"}, repo=other, labels={"agent-cli": "ok"}, env=env)
+    name, why = choose_agent("command", {"command": "fixer"}, repo=other, labels={"agent-cli": "ok"}, operator=env)
     assert name == "model" and "matches none of" in why
-    name, why = choose_agent("command", {"command": "fixer"}, repo="/srv/repos/team-a/api", labels={}, env=env)
+    name, why = choose_agent("command", {"command": "fixer"}, repo="/srv/repos/team-a/api", labels={}, operator=env)
     assert name == "model" and "label agent-cli=ok is required" in why
-    name, why = choose_agent("command", {"command": "unknown"}, env=env)
+    name, why = choose_agent("command", {"command": "unknown"}, operator=env)
     assert name == "model" and "not defined by the operator" in why
 
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError
+from crewwork.agents.base import AgentConfigError, AgentContext, AgentError, AgentInfraError, OperatorAgentSettings
 from crewwork.agents.model import ModelAgent
+from crewwork.config import Settings
 from crewwork.models import WorkItemKind
 from tests.agents.conftest import CALC, git_diff
 from tests.fakes.openai_server import FakeOpenAIServer, Reply
@@ -32,7 +33,7 @@ def agent() -> ModelAgent:
     # The operator lets work items declare endpoints (off by default) and use this key variable (a work item cannot
     # name just any variable).
     operator = {"allowed_key_envs": ["FAKE_OPENAI_KEY"], "allow_work_item_endpoints": True}
-    return ModelAgent(env={"FAKE_OPENAI_KEY": KEY, "CREWWORK_MODEL_ENDPOINTS": json.dumps(operator)})
+    return ModelAgent(OperatorAgentSettings(model_endpoints=json.dumps(operator)), env={"FAKE_OPENAI_KEY": KEY})
 
 
 async def test_correct_edit_on_first_try_changes_the_repository(
@@ -214,13 +215,15 @@ async def test_task_kind_is_one_chat_call(fake_openai: FakeOpenAIServer, make_ct
     assert '"question": "6*7"' in fake_openai.chat_requests[0].last_user_message
 
 
-async def test_operator_endpoints_from_env_and_missing_configuration(fake_openai: FakeOpenAIServer, make_ctx: MakeCtx):
-    env = {"CREWWORK_MODEL_ENDPOINTS": json.dumps({"local": fake_openai.endpoint_config()})}
+async def test_operator_endpoints_from_settings_and_missing_configuration(
+    fake_openai: FakeOpenAIServer, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("CREWWORK_MODEL_ENDPOINTS", json.dumps({"local": fake_openai.endpoint_config()}))
     fake_openai.enqueue(Reply.text(FIX))
-    result = await ModelAgent(env=env).run(make_ctx({"max_edit_rounds": 2}))
+    result = await ModelAgent(OperatorAgentSettings.of(Settings()), env={}).run(make_ctx({"max_edit_rounds": 2}))
     assert result.output is not None and result.output["endpoint"] == "local"
     with pytest.raises(AgentError, match="no model endpoint is configured"):
-        await ModelAgent(env={}).run(make_ctx({}))
+        await ModelAgent(OperatorAgentSettings(), env={}).run(make_ctx({}))
 
 
 def test_validate_config_rejects_unknown_fields():
@@ -281,7 +284,7 @@ async def test_the_prompt_carries_a_repository_map_of_the_base_commit(
     import subprocess
     from types import SimpleNamespace
 
-    from crewwork.codeintel.settings import CodeIntelSettings
+    from crewwork.config.codeintel import CodeIntelSettings
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=git_repo, capture_output=True, text=True, check=True)
     # What the agent pool gives: the workspace's private git directory and base commit, the registration's id.

@@ -209,34 +209,24 @@ async def test_missing_key_variable_is_a_clear_non_retryable_error(fake_openai: 
     assert fake_openai.call_count == 0
 
 
-def test_operator_config_from_env_in_both_shapes():
+def test_operator_config_parses_both_shapes():
     full = {"endpoints": {"local": {"base_url": "http://127.0.0.1:11434/v1/", "model": "qwen"}}, "routes": {}}
-    cfg = operator_config({"CREWWORK_MODEL_ENDPOINTS": json.dumps(full)})
+    cfg = operator_config(json.dumps(full))
     assert cfg.endpoints["local"].base_url == "http://127.0.0.1:11434/v1"
     short = {"local": {"base_url": "http://127.0.0.1:11434/v1", "model": "qwen"}}
-    assert operator_config({"CREWWORK_MODEL_ENDPOINTS": json.dumps(short)}).route("edit") == ["local"]
-    assert operator_config({}).endpoints == {}
+    assert operator_config(json.dumps(short)).route("edit") == ["local"]
+    assert operator_config("").endpoints == {}
     with pytest.raises(TransportSettingsError, match="not valid JSON"):
-        operator_config({"CREWWORK_MODEL_ENDPOINTS": "{nope"})
+        operator_config("{nope")
 
 
 def test_config_refuses_keys_in_place_of_names_and_auth_headers():
     with pytest.raises(TransportSettingsError) as info:
-        operator_config(
-            {
-                "CREWWORK_MODEL_ENDPOINTS": json.dumps(
-                    {"x": {"base_url": "http://h/v1", "model": "m", "api_key_env": KEY}}
-                )
-            }
-        )
+        operator_config(json.dumps({"x": {"base_url": "http://h/v1", "model": "m", "api_key_env": KEY}}))
     assert KEY not in str(info.value) and "NAME of an environment variable" in str(info.value)
     with pytest.raises(TransportSettingsError, match="api_key_env"):
         operator_config(
-            {
-                "CREWWORK_MODEL_ENDPOINTS": json.dumps(
-                    {"x": {"base_url": "http://h/v1", "model": "m", "extra_headers": {"Authorization": "x"}}}
-                )
-            }
+            json.dumps({"x": {"base_url": "http://h/v1", "model": "m", "extra_headers": {"Authorization": "x"}}})
         )
 
 
@@ -313,7 +303,7 @@ def test_work_item_endpoints_are_refused_unless_the_operator_allows_them():
     )
     for op in (
         TransportConfig(),
-        operator_config({}),
+        operator_config(""),
         TransportConfig.model_validate({"allow_work_item_endpoints": False}),
     ):
         with pytest.raises(TransportSettingsError, match="does not allow work items to declare"):

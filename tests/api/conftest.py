@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from crewwork.api.options import ApiOptions
 from crewwork.config import Settings
+from crewwork.config.api import ApiOptions
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.conftest import Crew, make_settings, running_crew
 

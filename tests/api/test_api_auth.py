@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from crewwork.api.options import ApiOptions
 from crewwork.config import Settings
+from crewwork.config.api import ApiOptions
 from tests.api.conftest import LiveApi, Stack, task_item, wait_state
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]

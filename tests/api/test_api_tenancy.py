@@ -25,8 +25,8 @@ from fastapi.responses import StreamingResponse
 from starlette.routing import Mount
 
 from crewwork.api.app import create_app
-from crewwork.api.options import ApiOptions
 from crewwork.config import Settings
+from crewwork.config.api import ApiOptions
 from crewwork.store.tables import OutboxMessage
 from tests.api.conftest import LiveApi, Stack, make_tenant, task_item
 from tests.api.tenant_world import SHARED_IDEMPOTENCY_KEY, Owned, World, build_world, read_sse
@@ -51,6 +51,8 @@ PUBLIC_PATHS = {
     "/docs/oauth2-redirect",
     "/redoc",
     "/.well-known/oauth-protected-resource/mcp",
+    # The operator's public signing keys (docs/evidence.md): the same for every caller, no tenant's data.
+    "/evidence/keys",
 }
 """Routes outside the tenants' data: served to anyone, they must not show any tenant's resources."""
 
@@ -86,6 +88,9 @@ async def mcp_sweep(beta: httpx.AsyncClient, anon: httpx.AsyncClient, a: Owned, 
 
 BODIES = {"/review": {"action": "approve"}}
 """A minimal valid body for routes that need one (by the end of their path)."""
+QUERIES = {("POST", "/evidence-bundle"): {"attempt": "1"}}
+"""A minimal valid query for routes that require one (by method and the end of their path): without it the route
+answers 422 for any id, and the sweep would not reach its ownership check."""
 
 FENCING_FIELDS = {"rank", "token", "fence_rank", "state_rank", "result_rank", "presented", "current", "step"}
 
@@ -227,9 +232,10 @@ async def test_tenant_b_gets_the_missing_404_for_everything_of_tenant_a_on_every
                         values[p] = a_value
                         for variant in ({**values}, {q: owned_values(a, kinds[q])[0] for q in params} | {p: a_value}):
                             body = next((v for k, v in BODIES.items() if path.endswith(k)), None)
-                            got = await beta.request(method, fill(path, variant), json=body)
+                            query = next((v for (m, k), v in QUERIES.items() if m == method and path.endswith(k)), {})
+                            got = await beta.request(method, fill(path, variant), json=body, params=query)
                             missing = {**variant, p: missing_like(a_value)}
-                            ref = await beta.request(method, fill(path, missing), json=body)
+                            ref = await beta.request(method, fill(path, missing), json=body, params=query)
                             where = f"tenant B: {method} {fill(path, variant)}"
                             assert got.status_code == 404, f"{where}: {got.status_code} {got.text}"
                             assert ref.status_code == 404, f"{method} {fill(path, missing)}: {ref.text}"

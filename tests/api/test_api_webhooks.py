@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from crewwork.api.options import ApiOptions
 from crewwork.config import Settings
+from crewwork.config.api import ApiOptions
 from crewwork.store.outbox import DELIVERY_HEADER, SIGNATURE_HEADER, verify
 from crewwork.store.tables import Event, OutboxMessage
 from crewwork.temporal.devserver import free_port

@@ -32,7 +32,9 @@ async def _cli(stack: Stack, *args: str, **env: str) -> subprocess.CompletedProc
 
 
 async def test_wait_stamps_replayed_events_with_when_they_happened(stack: Stack) -> None:
-    slow = {**task_item(), "agent": {"name": "scripted", "config": {"output": {"x": 1}, "delay_s": 8}}}
+    # Long enough that the CLI (a new process, slow to start on a loaded machine) connects while the item still runs:
+    # `wait` on an item that already ended returns its result without replaying anything.
+    slow = {**task_item(), "agent": {"name": "scripted", "config": {"output": {"x": 1}, "delay_s": 25}}}
     async with stack.client() as c:
         wid = (await c.post("/v1/work-items", json=slow)).json()["id"]
         await wait_state(c, wid, {"running"})

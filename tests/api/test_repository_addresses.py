@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
 CALC = {"calc.py": "def add(a, b):\n    return a - b\n", "tests/test_calc.py": "", "conftest.py": ""}
 
-# Refused by the URL grammar before any address is looked at (crewwork.repos.urls): 422 `invalid_repository`.
+# Refused by the URL grammar before any address is looked at (crewwork.urls): 422 `invalid_repository`.
 MALFORMED = [
     "https://github.com@127.0.0.1/acme/calc.git",  # user info in an http(s) URL: the host is 127.0.0.1
     "https://github.com:x@127.0.0.1/acme/calc.git",

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from crewwork.codeintel.repomap import IndexCache, build_index, cached_index, find, rank, render
-from crewwork.codeintel.settings import CodeIntelSettings
 from crewwork.codeintel.tags import DEFINITIONS, _compiled, extract
+from crewwork.config.codeintel import CodeIntelSettings
 from crewwork.repos.trees import load_index
 from tests.conftest import make_repo
 
@@ -107,7 +107,7 @@ def refuse(event, args):
         raise PermissionError(f"network use while indexing: {event} {args!r}")
 sys.addaudithook(refuse)
 from crewwork.codeintel.repomap import build_index, rank, render
-from crewwork.codeintel.settings import CodeIntelSettings
+from crewwork.config.codeintel import CodeIntelSettings
 from crewwork.repos.trees import load_index
 git_dir, commit = Path(sys.argv[1]), sys.argv[2]
 async def main():

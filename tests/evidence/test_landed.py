@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from crewwork.client import AsyncClient
+from crewwork.config.evidence import EvidenceSettings, PublishedKeyFile
 from crewwork.demo import RIGHT, WRONG
 from crewwork.evidence.keys import generate, load_trusted
-from crewwork.evidence.settings import EvidenceSettings, PublishedKeyFile
 from crewwork.evidence.verify import verify_bundle
 from crewwork.temporal.devserver import DevServer
 from tests.api.conftest import LiveApi, make_tenant

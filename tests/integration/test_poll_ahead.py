@@ -72,7 +72,7 @@ async def test_a_refused_last_write_stores_no_transcript(
     tmp_path: Path, temporal_server: DevServer, pg_url: str
 ) -> None:
     """An attempt whose last write is refused leaves no artifact behind (the transcript went with the write)."""
-    from crewwork.activities.common import AttemptWriter
+    from crewwork.steps.attempt import AttemptWriter
     from crewwork.store.artifacts import artifact_row
     from crewwork.store.fencing import Rank
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from crewwork.models import ArtifactRef
+from crewwork.models.preview import PreviewSpec
 from crewwork.preview.run import PreviewRun, run_preview
-from crewwork.preview.spec import PreviewSpec
 from crewwork.sandbox import SANDBOXES, SandboxSettings, get_sandbox
 from crewwork.sandbox.base import SandboxLimits
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.models.preview import PreviewSpec
 from crewwork.preview.grading import grade_preview
-from crewwork.preview.spec import PreviewSpec
 from tests.preview.conftest import preview
 
 SERVE = """

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from crewwork.models.preview import PreviewSpec
 from crewwork.preview.grading import grade_preview
-from crewwork.preview.spec import PreviewSpec
 from tests.preview.conftest import preview, require
 
 ECHO = """

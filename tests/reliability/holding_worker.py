@@ -65,16 +65,16 @@ async def hold(marker_dir: Path, activity_type: str, workflow_id: str) -> None:
 
 
 def _hold_before_publishing_evidence(marker_dir: Path) -> None:
-    from crewwork.activities.control import ControlActivities
+    from crewwork.steps.land import activity as land
 
-    original = ControlActivities._publish_evidence
+    original = land._publish_evidence
 
-    async def held(self: Any, inp: Any, w: Any, landed: Any) -> str:
+    async def held(ports: Any, inp: Any, w: Any, landed: Any) -> str:
         if activity.info().attempt == 1:
             await hold(marker_dir, activity.info().activity_type, activity.info().workflow_id)
-        return await original(self, inp, w, landed)
+        return await original(ports, inp, w, landed)
 
-    ControlActivities._publish_evidence = held  # type: ignore[method-assign]
+    land._publish_evidence = held
 
 
 async def _ignoring_cancellation(coro: Any) -> Any:

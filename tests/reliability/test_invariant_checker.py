@@ -127,12 +127,14 @@ async def test_queued_items_that_asked_again_pass_while_in_flight(pg_store: Stor
     """A queued item's admission that keeps it queued, or finds it admitted already (a place was handed to it and
     the signal was lost), is an accepted write that raises the mark and changes nothing else: no event. Checked
     while work is in flight, that is not a violation (it failed `fence_mark`); a mark below an accepted write is."""
-    from crewwork.activities.control import ControlActivities
     from crewwork.config import Settings
-    from crewwork.contracts import AdmitInput, FinishInput
     from crewwork.models import WorkItemResult
+    from crewwork.steps.admit import AdmitInput
+    from crewwork.steps.finish import FinishInput
+    from crewwork.steps.ports import Ports
+    from crewwork.steps.registry import bound
 
-    control = ControlActivities(pg_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(pg_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate({"kind": "task", "input": {}})
     tid = await pg_store.ensure_tenant("invariants-queue")  # its own tenant: the others' items stay in flight
     items = [

@@ -174,9 +174,9 @@ async def test_a_landing_that_stalled_after_its_first_write_publishes_no_evidenc
     (its worker still holds the key being rotated out); attempt 2 lands on a worker with the new key, publishes its
     bundle and the item succeeds. When attempt 1 wakes, nothing it would still publish may land: before, it signed
     with the old key, force-pushed its note over the new one by compare-and-swap against whatever was there, and
-    stored a second `evidence-bundle.json` (and `landed.patch`) that the API then served, all after the item ended."""
+    stored a second `evidence-bundle.json` that the API then served, all after the item ended."""
+    from crewwork.config.evidence import EvidenceSettings
     from crewwork.evidence.keys import generate, load_trusted
-    from crewwork.evidence.settings import EvidenceSettings
     from crewwork.evidence.verify import verify_bundle
 
     (tmp_path / "keys").mkdir()
@@ -204,7 +204,8 @@ async def test_a_landing_that_stalled_after_its_first_write_publishes_no_evidenc
                 arts = await crew.store.list_artifacts(wid)
                 bundles = [a for a in arts if a.name == "evidence-bundle.json"]
                 assert len(bundles) == 1, [(a.name, a.sha256) for a in bundles]
-                assert len([a for a in arts if a.name == "landed.patch"]) == 1
+                # The landed diff is the attempt's own diff artifact: the landing stores no second copy.
+                assert not [a for a in arts if a.name == "landed.patch"]
                 data = await crew.store.artifact_content(bundles[0].id)
     assert data is not None
     note = subprocess.run(

@@ -9,7 +9,7 @@ import pytest
 from crewwork.forge import ForgeError, forge_for
 from crewwork.forge.github import GitHubForge
 from crewwork.repos.settings import ForgeConfig
-from crewwork.repos.urls import parse_repo_url
+from crewwork.urls import parse_repo_url
 from tests.fakes.github_server import FakeGitHub
 
 TOKEN = "ghp_" + "ab12" * 9

@@ -29,7 +29,7 @@ from crewwork.repos.mirror import MirrorCache
 from crewwork.repos.remote import Remote
 from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
 from crewwork.repos.settings import RepoCredential
-from crewwork.repos.urls import RepoURLError, parse_repo_url
+from crewwork.urls import RepoURLError, parse_repo_url
 from tests.repos.addresses import INTERNAL, NAME, Dns, spell
 from tests.repos.conftest import Served
 from tests.repos.servers import GitDaemon, Listener, SmartHttp, Sshd, git

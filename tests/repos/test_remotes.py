@@ -14,8 +14,8 @@ from crewwork.repos.landing import LandingConflictError, land_by_push
 from crewwork.repos.mirror import MirrorCache
 from crewwork.repos.remote import Remote
 from crewwork.repos.settings import RepoCredential
-from crewwork.repos.urls import parse_repo_url
 from crewwork.temporal.devserver import free_port
+from crewwork.urls import parse_repo_url
 from tests.repos.conftest import Served
 from tests.repos.servers import LOOPBACK, GitDaemon, SmartHttp, Sshd, git
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from crewwork.models import RepoSpec, TenantRef
 from crewwork.repos.credentials import CredentialError, Credentials, check_secret_location
 from crewwork.repos.settings import RepoCredential, matches
-from crewwork.repos.urls import RepoURLError, parse_repo_url, redact_url
+from crewwork.urls import RepoURLError, parse_repo_url, redact_url
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def test_mounts_one_inside_another_are_refused(tmp_path: Path) -> None:
 def test_operator_command_mounts_are_checked_when_the_settings_load(tmp_path: Path) -> None:
     def load(mounts: list[str]) -> CommandAgentsSettings:
         raw = {"commands": {"cli": {"argv": ["cli"], "mounts": mounts}}}
-        return CommandAgentsSettings.from_env({"CREWWORK_COMMAND_AGENTS": json.dumps(raw)})
+        return CommandAgentsSettings.parse(json.dumps(raw))
 
     for bad in (["/opt"], [f"{tmp_path}:/opt/crewwork"], [f"{tmp_path}:/usr/local"], [f"{tmp_path}:relative"]):
         with pytest.raises(AgentConfigError, match="CREWWORK_COMMAND_AGENTS is invalid"):

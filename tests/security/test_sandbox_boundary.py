@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from crewwork import gitops
-from crewwork.activities.execute import read_report
 from crewwork.sandbox import Sandbox, SandboxLimits, SandboxSettings, get_sandbox
 from crewwork.sandbox.base import Mount
 from crewwork.sandbox.bwrap import ETC_ALLOWLIST, SYNTHETIC_ETC
+from crewwork.steps.execution import read_report
 from crewwork.workspace import Workspace
 from tests.conftest import make_repo
 from tests.security.conftest import require

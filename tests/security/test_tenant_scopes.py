@@ -22,9 +22,9 @@ from crewwork.models import EnvironmentSpec, TenantRef
 from crewwork.repos.credentials import CredentialError, Credentials
 from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.repos.settings import RepoCredential, SetupSecret
-from crewwork.repos.urls import parse_repo_url
 from crewwork.store.store import Store
 from crewwork.store.tables import Tenant
+from crewwork.urls import parse_repo_url
 
 pytestmark = [pytest.mark.postgres]
 

@@ -59,7 +59,7 @@ FAULT_KINDS = (
     "pg_restart",
     "pg_terminate",
 )
-# Past the execution activities' heartbeat timeout (10 s, crewwork/workflows/work_item.py EXECUTION_HEARTBEAT).
+# Past the execution activities' heartbeat timeout (10 s, crewwork/steps/step.py EXECUTION_HEARTBEAT).
 ZOMBIE_STOP_S = 14.0
 ARM_WAIT_S = 20.0
 """How long an armed stop fault waits for its process to receive an activity attempt before it is called off."""

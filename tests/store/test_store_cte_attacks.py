@@ -14,11 +14,14 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, NoResultFound, StatementError
 
-from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput, RecordInput
 from crewwork.invariants import check_invariants
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.ports import Ports
+from crewwork.steps.record import RecordInput
+from crewwork.steps.registry import bound
 from crewwork.store.artifacts import artifact_row
 from crewwork.store.fencing import Accepted
 from crewwork.store.outbox import OutboxStore
@@ -223,7 +226,7 @@ async def test_the_cached_update_binds_the_item_the_tenant_and_every_value(any_s
 async def test_a_finish_appends_its_attempt_its_change_and_the_hand_offs_in_that_order(
     any_store: Store, tmp_path: Any
 ) -> None:
-    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate(TASK)
     (tid, first), (_, second) = await _item(any_store, "cte-order"), await _item(any_store, "cte-order")
     assert (await control.admit(AdmitInput(work_item_id=first, tenant_id=tid, step=1, spec=spec))).admitted
@@ -439,7 +442,7 @@ async def test_a_hand_off_of_several_items_in_one_transaction_changes_each_its_o
     """One ending item hands three places on in its transaction: three changes through the same cached statement,
     one after another. Each handed item is admitted with its own event (its id, its tenant), in queue order after
     the ending item's own change, and nothing else of the tenant moved."""
-    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate(TASK)
     items = [await _item(any_store, "cte-handoff-many") for _ in range(5)]
     tid = items[0][0]
@@ -494,7 +497,7 @@ async def test_a_webhook_registered_while_an_admission_waits_for_the_tenant_lock
 ) -> None:
     """An admission holds its item row and waits for the tenant lock (another admission of the tenant has it); a
     webhook registered meanwhile precedes the admission's change, which must be announced."""
-    control = ControlActivities(pg_store, Settings(data_dir=tmp_path, tenant_max_in_flight=2))
+    control = bound(Ports.build(pg_store, Settings(data_dir=tmp_path, tenant_max_in_flight=2)))
     spec = WorkItemSpec.model_validate(TASK)
     tid, wid = await _item(pg_store, "cte-hook-admit")
     async with pg_store.engine.connect() as side:

@@ -11,11 +11,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from crewwork.activities.common import AttemptWriter, watch
-from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput, SetStateInput
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.attempt import AttemptWriter, watch
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.ports import Ports
+from crewwork.steps.registry import bound
+from crewwork.steps.state import SetStateInput
 from crewwork.store.store import AttemptRecord, Rank, Store
 from crewwork.store.tables import ApiKey
 
@@ -113,8 +116,8 @@ async def test_a_stale_attempt_record_changes_nothing(any_store: Store) -> None:
 
 async def test_a_result_and_its_attempt_record_are_one_write_at_one_rank(any_store: Store, tmp_path: Any) -> None:
     tid, wid = await _item(any_store)
-    control = ControlActivities(any_store, Settings(data_dir=tmp_path))
-    from crewwork.contracts import RecordInput
+    control = bound(Ports.build(any_store, Settings(data_dir=tmp_path)))
+    from crewwork.steps.record import RecordInput
 
     record = RecordInput(work_item_id=wid, tenant_id=tid, step=6, attempt=1, verdict="passed", reason="output")
     result = WorkItemResult(work_item_id=wid, state=WorkItemState.succeeded, reason="task completed")
@@ -133,7 +136,7 @@ async def test_admission_moves_only_a_waiting_item_and_reports_a_closed_or_missi
     any_store: Store, tmp_path: Any
 ) -> None:
     tid, wid = await _item(any_store, tenant="admission")
-    control = ControlActivities(any_store, Settings(data_dir=tmp_path))
+    control = bound(Ports.build(any_store, Settings(data_dir=tmp_path)))
     spec = WorkItemSpec.model_validate(TASK)
     first = await control.admit(AdmitInput(work_item_id=wid, tenant_id=tid, step=1, spec=spec))
     assert first.admitted and first.past_fingerprints == [] and first.budget is not None
@@ -156,7 +159,7 @@ async def test_admission_moves_only_a_waiting_item_and_reports_a_closed_or_missi
 async def test_operator_ceilings_apply_where_the_submission_set_none(any_store: Store, tmp_path: Any) -> None:
     tid, wid = await _item(any_store, tenant="ceilings")
     settings = Settings(data_dir=tmp_path, max_tokens_ceiling=1234, max_wall_clock_s_ceiling=99.0)
-    control = ControlActivities(any_store, settings)
+    control = bound(Ports.build(any_store, settings))
     res = await control.admit(
         AdmitInput(work_item_id=wid, tenant_id=tid, step=1, spec=WorkItemSpec.model_validate(TASK))
     )
@@ -176,7 +179,7 @@ async def test_operator_ceilings_apply_where_the_submission_set_none(any_store: 
 async def test_the_tenant_in_flight_limit_queues_later_items_first_come_first_served(
     any_store: Store, tmp_path: Any
 ) -> None:
-    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=2))
+    control = bound(Ports.build(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=2)))
     spec = WorkItemSpec.model_validate(TASK)
     items = [await _item(any_store, tenant="flood") for _ in range(4)]
     other = await _item(any_store, tenant="quiet")
@@ -344,7 +347,7 @@ async def test_concurrent_writers_of_one_item_never_accept_a_lower_rank_after_a_
         await store.close()
 
 
-async def _finish(control: ControlActivities, item: tuple[str, str], step: int) -> Any:
+async def _finish(control: Any, item: tuple[str, str], step: int) -> Any:
     tid, wid = item
     result = WorkItemResult(work_item_id=wid, state=WorkItemState.succeeded, reason="done")
     return await control.finish(FinishInput(work_item_id=wid, tenant_id=tid, step=step, result=result))
@@ -355,7 +358,7 @@ async def test_an_ending_item_hands_its_place_to_the_first_queued_item_in_its_ow
 ) -> None:
     """The place goes to the oldest queued item in the ending item's transaction, at the queued item's own mark: it
     needs no second admission, and the queue stays first come, first served."""
-    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate(TASK)
     items = [await _item(any_store, tenant="handoff") for _ in range(3)]
     got = [await control.admit(AdmitInput(work_item_id=w, tenant_id=t, step=1, spec=spec)) for t, w in items]
@@ -384,7 +387,7 @@ async def test_an_ending_item_hands_its_place_to_the_first_queued_item_in_its_ow
 
 
 async def test_a_write_that_keeps_its_place_or_had_none_hands_nothing_on(any_store: Store, tmp_path: Any) -> None:
-    control = ControlActivities(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(any_store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate(TASK)
     items = [await _item(any_store, tenant="keeps") for _ in range(3)]
     for t, w in items:
@@ -419,7 +422,7 @@ async def test_items_ending_and_admitting_at_once_never_exceed_the_limit_nor_dea
     limit = 4
     store = Store(pg_url, pool_size=30)
     try:
-        control = ControlActivities(store, Settings(data_dir=tmp_path, tenant_max_in_flight=limit))
+        control = bound(Ports.build(store, Settings(data_dir=tmp_path, tenant_max_in_flight=limit)))
         spec = WorkItemSpec.model_validate(TASK)
         items = [await _item(store, tenant="race") for _ in range(40)]
         tid = items[0][0]

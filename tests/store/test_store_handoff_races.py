@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
-from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.ports import Ports
+from crewwork.steps.registry import bound
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import Rank, Store
 from crewwork.store.tables import OutboxMessage
@@ -82,7 +84,7 @@ async def test_a_webhook_registered_while_a_hand_off_waits_for_the_tenant_lock_g
     A webhook registered meanwhile precedes both commits: the ending item's change and the handed item's `admitted`
     must both be in the outbox."""
     store = pg_store
-    control = ControlActivities(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate(TASK)
     (tid, first), (_, second) = await _item(store, "hook-race-tenant"), await _item(store, "hook-race-tenant")
     assert (await control.admit(AdmitInput(work_item_id=first, tenant_id=tid, step=1, spec=spec))).admitted
@@ -114,7 +116,7 @@ async def test_a_queued_item_cancelled_while_a_place_is_handed_on_passes_the_pla
     timer with a place free."""
     store = pg_store
     store.server_writes = server
-    control = ControlActivities(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate(TASK)
     items = [await _item(store, f"cancel-race-{server}") for _ in range(3)]
     tid = items[0][0]
@@ -159,7 +161,7 @@ async def test_places_left_to_items_admitting_themselves_do_not_use_up_the_hand_
     (what tests/store/test_store_fencing.py's 40-item race caught now and then)."""
     store = pg_store
     limit = 4
-    control = ControlActivities(store, Settings(data_dir=tmp_path, tenant_max_in_flight=limit))
+    control = bound(Ports.build(store, Settings(data_dir=tmp_path, tenant_max_in_flight=limit)))
     spec = WorkItemSpec.model_validate(TASK)
     items = [(await _item(store, "self-admitting"))[1] for _ in range(8)]
     tid = (await store.get_work_item(items[0])).tenant_id  # type: ignore[union-attr]

@@ -5,11 +5,16 @@ carries its attempts' failure fingerprints (the same-cause breaker's memory)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from crewwork.activities.control import ControlActivities
 from crewwork.config import Settings
-from crewwork.contracts import AdmitInput, FinishInput, RecordInput, SetStateInput
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.steps.admit import AdmitInput
+from crewwork.steps.finish import FinishInput
+from crewwork.steps.ports import Ports
+from crewwork.steps.record import RecordInput
+from crewwork.steps.registry import bound
+from crewwork.steps.state import SetStateInput
 from crewwork.store.store import Store
 
 TASK = WorkItemSpec.model_validate({"kind": "task", "input": {}})
@@ -20,7 +25,7 @@ async def _item(store: Store, tid: str) -> str:
     return str(row.id)
 
 
-async def _to_review_with_a_failed_attempt(control: ControlActivities, tid: str, wid: str) -> None:
+async def _to_review_with_a_failed_attempt(control: Any, tid: str, wid: str) -> None:
     """`wid` (admitted) fails attempt 1, and attempt 2 goes to review."""
     rec = RecordInput(
         work_item_id=wid, tenant_id=tid, step=2, attempt=1, verdict="failed", reason="1 test failed", fingerprint="fp"
@@ -40,7 +45,7 @@ async def test_sent_back_item_waits_for_the_place_it_gave_up_and_gets_it_handed_
     any_store: Store, tmp_path: Path
 ) -> None:
     store = any_store
-    control = ControlActivities(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     tid = await store.ensure_tenant("readmission")
     sent_back, other = await _item(store, tid), await _item(store, tid)
     assert (await control.admit(AdmitInput(work_item_id=sent_back, tenant_id=tid, step=1, spec=TASK))).admitted
@@ -66,7 +71,7 @@ async def test_sent_back_item_with_a_free_place_is_admitted_at_once_with_fingerp
     any_store: Store, tmp_path: Path
 ) -> None:
     store = any_store
-    control = ControlActivities(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1))
+    control = bound(Ports.build(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     tid = await store.ensure_tenant("readmission-free")
     wid = await _item(store, tid)
     assert (await control.admit(AdmitInput(work_item_id=wid, tenant_id=tid, step=1, spec=TASK))).admitted

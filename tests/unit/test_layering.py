@@ -1,14 +1,24 @@
-"""The package's import graph: no cycles (counting imports inside functions too, which only hide one), and the few
-layering rules the architecture relies on (docs/architecture.md, "Layers")."""
+"""The package's import graph: no cycles, counted honestly, and the few layering rules the architecture relies on
+(docs/architecture.md, "Layers").
+
+Every import counts: at module level, inside a function (which only hides a cycle from the interpreter, not from a
+reader) and under `if TYPE_CHECKING:` (a type is a dependency too). Cycles are looked for between modules and
+between packages (`crewwork.X`, a subpackage or a top-level module). `python tests/unit/test_layering.py` prints the
+graph's numbers and every cycle, allowlisted edges included.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "crewwork"
+
+Kind = Literal["module", "function", "type_checking"]
 
 
 def _module_name(path: Path) -> str:
@@ -19,30 +29,50 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def _imports(path: Path, name: str) -> set[str]:
-    """crewwork modules `path` imports anywhere except under `if TYPE_CHECKING:` (annotations only)."""
-    tree = ast.parse(path.read_text())
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
-    found: set[str] = set()
+def _target(node: ast.ImportFrom, name: str, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_pkg else name.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _statements(path: Path, name: str) -> list[tuple[str, Kind, int]]:
+    """(crewwork module, kind, line) of every import statement in `path` naming a crewwork module."""
     is_pkg = path.name == "__init__.py"
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if is_pkg else name.split(".")[:-1]
-                base = base[: len(base) - node.level + 1]
-                module = ".".join([*base, node.module] if node.module else base)
+    found: list[tuple[str, Kind, int]] = []
+
+    def visit(node: ast.AST, kind: Kind) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for stmt in child.body:
+                    visit_one(stmt, "type_checking")
+                for stmt in child.orelse:
+                    visit_one(stmt, kind)
             else:
-                module = node.module or ""
-            found.add(module)
-            found |= {f"{module}.{a.name}" for a in node.names}
-    edges = {m for m in found if m in MODULES and m != name}
+                visit_one(child, kind)
+
+    def visit_one(node: ast.AST, kind: Kind) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) and kind == "module":
+            kind = "function"
+        if isinstance(node, ast.Import):
+            found.extend((a.name, kind, node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = _target(node, name, is_pkg)
+            # `from package import module` imports that module; `from module import name` the module itself.
+            named = {f"{module}.{a.name}" for a in node.names} & MODULES.keys()
+            found.extend((m, kind, node.lineno) for m in named or {module})
+        visit(node, kind)
+
+    visit(ast.parse(path.read_text()), "module")
+    return [(m, k, line) for m, k, line in found if m in MODULES and m != name]
+
+
+STATEMENTS = {name: _statements(path, name) for name, path in MODULES.items()}
+
+
+def _edges(name: str, targets: Iterable[str]) -> set[str]:
+    edges = set(targets)
     # Importing a.b.c runs a/__init__ and a/b/__init__ first (except from inside the package itself).
     for m in list(edges):
         parts = m.split(".")
@@ -54,21 +84,74 @@ def _imports(path: Path, name: str) -> set[str]:
     return edges
 
 
-GRAPH = {name: _imports(path, name) for name, path in MODULES.items()}
+GRAPH = {name: _edges(name, (m for m, _, _ in found)) for name, found in STATEMENTS.items()}
+
+# Edges known to close a cycle, each to be removed by a change under way. The cycle tests ignore exactly these; a new
+# edge closing a cycle fails them, and so does an entry here that no longer exists (it must then leave the list).
+KNOWN_CYCLE_EDGES = {
+    # Not cut yet: the repository service raises the steps' error types (crewwork/steps/errors.py: the types belong
+    # below both), the reconciler hands a freed place on as the finishing step does (steps.handoff), and the agent
+    # step reports a free slot to the worker pool (workers.slots). Importing a step module runs crewwork/steps'
+    # __init__ first, hence the package edges.
+    ("crewwork.repos.service", "crewwork.steps.errors"),
+    ("crewwork.repos.service", "crewwork.steps"),
+    ("crewwork.reconcile", "crewwork.steps.handoff"),
+    ("crewwork.reconcile", "crewwork.steps"),
+    ("crewwork.steps.agent.activity", "crewwork.workers.slots"),
+    ("crewwork.steps.agent.activity", "crewwork.workers"),
+    # Issue 27 items 2 and 3 (one fenced write; the store owns its SQL, the outbox deliverer moves out of it): the
+    # fenced write enqueues webhook deliveries through the outbox, which needs the store.
+    ("crewwork.store.fencing_python", "crewwork.store.outbox"),
+    ("crewwork.store.outbox", "crewwork.store.store"),
+}
+
+# Package-level edges that still close a cycle and are not cut yet (issue 27 item 5, left for a next change; each line
+# says what cutting it takes).
+KNOWN_PACKAGE_CYCLE_EDGES = {
+    # The repositories' settings section (repos.settings) still lives in repos, which imports config; moving it into
+    # crewwork/config/ is what is left (the URL grammar it validates with is crewwork.urls now, below both).
+    ("crewwork.config", "crewwork.repos"),
+    # forge names a repository by its RepoURL and calls the repositories' credentials.
+    ("crewwork.forge", "crewwork.repos"),
+    # The MCP tools reuse the HTTP API's problem shapes, submission helpers and rate limiter, and the app mounts MCP:
+    # the shared parts belong below both.
+    ("crewwork.mcp", "crewwork.api"),
+}
 
 
-def _cycles() -> list[list[str]]:
+def _without_known(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: {d for d in deps if (m, d) not in KNOWN_CYCLE_EDGES} for m, deps in graph.items()}
+
+
+def _unit(module: str) -> str:
+    """The package a module belongs to for the package-level graph: crewwork.X (a subpackage or a top-level
+    module)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(graph: dict[str, set[str]], *, known: bool = True) -> dict[str, set[str]]:
+    """Packages and their imports; without the known package-level edges unless `known`."""
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        out.setdefault(_unit(m), set()).update(_unit(d) for d in deps if _unit(d) != _unit(m))
+    if not known:
+        out = {p: {d for d in deps if (p, d) not in KNOWN_PACKAGE_CYCLE_EDGES} for p, deps in out.items()}
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     found: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in sorted(GRAPH[v]):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -85,22 +168,40 @@ def _cycles() -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for v in sorted(GRAPH):
+    for v in sorted(graph):
         if v not in index:
             visit(v)
     return found
 
 
-def test_the_package_has_no_import_cycle() -> None:
-    assert _cycles() == []
+def test_no_module_imports_another_in_a_cycle() -> None:
+    assert _cycles(_without_known(GRAPH)) == []
 
 
-def test_the_cycle_detector_sees_a_cycle() -> None:
-    GRAPH["crewwork.ids"].add("crewwork.cli")
+def test_no_package_imports_another_in_a_cycle() -> None:
+    assert _cycles(_package_graph(_without_known(GRAPH), known=False)) == []
+
+
+def test_every_known_cycle_edge_still_exists() -> None:
+    """An allowlisted edge that is gone must leave the list, so that it cannot come back unnoticed."""
+    assert {(m, d) for m, d in KNOWN_CYCLE_EDGES if d not in GRAPH.get(m, set())} == set()
+    packages = _package_graph(GRAPH)
+    assert {(p, d) for p, d in KNOWN_PACKAGE_CYCLE_EDGES if d not in packages.get(p, set())} == set()
+
+
+def test_the_cycle_detector_sees_cycles_however_imported() -> None:
+    graph = {m: set(deps) for m, deps in GRAPH.items()}
+    graph["crewwork.ids"].add("crewwork.cli")
+    assert any("crewwork.ids" in c and "crewwork.cli" in c for c in _cycles(graph))
+    assert any("crewwork.ids" in c and "crewwork.cli" in c for c in _cycles(_package_graph(graph)))
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from crewwork import ids\ndef f():\n    import crewwork.cli\n"
+    path = PACKAGE.parent / "tests" / "unit" / "_layering_probe.py"
+    path.write_text(source)
     try:
-        assert any("crewwork.ids" in c and "crewwork.cli" in c for c in _cycles())
+        kinds = {(m, k) for m, k, _ in _statements(path, "crewwork.probe")}
     finally:
-        GRAPH["crewwork.ids"].discard("crewwork.cli")
+        path.unlink()
+    assert kinds == {("crewwork.ids", "type_checking"), ("crewwork.cli", "function")}
 
 
 @pytest.mark.parametrize(
@@ -108,10 +209,10 @@ def test_the_cycle_detector_sees_a_cycle() -> None:
     [
         ("crewwork.transport", "crewwork.agents"),  # the model transport knows nothing of agents
         ("crewwork.store", "crewwork.api"),  # the store serves every layer and imports none of them
-        ("crewwork.store", "crewwork.activities"),
+        ("crewwork.store", "crewwork.steps"),
         ("crewwork.store", "crewwork.workflows"),
-        ("crewwork.validation", "crewwork.activities"),  # grading is pure
-        ("crewwork.sandbox", "crewwork.activities"),
+        ("crewwork.validation", "crewwork.steps"),  # grading is pure
+        ("crewwork.sandbox", "crewwork.steps"),
         ("crewwork.workflows", "crewwork.api"),
         ("crewwork.ids", "crewwork.store"),
         ("crewwork.masking", "crewwork.store"),
@@ -119,7 +220,7 @@ def test_the_cycle_detector_sees_a_cycle() -> None:
         ("crewwork.evidence.verify", "crewwork.store"),
         ("crewwork.evidence.verify", "crewwork.config"),
         ("crewwork.evidence", "crewwork.api"),
-        ("crewwork.evidence", "crewwork.activities"),
+        ("crewwork.evidence", "crewwork.steps"),
         ("crewwork.evidence", "crewwork.workflows"),
     ],
 )
@@ -132,3 +233,27 @@ def test_lower_layers_do_not_import_upper_ones(lower: str, upper: str) -> None:
         if d == upper or d.startswith(upper + ".")
     }
     assert offenders == set()
+
+
+def report() -> str:
+    """The graph's numbers and its cycles, with and without the allowlisted edges."""
+    kinds: dict[str, int] = {}
+    for found in STATEMENTS.values():
+        for _, kind, _ in found:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    lines = [
+        f"modules: {len(MODULES)}; import statements naming a crewwork module: "
+        + ", ".join(f"{k} {kinds.get(k, 0)}" for k in ("module", "function", "type_checking")),
+        f"known cycle edges (allowlisted): {len(KNOWN_CYCLE_EDGES)} between modules, "
+        f"{len(KNOWN_PACKAGE_CYCLE_EDGES)} between packages",
+    ]
+    for label, graph, known in (("all edges", GRAPH, True), ("without the known edges", _without_known(GRAPH), False)):
+        modules, packages = _cycles(graph), _cycles(_package_graph(graph, known=known))
+        lines.append(f"{label}: {len(modules)} module cycles, {len(packages)} package cycles")
+        lines += [f"  module cycle: {' '.join(c)}" for c in modules]
+        lines += [f"  package cycle: {' '.join(c)}" for c in packages]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report())

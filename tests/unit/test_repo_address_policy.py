@@ -17,8 +17,8 @@ from crewwork.outbound import ip_literal
 from crewwork.repos.address import Pin
 from crewwork.repos.credentials import GitAuth
 from crewwork.repos.git import DEFAULT_SSH_COMMAND, git_env
-from crewwork.repos.urls import parse_repo_url
 from crewwork.stack import Stack
+from crewwork.urls import parse_repo_url
 
 ROOT = Path(__file__).resolve().parents[2]
 

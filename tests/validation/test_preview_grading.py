@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from crewwork.models import ValidationSpec
+from crewwork.models.preview import PreviewSpec
 from crewwork.preview.evidence import (
     AppRun,
     ConsoleEntry,
@@ -18,7 +19,6 @@ from crewwork.preview.evidence import (
     StepRecord,
 )
 from crewwork.preview.grading import grade_preview, json_path
-from crewwork.preview.spec import PreviewSpec
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import Cause, ValidationEvidence, grade
 

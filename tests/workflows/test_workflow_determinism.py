@@ -3,9 +3,10 @@
 The control pool runs workflows without Temporal's sandbox by default (CREWWORK_WORKFLOW_SANDBOX=off, see
 crewwork/workers/pools.py), so this test is the guard: it reads the workflow modules' source and rejects imports and
 calls that are non-deterministic. Imports inside `workflow.unsafe.imports_passed_through()` are crewwork's own models
-and contracts, which the rule below also covers by name, and the activity classes, whose methods the workflow names
-as references for `workflow.execute_activity_method` (so types come for free) but must never call. The committed
-histories are, in addition, replayed under the full sandbox in tests/integration/test_replay.py.
+and the steps' contracts (`crewwork.steps.<step>`: models and policy), which the rule below also covers by name; a
+step's activity (`crewwork.steps.<step>.activity`) and the ports it is bound to are never imported: the workflow runs
+steps by name through its one call path. The committed histories are, in addition, replayed under the full sandbox
+in tests/integration/test_replay.py.
 """
 
 from __future__ import annotations
@@ -37,18 +38,18 @@ FORBIDDEN_MODULES = {
     "httpx",
     "sqlalchemy",
     "crewwork.store",
-    "crewwork.activities",
     "crewwork.gitops",
     "crewwork.sandbox",
     "crewwork.agents",
 }
-# Activity classes and their error names may be imported to refer to them; calling them is still forbidden below.
-ACTIVITY_REFERENCES = {
-    "crewwork.activities.control": {"ControlActivities"},
-    "crewwork.activities.execute": {"ExecuteActivities"},
-    "crewwork.activities.evidence": {"EvidenceActivities"},
-    "crewwork.activities.errors": {"BAD_INPUT", "NON_RETRYABLE", "ITEM_FAILURES"},
-}
+# The I/O side of a step: its activity and the ports (store, repositories, sandboxes) activities are bound to.
+FORBIDDEN_MODULES |= {"crewwork.steps.ports", "crewwork.repos", "crewwork.evidence", "crewwork.preview"}
+
+
+def _is_activity_module(name: str) -> bool:
+    return name.startswith("crewwork.steps.") and name.rsplit(".", 1)[-1] == "activity"
+
+
 FORBIDDEN_CALLS = {"open", "input", "print", "now", "utcnow", "today", "sleep", "getenv"}
 # asyncio's own sleep/wait are non-deterministic outside Temporal's event loop; workflow.sleep/wait_condition are
 # the deterministic ones. `workflow.now()` is Temporal's deterministic clock and allowed.
@@ -69,20 +70,18 @@ def problems(source: str) -> list[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            allowed = ACTIVITY_REFERENCES.get(node.module or "")
-            names = [] if allowed and {a.name for a in node.names} <= allowed else [node.module or ""]
+            names = [node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
         else:
             names = []
         for name in names:
-            if any(name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES):
+            if any(name == m or name.startswith(m + ".") for m in FORBIDDEN_MODULES) or _is_activity_module(name):
                 found.append(f"line {node.lineno}: import of {name}")
+                break
         if isinstance(node, ast.Call):
             q = _qualified(node.func)
             last = q.rsplit(".", 1)[-1]
             if last in FORBIDDEN_CALLS and q not in ALLOWED_QUALIFIED:
                 found.append(f"line {node.lineno}: call of {q}()")
-            if q.split(".", 1)[0] in {n for ns in ACTIVITY_REFERENCES.values() for n in ns}:
-                found.append(f"line {node.lineno}: call of {q}() (activities run only through workflow.execute_*)")
             if q in {"asyncio.sleep", "asyncio.wait", "asyncio.as_completed"}:
                 found.append(f"line {node.lineno}: call of {q}() (use workflow.sleep / workflow.wait)")
     return found
@@ -103,10 +102,10 @@ def test_workflow_module_has_no_nondeterministic_code(path: Path) -> None:
         "open('/etc/hostname')",
         "await asyncio.sleep(1)",
         "os.getenv('X')",
-        "from crewwork.activities.control import ControlActivities, attempt_record",
-        "from crewwork.activities.common import AttemptWriter",
-        "ControlActivities(store, settings)",
-        "ExecuteActivities.run_agent(self, inp)",
+        "from crewwork.steps.land.activity import land_change",
+        "from crewwork.steps import ports",
+        "import crewwork.steps.agent.activity",
+        "from crewwork.repos.service import Repositories",
     ],
 )
 def test_the_guard_catches_nondeterministic_code(snippet: str) -> None:
@@ -118,9 +117,9 @@ def test_the_guard_allows_temporal_deterministic_apis() -> None:
     assert problems("async def f():\n    t = workflow.now()\n    await workflow.sleep(1)\n") == []
 
 
-def test_the_guard_allows_activity_references() -> None:
+def test_the_guard_allows_step_contracts() -> None:
     source = (
-        "from crewwork.activities.control import ControlActivities\n"
-        "async def f():\n    await workflow.execute_local_activity_method(ControlActivities.admit, x)\n"
+        "from crewwork.steps.admit import ADMIT, AdmitInput\n"
+        "async def f():\n    await self._call(ADMIT, lambda step: AdmitInput(step=step), 'admit')\n"
     )
     assert problems(source) == []

@@ -12,8 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from crewwork.ids import is_tenant_id
+from crewwork.models.preview import PreviewSpec
 from crewwork.paths import PathPattern, RelPath, ReportPath
-from crewwork.preview.spec import PreviewSpec
+from crewwork.urls import RepoURLError, parse_repo_url
 
 # Hard ceilings on what a submission may carry. Large content belongs in the repository or the artifact store.
 MAX_INSTRUCTION_CHARS = 20_000
@@ -137,8 +138,6 @@ class RepoSpec(Strict):
     @field_validator("url")
     @classmethod
     def _url_grammar(cls, v: str | None) -> str | None:
-        from crewwork.repos.urls import RepoURLError, parse_repo_url
-
         if v is None or _is_local_path(v):
             # Local paths are resolved and checked by the service at submission; this validator also runs when a
             # workflow decodes its input, so it must not touch the filesystem.

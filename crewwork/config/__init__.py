@@ -1,8 +1,10 @@
-"""Runtime configuration, entirely from environment variables (prefix `CREWWORK_`).
+"""Runtime configuration, entirely from environment variables (prefix `CREWWORK_`): the one reader of them.
 
 Every knob has its unit in its name and a description; `crewwork config` prints them all, the nested sections
-included (`sandbox`: CREWWORK_SANDBOX_*, `api`: the API process's own options, `mcp`: CREWWORK_MCP_*, `codeintel`:
-CREWWORK_CODEINTEL_*). Defaults are the embedded single-host setup: SQLite in the data directory and the Temporal
+included (`api`: the API process's own options, `mcp`: CREWWORK_MCP_*, `codeintel`: CREWWORK_CODEINTEL_*,
+`evidence`: CREWWORK_EVIDENCE_*, each in a module of this package; `sandbox`: CREWWORK_SANDBOX_*, in
+crewwork/sandbox/config.py; the repositories' models in crewwork/repos/settings.py). Code is handed the settings it
+needs; `get_settings()` is for a process's entry point. Defaults are the embedded single-host setup: SQLite in the data directory and the Temporal
 dev server on localhost. tests/unit/test_config_surface.py fails when the code names a CREWWORK_* variable that is not
 a field here.
 """
@@ -10,18 +12,24 @@ a field here.
 from __future__ import annotations
 
 import functools
+import json
+import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic_core import to_jsonable_python
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from crewwork.api.options import ApiOptions
-from crewwork.codeintel.settings import CodeIntelSettings
-from crewwork.evidence.settings import EvidenceSettings
+from crewwork.config.api import ApiOptions
+from crewwork.config.codeintel import CodeIntelSettings
+from crewwork.config.evidence import EvidenceSettings
+from crewwork.config.mcp import McpSettings
+from crewwork.ids import is_tenant_id
 from crewwork.limits import OperatorCeilings
-from crewwork.mcp.settings import McpSettings
+from crewwork.masking import mask_secrets
 from crewwork.models import EnvironmentSpec
+from crewwork.outbound import parse_networks
 from crewwork.policy_model import TenantPolicy
 from crewwork.repos.settings import ForgeConfig, RepoCredential, SetupSecret
 from crewwork.sandbox.config import SandboxSettings
@@ -261,13 +269,20 @@ class Settings(BaseSettings):
     model_endpoints: str = Field(
         default="",
         description="Operator model endpoints (JSON object by name, or a full transport config; docs/agents.md). "
-        "Read by the model agent's transport (crewwork/transport/config.py).",
+        "Handed to the model agent (crewwork.agents.base.OperatorAgentSettings), which parses it "
+        "(crewwork.transport.config.operator_config); set it on the API processes too, which check submissions "
+        "against it.",
     )
     command_agents: str = Field(
         default="",
-        description="CLIs the command agent may run (JSON; docs/agents.md). Read by crewwork/agents/command.py.",
+        description="CLIs the command agent may run (JSON; docs/agents.md). Handed to the command agent "
+        "(crewwork.agents.base.OperatorAgentSettings), which parses it (CommandAgentsSettings.parse).",
     )
-    command_agent_enabled: bool = Field(default=True, description="Whether the command agent may run at all.")
+    command_agent_enabled: bool = Field(
+        default=True,
+        description="Whether the command agent may run at all; false: a work item asking for it runs the built-in "
+        "model agent instead (docs/agents.md).",
+    )
     outbound_allow_networks: str = Field(
         default="",
         description="Comma-separated CIDRs a tenant-named URL (a webhook) may reach although they are not public "
@@ -373,8 +388,6 @@ class Settings(BaseSettings):
     @field_validator("outbound_allow_networks", "repo_allow_networks")
     @classmethod
     def _networks(cls, v: str) -> str:
-        from crewwork.outbound import parse_networks
-
         parse_networks(v)  # a bad entry is a startup error naming it, not a silently closed allowlist
         return v
 
@@ -410,8 +423,6 @@ class Settings(BaseSettings):
     def tenant_setting(self, mapping: dict[str, T], tenant_id: str | None, tenant_name: str | None) -> T | None:
         """A per-tenant setting's entry for the tenant, keyed by its id or by its name (the id wins). A name shaped
         like a tenant id matches nothing (crewwork.models.TenantRef.scope_name)."""
-        from crewwork.ids import is_tenant_id
-
         if tenant_name is not None and is_tenant_id(tenant_name):
             tenant_name = None
         for key in (tenant_id, tenant_name):
@@ -437,17 +448,9 @@ SECRET_SETTINGS = frozenset({"api_key", "temporal_api_key"})
 
 def _shown(name: str, value: Any) -> Any:
     """A setting's value as `crewwork config` shows it: JSON-able, secrets masked (URL passwords, tokens)."""
-    import re
-
-    from crewwork.masking import mask_secrets
-
     if value is not None and name in SECRET_SETTINGS:
         return "***"
     if isinstance(value, BaseModel | list | dict):
-        import json
-
-        from pydantic_core import to_jsonable_python
-
         value = json.dumps(to_jsonable_python(value), sort_keys=True)
     elif not isinstance(value, str | int | float | bool | type(None)):
         value = str(value)
@@ -490,11 +493,6 @@ def invalid_settings_message(exc: Exception) -> str | None:
     """One line naming the environment variable(s) that do not parse, for a settings error (pydantic's
     ValidationError of a settings class, or pydantic-settings' SettingsError for JSON that is not JSON); None for
     any other exception."""
-    from pydantic import ValidationError
-    from pydantic_settings import SettingsError
-
-    from crewwork.masking import mask_secrets
-
     classes = _settings_classes()
 
     def env_of(cls: type[BaseSettings], field: str) -> str:
@@ -515,8 +513,6 @@ def invalid_settings_message(exc: Exception) -> str | None:
             parts.append(f"{where}: {e.get('msg', '')} (got {got[:80]!r})")
         return "invalid configuration: " + "; ".join(parts)
     if isinstance(exc, SettingsError):
-        import re
-
         m = re.search(r'field "([a-z0-9_]+)"', str(exc))
         field = m.group(1) if m else ""
         cls = next((c for c in classes.values() if field in c.model_fields), Settings)

@@ -1,4 +1,4 @@
-"""API-process options (environment, prefix `CREWWORK_`), kept apart from the shared Settings."""
+"""Options of an API process (environment, prefix `CREWWORK_`): the `api` section of Settings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared machinery of activities: an attempt's rank and fenced writes, and the watch that keeps a long attempt alive.
+"""Shared machinery of step activities: an attempt's rank and fenced writes, and the watch that keeps a long attempt alive.
 
 An activity attempt writes with the rank Temporal gave it when it was scheduled: the workflow's step number (in the
 activity's input) and `activity.info().attempt` (`AttemptWriter`). The store accepts its writes only while no write
@@ -23,13 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork.activities.errors import STALE_ATTEMPT, bad_input
 from crewwork.models import WorkItemState
+from crewwork.steps.errors import STALE_ATTEMPT, bad_input
 from crewwork.store.fencing import Accepted, AttemptRecord, HandedOff, Rank, WriteResult
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
 
-log = logging.getLogger("crewwork.activities")
+log = logging.getLogger("crewwork.steps")
 
 
 class Stepped(Protocol):
@@ -208,8 +208,6 @@ async def watch(
 
 async def artifact_bytes(store: Store, artifact_id: str) -> bytes:
     """An artifact's content, for a step that consumes an earlier step's output (the diff); missing is bad input."""
-    from crewwork.activities.errors import bad_input
-
     data = await store.artifact_content(artifact_id)
     if data is None:
         raise bad_input(f"artifact {artifact_id} is missing")

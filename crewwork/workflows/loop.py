@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, RetryState, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from crewwork.activities.errors import ITEM_FAILURES
     from crewwork.limits import LoopState
     from crewwork.models import (
         AgentOutcome,
@@ -19,15 +16,6 @@ with workflow.unsafe.imports_passed_through():
         WorkItemInput,
         WorkItemSpec,
     )
-    from crewwork.workflows.policies import EXECUTION_RETRY
-
-
-class Dead(Exception):
-    """Infrastructure retries are exhausted: the item ends `dead` with the last error."""
-
-
-class Failed(Exception):
-    """The repository or the landing refused the item (ITEM_FAILURES): the item ends `failed` with the message."""
 
 
 @dataclass
@@ -107,48 +95,6 @@ def commit_message(inp: WorkItemInput, attempt: int) -> str:
     )
 
 
-def cause(exc: BaseException) -> str:
-    cur: BaseException | None = exc
-    msg = str(exc)
-    while cur is not None:
-        if isinstance(cur, ApplicationError):
-            return f"{cur.type or 'error'}: {cur.message}"
-        msg = str(cur) or msg
-        cur = cur.__cause__
-    return msg
-
-
-def tries(exc: ActivityError) -> str:
-    if exc.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED:
-        return f" after {EXECUTION_RETRY.maximum_attempts} tries"
-    return ""
-
-
-def reraise_cancellation(exc: ActivityError) -> None:
-    """A cancelled workflow sees its running activity fail with a cancelled cause: that is the cancellation itself,
-    not an infrastructure failure, so it must reach `run`'s cancellation handler (ending `cancelled`, not `dead`)."""
-    if is_cancelled_exception(exc):
-        raise asyncio.CancelledError(str(exc)) from exc
-
-
-def has_type(exc: BaseException, type_: str) -> bool:
-    cur: BaseException | None = exc
-    while cur is not None:
-        if isinstance(cur, ApplicationError) and cur.type == type_:
-            return True
-        cur = cur.__cause__
-    return False
-
-
-def raise_item_failure(exc: BaseException, step: str) -> None:
-    """An ITEM_FAILURES error (the repository or the landing refused) ends the item `failed`, never `dead`."""
-    cur: BaseException | None = exc
-    while cur is not None:
-        if isinstance(cur, ApplicationError) and cur.type in ITEM_FAILURES:
-            raise Failed(f"{step}: {cur.type}: {cur.message}") from exc
-        cur = cur.__cause__
-
-
 def submission_fault(validation: ValidationOutcome, spec: WorkItemSpec, attempt: int) -> str | None:
     """Why no further attempt can succeed, when a failed validation says the submission itself is wrong, or None:
 
@@ -189,16 +135,3 @@ def submission_fault(validation: ValidationOutcome, spec: WorkItemSpec, attempt:
             f"executable in the sandbox{said}: {after}"
         )
     return None
-
-
-def validation_budget_s(inp: WorkItemInput) -> float:
-    """Start-to-close budget of one validation: its run, each setup command, and the environment's setup."""
-    v = inp.spec.validation
-    assert v is not None
-    total = v.timeout_s * (1 + len(v.setup))
-    env = inp.spec.environment
-    if env is not None:
-        total += env.setup_timeout_s * (len(env.setup) + (1 if env.python else 0))
-    if v.preview is not None:
-        total += v.preview.lifetime_s
-    return total

@@ -1,0 +1,12 @@
+"""The lifecycle's steps, one package each: admit, workspace (lease, cleanup), state, agent, validate (with the
+preview), record, land, finish, evidence.
+
+`crewwork/steps/<step>/__init__.py` holds what the workflow sees: the step's input and result models and its `Step`
+policy (queue or local, timeouts, retries, which errors mean what for the item; `step.py`). `<step>/activity.py`
+holds the activity, a plain function `(ports, input) -> result` of explicit `Ports` (`ports.py`), bound at worker
+build time from one table (`registry.py`). The workflow and the API import only the former, so neither loads agents,
+sandboxes or the activities' repository work.
+
+Shared by the activities: `attempt.py` (an attempt's fenced writes and the watch that keeps it alive and fenced),
+`execution.py` (mirror, workspace, artifacts and sandbox choice of the agent and validate steps), `handoff.py`
+(telling queued items a freed place was handed to them), `errors.py` (the error types, and which no retry fixes)."""

@@ -1,0 +1,23 @@
+"""The state step's activity: one fenced state change; giving up the item's place hands it on, in the same write."""
+
+from __future__ import annotations
+
+from crewwork.steps.attempt import AttemptWriter
+from crewwork.steps.handoff import HAND_OFF_CAP, tell_admitted
+from crewwork.steps.ports import Ports
+from crewwork.steps.state import SetStateInput
+from crewwork.steps.step import WriteOutcome
+
+
+async def set_state(ports: Ports, inp: SetStateInput) -> WriteOutcome:
+    w = AttemptWriter.of(ports.store, inp)
+    # Awaiting review holds no place: it goes to the first queued item, in this write.
+    res = await w.set_state(
+        inp.state,
+        inp.reason,
+        event_data={"attempt": inp.attempt} if inp.attempt is not None else None,
+        max_in_flight=ports.settings.tenant_max_in_flight,
+        hand_off_cap=HAND_OFF_CAP,
+    )
+    await tell_admitted(ports.client, res.value)
+    return WriteOutcome(ok=res.ok, stale=res.stale)

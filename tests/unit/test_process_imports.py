@@ -1,0 +1,110 @@
+"""What the workflow code and the API process load, measured in a fresh interpreter (sys.modules after the import).
+
+The workflow runs steps by name through its one call path (crewwork/workflows/calls.py) and imports only the steps'
+contracts (`crewwork.steps.<step>`: models and policy), so neither it nor the API loads a step's activity, the ports
+activities are bound to, or the agent, sandbox and repository code those drive.
+
+The API process still loads parts of those three packages, each for a reason of its own, listed below module by
+module: a module the API starts to load for another reason fails this test, and a list only ever shrinks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+STACKS = ("crewwork.agents", "crewwork.sandbox", "crewwork.repos")
+STEP_IO = ("crewwork.steps.ports", "crewwork.steps.registry", "crewwork.steps.execution", "crewwork.steps.attempt")
+"""The I/O side of the steps (with every `crewwork.steps.<step>.activity`)."""
+
+API_NEEDS = {
+    # Submission checks the agent's config and takes its mock label at the edge (crewwork/service.py,
+    # `get_agent_class`); the agent registry imports every built-in agent to answer.
+    "crewwork.agents": {
+        "crewwork.agents",
+        "crewwork.agents.base",
+        "crewwork.agents.command",
+        "crewwork.agents.edits",
+        "crewwork.agents.model",
+        "crewwork.agents.model_config",
+        "crewwork.agents.model_prompt",
+        "crewwork.agents.registry",
+        "crewwork.agents.scripted",
+    },
+    # The settings tree: `Settings.sandbox` is crewwork.sandbox.config.SandboxSettings, and importing it runs
+    # crewwork/sandbox/__init__.py, which loads the backend registry and with it every backend (also reached from
+    # crewwork.agents.command). The API runs none of them. A repository's environment, checked at registration and
+    # submission (crewwork.repos.environment), plans its setup with crewwork.sandbox.prepare's SetupPlan, which
+    # brings the prepared-environment cache, its disk images, the image check and the setup proxy.
+    "crewwork.sandbox": {
+        "crewwork.sandbox.disk",
+        "crewwork.sandbox.image",
+        "crewwork.sandbox.limits",
+        "crewwork.sandbox.prepare",
+        "crewwork.sandbox.proxy",
+        "crewwork.sandbox",
+        "crewwork.sandbox._proc",
+        "crewwork.sandbox.base",
+        "crewwork.sandbox.bwrap",
+        "crewwork.sandbox.cgroups",
+        "crewwork.sandbox.config",
+        "crewwork.sandbox.docker",
+        "crewwork.sandbox.local",
+        "crewwork.sandbox.registry",
+        "crewwork.sandbox.seccomp",
+        "crewwork.sandbox.toolchain",
+    },
+    # Repository registration (crewwork/api/repositories.py -> crewwork.repos.tenancy) checks a registration where it
+    # enters: URL, address policy, the credential it names, the ref on the remote. `Repositories`
+    # (crewwork/repos/service.py) does that and mirrors and landing in one class, so its module loads them all;
+    # the settings tree holds crewwork.repos.settings; a submission's environment is checked by
+    # crewwork.repos.environment.
+    "crewwork.repos": {
+        "crewwork.repos",
+        "crewwork.repos.address",
+        "crewwork.repos.credentials",
+        "crewwork.repos.environment",
+        "crewwork.repos.git",
+        "crewwork.repos.landing",
+        "crewwork.repos.local",
+        "crewwork.repos.mirror",
+        "crewwork.repos.remote",
+        "crewwork.repos.service",
+        "crewwork.repos.settings",
+        "crewwork.repos.tenancy",
+    },
+}
+
+
+def loaded_by(module: str) -> list[str]:
+    """The crewwork modules a fresh interpreter has loaded after `import module`."""
+    code = f"import json, sys, {module}; print(json.dumps(sorted(m for m in sys.modules if m.startswith('crewwork'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=180)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def _under(modules: list[str], packages: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)]
+
+
+def _step_io(modules: list[str]) -> list[str]:
+    return [m for m in modules if m in STEP_IO or (m.startswith("crewwork.steps.") and m.endswith(".activity"))]
+
+
+def test_the_workflows_load_no_activity_agent_sandbox_repository_or_store_code() -> None:
+    for module in ("crewwork.workflows.work_item", "crewwork.workflows.evidence"):
+        modules = loaded_by(module)
+        print(f"{module}: {len(modules)} crewwork modules; stacks: {_under(modules, STACKS)}")
+        assert _step_io(modules) == [], module
+        assert _under(modules, (*STACKS, "crewwork.store", "crewwork.workspace", "crewwork.config")) == [], module
+
+
+def test_the_api_process_loads_no_step_activity_and_only_the_listed_stack_modules() -> None:
+    modules = loaded_by("crewwork.api.app")
+    print(f"crewwork.api.app: {len(modules)} crewwork modules; step activities and ports: {_step_io(modules)}")
+    assert _step_io(modules) == []
+    for package, needed in API_NEEDS.items():
+        found = set(_under(modules, (package,)))
+        print(f"  {package}: {len(found)} modules, all listed: {found <= needed}")
+        assert found <= needed, f"the API now also loads {sorted(found - needed)}: say why in API_NEEDS, or avoid it"
+    assert _under(modules, ("crewwork.workspace", "crewwork.preview.run", "crewwork.validation.protect")) == []
