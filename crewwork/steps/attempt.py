@@ -82,7 +82,6 @@ class AttemptWriter:
             writer=self.writer,
             fields=fields,
             event_data=event_data,
-            before=before,
             max_in_flight=max_in_flight,
             hand_off_cap=hand_off_cap,
             attempt=attempt,

@@ -8,7 +8,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crewwork.store.fencing import Accepted, AttemptRecord, FencingStore, Rank, WriteResult
+from crewwork.masking import without_nul
+from crewwork.store.fencing import AttemptRecord, FencingStore, Rank, WriteResult
 from crewwork.store.tables import Attempt
 
 __all__ = ["AttemptRecord", "AttemptStore"]
@@ -21,23 +22,8 @@ class AttemptStore(FencingStore):
         """Insert or replace attempt `record.number`'s record. The accepted write's value is the item's failure
         fingerprints in attempt order (None for a passed attempt), read in the same transaction: what the workflow's
         same-cause breaker needs."""
-        record = record.clean()
-        if self.server_writes:
-            res = await self._server_write(
-                rank=rank,
-                work_item_id=work_item_id,
-                tenant_id=tenant_id,
-                writer=writer,
-                ops=[record.server_op(count=True), {"op": "fingerprints"}],
-            )
-            return res.carrying(list((res.value or {}).get("fingerprints", [])) if res.ok else None)
-
-        async def _apply(s: AsyncSession, w: Accepted) -> list[str | None]:
-            await self.write_attempt(s, w, work_item_id, tenant_id, record)
-            return await self.fingerprints_in(s, work_item_id)
-
-        return await self.fenced_write(
-            rank=rank, work_item_id=work_item_id, tenant_id=tenant_id, writer=writer, apply=_apply
+        return await self.writes.record_attempt(
+            work_item_id=work_item_id, tenant_id=tenant_id, rank=rank, record=record, writer=without_nul(writer)
         )
 
     async def fingerprints(self, work_item_id: str) -> list[str | None]:
@@ -46,13 +32,7 @@ class AttemptStore(FencingStore):
 
     async def fingerprints_in(self, s: AsyncSession, work_item_id: str) -> list[str | None]:
         """The item's failure fingerprints in attempt order, None for a passed attempt."""
-        conn = await s.connection()
-        rows = await conn.execute(
-            select(Attempt.verdict, Attempt.fingerprint)
-            .where(Attempt.work_item_id == work_item_id)
-            .order_by(Attempt.number)
-        )
-        return [fp if verdict != "passed" else None for verdict, fp in rows.all()]
+        return await self.writes.fingerprints_in(s, work_item_id)
 
     async def list_attempts(self, work_item_id: str) -> list[Attempt]:
         async with self.session() as s:

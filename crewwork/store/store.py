@@ -5,7 +5,11 @@
 | `engine` | the engine, sessions and transactions, the database clock |
 | `auth` | tenants and API keys |
 | `work_items` | submitted work items and their reads |
-| `fencing` | ranks, fenced writes, state changes, admission |
+| `fencing` | the fencing rules and `FencingStore`, which runs them through one of: |
+| `fencing_python` | the fenced write statement by statement: the reference implementation of the rules |
+| `fencing_dialects` | SQLite and PostgreSQL as subclasses of it |
+| `fencing_server` | PostgreSQL as one call of `crewwork_fenced_write` (migration 0008), proven equal by tests |
+| `fencing_model`, `fencing_sql` | ranks, results, records; the statements, built once |
 | `events` | the append-only event log |
 | `attempts` | attempt records and the breaker's fingerprints |
 | `leases` | workspace leases and their history |
@@ -16,7 +20,8 @@
 | `ratelimits` | the API's rate-limit buckets, shared by every API process |
 
 Every write that changes a work item's state or records what an attempt produced goes through
-`FencingStore.fenced_write` (see crewwork/store/fencing.py for the ordering rule).
+`FencingStore.fenced_write` (see crewwork/store/fencing.py for the ordering rule;
+tests/store/test_fencing_differential.py proves the server function equal to the Python path).
 """
 
 from __future__ import annotations

@@ -246,38 +246,66 @@ async def test_a_finish_appends_its_attempt_its_change_and_the_hand_offs_in_that
     assert (await any_store.get_work_item(second)).state == "admitted"  # type: ignore[union-attr]
 
 
-async def test_a_webhook_registered_inside_the_write_before_its_change_gets_that_change(pg_store: Store) -> None:
-    """The write holds its item row and is running its `before` (a task's attempt record, itself one statement
-    with its event now) when a webhook is registered: the change's UPDATE comes after, and its webhook lookup
-    (in that UPDATE's RETURNING, with the event in the same statement) must see the webhook."""
-    tid, wid = await _item(pg_store, "cte-hook-before")
+@pytest.mark.parametrize("server", [True, False])
+async def test_a_webhook_registered_inside_the_write_before_its_change_gets_that_change(
+    pg_store: Store, server: bool
+) -> None:
+    """The write holds its item row and is inserting a task's attempt record (held there by a trigger that waits
+    for an advisory lock another connection holds) when a webhook is registered: the change's UPDATE comes after,
+    and its webhook lookup (in that UPDATE's RETURNING on the Python path, the outbox statement on the server path)
+    must see the webhook."""
+    pg_store.server_writes = server
+    tid, wid = await _item(pg_store, f"cte-hook-before-{server}")
     assert (
         await pg_store.set_state(
             work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), state=WorkItemState.admitted, writer="t"
         )
     ).ok
-    inside, go = asyncio.Event(), asyncio.Event()
-
-    async def paused(s: Any, w: Any) -> None:
-        await pg_store.write_attempt(s, w, wid, tid, AttemptRecord(number=1, verdict="passed", reason="ok"))
-        inside.set()
-        await go.wait()
-
-    write = asyncio.create_task(
-        pg_store.set_state(
-            work_item_id=wid,
-            tenant_id=tid,
-            rank=Rank(2, 1),
-            state=WorkItemState.succeeded,
-            writer="finish#1",
-            fields={"result": {"state": "succeeded"}},
-            before=paused,
+    key, name = random.randrange(1, 2**31), f"pause_{wid.lower()}"
+    async with pg_store.engine.connect() as holder:
+        await holder.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        await holder.execute(
+            text(
+                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+                f"$$ BEGIN PERFORM pg_advisory_xact_lock({key}); RETURN NEW; END $$"
+            )
         )
-    )
-    await asyncio.wait_for(inside.wait(), 10)
-    await OutboxStore(pg_store).create_webhook(tid, "http://127.0.0.1:9/hook", [])
-    go.set()
-    assert (await asyncio.wait_for(write, 10)).ok
+        await holder.execute(
+            text(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON attempts FOR EACH ROW "
+                f"WHEN (NEW.work_item_id = '{wid}') EXECUTE FUNCTION {name}()"
+            )
+        )
+        await holder.commit()
+        try:
+            write = asyncio.create_task(
+                pg_store.set_state(
+                    work_item_id=wid,
+                    tenant_id=tid,
+                    rank=Rank(2, 1),
+                    state=WorkItemState.succeeded,
+                    writer="finish#1",
+                    fields={"result": {"state": "succeeded"}},
+                    attempt=AttemptRecord(number=1, verdict="passed", reason="ok"),
+                )
+            )
+            for _ in range(500):  # until the write waits inside, on the advisory lock
+                waiting = await _raw(
+                    pg_store, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objid = :k AND NOT granted", k=key
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the write never reached its attempt record")
+            await OutboxStore(pg_store).create_webhook(tid, "http://127.0.0.1:9/hook", [])
+            await holder.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            await holder.commit()
+            assert (await asyncio.wait_for(write, 10)).ok
+        finally:
+            await holder.execute(text(f"DROP TRIGGER IF EXISTS {name} ON attempts"))
+            await holder.execute(text(f"DROP FUNCTION IF EXISTS {name}()"))
+            await holder.commit()
     rows = await _raw(pg_store, "SELECT payload FROM outbox WHERE work_item_id = :w", w=wid)
     assert [r[0]["state"] for r in rows] == ["succeeded"]
     assert [t for _i, t, _ in await _events(pg_store, wid)][-2:] == ["attempt_recorded", "state_changed"]
@@ -350,7 +378,7 @@ async def test_a_state_change_of_a_row_that_is_not_there_commits_no_event(any_st
     async def body(s: Any, started: Any) -> None:
         started()
         acc = Accepted(now=1.0, rank=Rank(4, 1))
-        await any_store.change_state(s, acc, ghost, tid, WorkItemState.running, "x", "zombie", None, None)
+        await any_store.writes.change_state(s, acc, ghost, tid, WorkItemState.running, "x", "zombie", None, None)
 
     with pytest.raises(NoResultFound):
         await any_store.transaction(body)

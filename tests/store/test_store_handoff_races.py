@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select, text
 
 from crewwork.config import Settings
@@ -104,49 +105,47 @@ async def test_a_webhook_registered_while_a_hand_off_waits_for_the_tenant_lock_g
     assert await _outbox_states(store, second) == ["admitted"]
 
 
+@pytest.mark.parametrize("server", [True, False])
 async def test_a_queued_item_cancelled_while_a_place_is_handed_on_passes_the_place_to_the_next(
-    pg_store: Store, tmp_path: Any
+    pg_store: Store, tmp_path: Any, server: bool
 ) -> None:
-    """The first queued item is being cancelled (its write holds its row, as a paused process would) while the
-    admitted item ends: the hand-off skips the locked row, taking it for the item's own admission, and leaves the
-    place to it. The cancellation must then pass the place to the next in line; it used to hand nothing on (a
-    queued item holds no place), and the next item waited for its fallback timer with a place free."""
+    """The first queued item's row is locked (a transaction holds it, as a paused process would) and its
+    cancellation waits for it while the admitted item ends: the hand-off skips the locked row, taking it for the
+    item's own admission, and leaves the place to it. The cancellation must then pass the place to the next in
+    line; it used to hand nothing on (a queued item holds no place), and the next item waited for its fallback
+    timer with a place free."""
     store = pg_store
+    store.server_writes = server
     control = bound(Ports.build(store, Settings(data_dir=tmp_path, tenant_max_in_flight=1)))
     spec = WorkItemSpec.model_validate(TASK)
-    items = [await _item(store, "cancel-race") for _ in range(3)]
+    items = [await _item(store, f"cancel-race-{server}") for _ in range(3)]
     tid = items[0][0]
     got = [await control.admit(AdmitInput(work_item_id=w, tenant_id=tid, step=1, spec=spec)) for _t, w in items]
     assert [g.admitted for g in got] == [True, False, False]
     (_, running), (_, cancelling), (_, behind) = items
-    holding, release = asyncio.Event(), asyncio.Event()
-
-    async def paused(_s: Any, _w: Any) -> None:
-        holding.set()
-        await release.wait()
-
-    cancel = asyncio.create_task(
-        store.set_state(
-            work_item_id=cancelling,
-            tenant_id=tid,
-            rank=Rank(2, 1),
-            state=WorkItemState.cancelled,
-            reason="cancelled by request",
-            writer="finish#1",
-            before=paused,
-            max_in_flight=1,
-            hand_off_cap=3,
+    async with store.engine.connect() as holder:
+        await holder.execute(text("SELECT id FROM work_items WHERE id = :w FOR UPDATE"), {"w": cancelling})
+        cancel = asyncio.create_task(
+            store.set_state(
+                work_item_id=cancelling,
+                tenant_id=tid,
+                rank=Rank(2, 1),
+                state=WorkItemState.cancelled,
+                reason="cancelled by request",
+                writer="finish#1",
+                max_in_flight=1,
+                hand_off_cap=3,
+            )
         )
-    )
-    await asyncio.wait_for(holding.wait(), 10)
-    result = WorkItemResult(work_item_id=running, state=WorkItemState.succeeded, reason="done")
-    finish = asyncio.create_task(
-        control.finish(FinishInput(work_item_id=running, tenant_id=tid, step=2, result=result))
-    )
-    await asyncio.wait([finish], timeout=1.0)  # it ends now, or waits for the cancellation's tenant lock
-    release.set()
+        await _wait_blocked(store)
+        result = WorkItemResult(work_item_id=running, state=WorkItemState.succeeded, reason="done")
+        finish = await asyncio.wait_for(
+            control.finish(FinishInput(work_item_id=running, tenant_id=tid, step=2, result=result)), 10
+        )
+        assert finish.ok
+        assert (await store.get_work_item(behind)).state == "queued"  # type: ignore[union-attr]
+        await holder.rollback()
     assert (await asyncio.wait_for(cancel, 10)).ok
-    assert (await asyncio.wait_for(finish, 10)).ok
     states = [(await store.get_work_item(w)).state for w in (running, cancelling, behind)]  # type: ignore[union-attr]
     assert states == ["succeeded", "cancelled", "admitted"], "the free place went to nobody"
 

@@ -101,7 +101,7 @@ KNOWN_CYCLE_EDGES = {
     ("crewwork.steps.agent.activity", "crewwork.workers"),
     # Issue 27 items 2 and 3 (one fenced write; the store owns its SQL, the outbox deliverer moves out of it): the
     # fenced write enqueues webhook deliveries through the outbox, which needs the store.
-    ("crewwork.store.fencing", "crewwork.store.outbox"),
+    ("crewwork.store.fencing_python", "crewwork.store.outbox"),
     ("crewwork.store.outbox", "crewwork.store.store"),
 }
 
