@@ -15,17 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncSession
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crewwork.models import WorkItemState
 from crewwork.steps.errors import STALE_ATTEMPT, bad_input
-from crewwork.store.fencing import Accepted, AttemptRecord, HandedOff, Rank, WriteResult
+from crewwork.store.fencing import AttemptRecord, HandedOff, Rank, WriteResult
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
 
@@ -66,7 +65,6 @@ class AttemptWriter:
         *,
         fields: dict[str, Any] | None = None,
         event_data: dict[str, Any] | None = None,
-        before: Callable[[AsyncSession, Accepted], Awaitable[None]] | None = None,
         max_in_flight: int | None = None,
         hand_off_cap: int = 0,
         attempt: AttemptRecord | None = None,

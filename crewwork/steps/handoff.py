@@ -1,5 +1,5 @@
 """Handing a freed place on: a write that ends an item's hold on its tenant's in-flight place admits the tenant's
-first queued items in the same transaction (`FencingStore.hand_off`); this tells their workflows so."""
+first queued items in the same transaction (`hand_off` in crewwork/store/fencing_python.py); this tells their workflows so."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ the in-flight limit was raised, or places were freed without a hand-off: an item
 
 
 async def tell_admitted(client: Any, handed: list[HandedOff] | None) -> None:
-    """Tell the workflows of the queued items a write admitted (`FencingStore.hand_off`) that they may go on.
+    """Tell the workflows of the queued items a write admitted (`hand_off` in crewwork/store/fencing_python.py) that they may go on.
     Best effort: the admission is in the store already, and a queued item that misses the signal finds it there
     at its next admission poll (crewwork.workflows.policies.QUEUE_POLL)."""
     if not handed or client is None:

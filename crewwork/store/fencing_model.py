@@ -144,7 +144,7 @@ class Admission:
 
 @dataclass(frozen=True)
 class HandedOff:
-    """A queued item admitted by the transaction of the item whose place it took (`FencingStore.hand_off`)."""
+    """A queued item admitted by the transaction of the item whose place it took (`hand_off` in crewwork/store/fencing_python.py)."""
 
     work_item_id: str
     workflow_id: str

@@ -11,7 +11,7 @@ from temporalio.common import SearchAttributeKey
 
 QUEUE_POLL = timedelta(seconds=20)
 QUEUE_POLL_MAX = timedelta(seconds=120)
-"""A queued item is admitted by the write of the item whose place it takes (`FencingStore.hand_off`) and told so by
+"""A queued item is admitted by the write of the item whose place it takes (`hand_off` in crewwork/store/fencing_python.py) and told so by
 the `admitted` signal; it re-runs admission on this backoff timer only as a fallback: for a signal that was lost
 (the control process died between the write and the signal), or places freed without a hand-off (the operator
 raised the limit). So it is long: at 5 s doubling to 30 s, on a loaded machine where a queue wait is half a minute,

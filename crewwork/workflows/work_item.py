@@ -114,7 +114,7 @@ class WorkItemWorkflow(StepCalls):
     @workflow.signal
     def admitted(self) -> None:
         """The place of one of the tenant's items that ended was handed to this queued item, in that item's write
-        (`FencingStore.hand_off`): it is admitted in the store already and goes on without asking again."""
+        (`hand_off` in crewwork/store/fencing_python.py): it is admitted in the store already and goes on without asking again."""
         self._handed_off = True
 
     # ------------------------------------------------------------------ lifecycle

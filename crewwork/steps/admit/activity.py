@@ -38,7 +38,7 @@ async def admit(ports: Ports, inp: AdmitInput) -> AdmitResult:
     review = inp.spec.review.timeout_s
     ceiling = settings.max_review_timeout_s_ceiling
     # What the item runs under, also when it is queued: a queued item that a freed place is handed to
-    # (`FencingStore.hand_off`) goes on with these, without asking again.
+    # (`hand_off` in crewwork/store/fencing_python.py) goes on with these, without asking again.
     budget = effective_budget(inp.spec.budget, ceilings)
     review_timeout_s = min(review, ceiling) if review is not None else ceiling
     if not adm.admitted:
