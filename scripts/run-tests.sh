@@ -16,8 +16,11 @@ JOBS="${CREWWORK_TEST_JOBS:-4}"
 status=0
 start=$(date +%s)
 mkdir -p test-artifacts
+# --maxschedchunk 1: xdist's load scheduler otherwise hands each worker a first block of ~80 consecutive tests, so
+# the longest tests (sorted first, tests/conftest.py LONG_FIRST) all went to one worker, which then ran them one
+# after another while the others had finished. One at a time, they start on different workers.
 # Every test's time is in the JUnit reports (test-artifacts/), the 25 slowest on the terminal.
-"$PYTEST" -ra -n "$JOBS" --dist load -m "not alone" --durations=25 --junitxml=test-artifacts/parallel.xml "$@" \
+"$PYTEST" -ra -n "$JOBS" --dist load --maxschedchunk 1 -m "not alone" --durations=25 --junitxml=test-artifacts/parallel.xml "$@" \
     || status=$?
 mid=$(date +%s)
 "$PYTEST" -ra -m alone --durations=10 --junitxml=test-artifacts/alone.xml "$@"

@@ -67,7 +67,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 # The suite's longest tests (a minute or more each, mostly waiting on real processes), longest first. The parallel
-# pass (scripts/run-tests.sh: xdist `--dist load`) hands tests out in collection order, so starting these first puts
+# pass (scripts/run-tests.sh: xdist `--dist load --maxschedchunk 1`) hands tests out one by one in collection order, so starting these first puts
 # them on different workers at the start instead of leaving one worker running them at the end. Figures: the
 # slowest durations printed by `make test`.
 LONG_FIRST = (
