@@ -41,7 +41,7 @@ pytestmark = pytest.mark.temporal
 ARTIFACT = {"id": "a1", "name": "diff.patch", "size": 10, "sha256": "0" * 64}
 
 
-def test_server() -> str:
+def time_skipping_server() -> str:
     beside = Path(sys.executable).parent / "temporal-test-server"
     found = str(beside) if beside.exists() else shutil.which("temporal-test-server")
     if found is None:
@@ -49,13 +49,10 @@ def test_server() -> str:
     return found
 
 
-test_server.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
-
-
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     e = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=test_server(), data_converter=pydantic_data_converter
+        test_server_existing_path=time_skipping_server(), data_converter=pydantic_data_converter
     )
     try:
         yield e

@@ -26,7 +26,15 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crewwork.agents.base import Agent, AgentConfigError, AgentContext, AgentError, AgentInfraError, AgentRunResult
+from crewwork.agents.base import (
+    Agent,
+    AgentConfigError,
+    AgentContext,
+    AgentError,
+    AgentInfraError,
+    AgentRunResult,
+    OperatorAgentSettings,
+)
 from crewwork.agents.command import choose_agent
 from crewwork.agents.isolation import call_for
 from crewwork.agents.registry import get_agent_class
@@ -71,7 +79,7 @@ class Produced:
 
 
 async def run_agent(ports: Ports, inp: AgentStepInput) -> AgentOutcome:
-    chosen = choose(inp)
+    chosen = choose(inp, OperatorAgentSettings.of(ports.settings))
     w = AttemptWriter.of(ports.store, inp)
     # The attempt's first write, before anything else: refused if a later-scheduled attempt has written.
     started = await w.set_state(
@@ -102,16 +110,21 @@ async def run_agent(ports: Ports, inp: AgentStepInput) -> AgentOutcome:
             return await finished(w, inp, produced)
 
 
-def choose(inp: AgentStepInput) -> Chosen:
-    """The agent for this attempt, its config checked for the item's kind (bad input if it does not fit)."""
+def choose(inp: AgentStepInput, operator: OperatorAgentSettings) -> Chosen:
+    """The agent for this attempt (by the operator's settings the worker was given), its config checked for the
+    item's kind (bad input if it does not fit)."""
     spec = inp.spec
     name, why = choose_agent(
-        spec.agent.name, spec.agent.config, repo=spec.repo.url if spec.repo else None, labels=spec.labels
+        spec.agent.name,
+        spec.agent.config,
+        repo=spec.repo.url if spec.repo else None,
+        labels=spec.labels,
+        operator=operator,
     )
     # The command agent's config carries the built-in agent's config to fall back on.
     config = spec.agent.config if name == spec.agent.name else dict(spec.agent.config.get("model") or {})
     try:
-        cls = get_agent_class(name)
+        cls = get_agent_class(name, plugins=operator.agent_plugins)
         cls.validate_config(spec.kind, config)
     except AgentConfigError as exc:
         raise bad_input(str(exc)) from exc
