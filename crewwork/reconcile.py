@@ -36,8 +36,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from crewwork.config import Settings
+from crewwork.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.models import WorkItemResult, WorkItemState
-from crewwork.steps.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.store.fencing import Rank
 from crewwork.store.store import Store
 from crewwork.store.tables import OPEN_ITEMS, WorkItem

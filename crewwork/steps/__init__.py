@@ -8,5 +8,6 @@ build time from one table (`registry.py`). The workflow and the API import only 
 sandboxes or the activities' repository work.
 
 Shared by the activities: `attempt.py` (an attempt's fenced writes and the watch that keeps it alive and fenced),
-`execution.py` (mirror, workspace, artifacts and sandbox choice of the agent and validate steps), `handoff.py`
-(telling queued items a freed place was handed to them), `errors.py` (the error types, and which no retry fixes)."""
+`execution.py` (mirror, workspace, artifacts and sandbox choice of the agent and validate steps), `errors.py` (the
+error types, and which no retry fixes). Telling queued items a freed place was handed to them is `crewwork/handoff.py`,
+shared with the reconciler."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from crewwork.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.finish import FinishInput
-from crewwork.steps.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.steps.ports import Ports
 from crewwork.steps.record.activity import attempt_record
 from crewwork.steps.step import WriteOutcome

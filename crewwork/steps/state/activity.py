@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from crewwork.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.steps.attempt import AttemptWriter
-from crewwork.steps.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.steps.ports import Ports
 from crewwork.steps.state import SetStateInput
 from crewwork.steps.step import WriteOutcome

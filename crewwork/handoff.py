@@ -1,5 +1,8 @@
 """Handing a freed place on: a write that ends an item's hold on its tenant's in-flight place admits the tenant's
-first queued items in the same transaction (`hand_off` in crewwork/store/fencing_python.py); this tells their workflows so."""
+first queued items in the same transaction (`hand_off` in crewwork/store/fencing_python.py); this tells their workflows so.
+
+Every writer that can free a place uses it: the state and finish steps, and the reconciler closing an item whose
+workflow ended without saying so. It sits below both, beside the store."""
 
 from __future__ import annotations
 
