@@ -39,16 +39,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
-
 from crewwork.models import WorkItemKind, WorkItemState
 from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.repos.git import RemoteError
 from crewwork.repos.remote import Remote
+from crewwork.store.audit import AuditAttempt, AuditEvent, AuditItem, LeaseGrant
 from crewwork.store.fencing import Rank
-from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
-from crewwork.store.tables import Attempt, Event, Lease, LeaseHistory, WorkItem
 from crewwork.urls import RepoURLError, parse_repo_url
 
 REJECTIONS = frozenset({"stale_write_rejected", "write_after_terminal_rejected"})
@@ -146,33 +143,17 @@ async def check_invariants(
 
         address = RemoteAddressPolicy.from_settings(Settings())
     results = {n: InvariantResult(n) for n in INVARIANTS}
-    async with store.session() as s:
-        q = select(WorkItem)
-        if work_item_ids is not None:
-            ids = list(work_item_ids)
-            q = q.where(WorkItem.id.in_(ids))
-        items = {w.id: w for w in (await s.scalars(q)).all()}
-        if work_item_ids is not None:
-            for missing in sorted(set(ids) - set(items)):
-                results["terminal"].fail(f"{missing}: not in the store")
-        wids = list(items)
-        events = list((await s.scalars(select(Event).where(Event.work_item_id.in_(wids)).order_by(Event.id))).all())
-        attempts = list((await s.scalars(select(Attempt).where(Attempt.work_item_id.in_(wids)))).all())
-        ws_keys = sorted(
-            {str(e.data.get("key")) for e in events if e.type == "workspace_acquired" and e.data.get("key")}
-        )
-        history = list(
-            (await s.scalars(select(LeaseHistory).where(LeaseHistory.key.in_(ws_keys)).order_by(LeaseHistory.id))).all()
-        )
-        leases = list(
-            (await s.scalars(select(Lease).where(Lease.key.startswith(WORKSPACE_PREFIX, autoescape=True)))).all()
-        )
+    snap = await store.audit_snapshot(None if work_item_ids is None else list(work_item_ids))
+    items = snap.items
+    for missing in snap.missing:
+        results["terminal"].fail(f"{missing}: not in the store")
+    wids = list(items)
 
-    by_item: dict[str, list[Event]] = defaultdict(list)
-    for e in events:
+    by_item: dict[str, list[AuditEvent]] = defaultdict(list)
+    for e in snap.events:
         by_item[e.work_item_id].append(e)
-    attempts_by_item: dict[str, list[Attempt]] = defaultdict(list)
-    for a in attempts:
+    attempts_by_item: dict[str, list[AuditAttempt]] = defaultdict(list)
+    for a in snap.attempts:
         attempts_by_item[a.work_item_id].append(a)
 
     report = InvariantReport(results=results, work_item_ids=sorted(wids))
@@ -201,8 +182,8 @@ async def check_invariants(
         if histories is not None and wid in histories:
             _check_temporal(results["temporal_agreement"], wid, accepted, histories[wid])
 
-    _check_leases(results["lease_exclusive"], history)
-    for lease in leases:
+    _check_leases(results["lease_exclusive"], snap.grants)
+    for lease in snap.held:
         owner = items.get(lease.holder)
         if owner is not None and WorkItemState(owner.state).terminal:
             results["no_lease_held"].fail(
@@ -212,13 +193,13 @@ async def check_invariants(
     return report
 
 
-def _rank(e: Event) -> Rank:
+def _rank(e: AuditEvent) -> Rank:
     assert e.rank is not None
     return Rank.decode(int(e.rank))
 
 
-def _check_monotonic(r: InvariantResult, wid: str, accepted: list[Event], counts: dict[str, int]) -> None:
-    high: Event | None = None
+def _check_monotonic(r: InvariantResult, wid: str, accepted: list[AuditEvent], counts: dict[str, int]) -> None:
+    high: AuditEvent | None = None
     for e in accepted:
         if high is not None and _rank(e) < _rank(high):
             counts["stale_accepted"] += 1
@@ -230,7 +211,7 @@ def _check_monotonic(r: InvariantResult, wid: str, accepted: list[Event], counts
             high = e
 
 
-def _check_mark(r: InvariantResult, item: WorkItem, accepted: list[Event]) -> None:
+def _check_mark(r: InvariantResult, item: AuditItem, accepted: list[AuditEvent]) -> None:
     if not accepted:
         return
     top = max(int(e.rank or 0) for e in accepted)
@@ -243,7 +224,7 @@ def _check_mark(r: InvariantResult, item: WorkItem, accepted: list[Event]) -> No
             f"{item.id}: fence mark is {Rank.decode(item.fence_rank)} but the highest accepted write is "
             f"{Rank.decode(top)}"
         )
-    if item.result is not None and item.result_rank != top:
+    if item.has_result and item.result_rank != top:
         r.fail(
             f"{item.id}: the result was stored at {_fmt(item.result_rank)}, yet a write at {Rank.decode(top)} "
             "was accepted"
@@ -259,7 +240,7 @@ def _fmt(rank: int | None) -> str:
     return "no rank" if rank is None else str(Rank.decode(rank))
 
 
-def _check_rejections(r: InvariantResult, wid: str, events: list[Event]) -> None:
+def _check_rejections(r: InvariantResult, wid: str, events: list[AuditEvent]) -> None:
     for e in events:
         if e.type != "stale_write_rejected":
             continue
@@ -273,7 +254,7 @@ def _check_rejections(r: InvariantResult, wid: str, events: list[Event]) -> None
             r.fail(f"{wid}: a write at {presented} was rejected though the current rank was {current}")
 
 
-def _check_forward(r: InvariantResult, wid: str, accepted: list[Event], counts: dict[str, int]) -> None:
+def _check_forward(r: InvariantResult, wid: str, accepted: list[AuditEvent], counts: dict[str, int]) -> None:
     attempt = 0
     last: tuple[int, int] | None = None
     last_state = ""
@@ -291,7 +272,7 @@ def _check_forward(r: InvariantResult, wid: str, accepted: list[Event], counts: 
         last, last_state = key, state
 
 
-def _check_outcomes(r: InvariantResult, wid: str, accepted: list[Event], attempts: list[Attempt]) -> None:
+def _check_outcomes(r: InvariantResult, wid: str, accepted: list[AuditEvent], attempts: list[AuditAttempt]) -> None:
     finished: dict[int, Any] = {}
     recorded: dict[int, Any] = {}
     for e in accepted:
@@ -313,7 +294,7 @@ def _check_outcomes(r: InvariantResult, wid: str, accepted: list[Event], attempt
             )
 
 
-def _check_unique_attempts(r: InvariantResult, wid: str, attempts: list[Attempt]) -> None:
+def _check_unique_attempts(r: InvariantResult, wid: str, attempts: list[AuditAttempt]) -> None:
     seen: set[int] = set()
     for a in attempts:
         if a.number in seen:
@@ -321,7 +302,7 @@ def _check_unique_attempts(r: InvariantResult, wid: str, attempts: list[Attempt]
         seen.add(a.number)
 
 
-def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event]) -> None:
+def _check_landing(r: InvariantResult, item: AuditItem, events: list[AuditEvent]) -> None:
     landed = [e for e in events if e.type == "landed"]
     should = item.state == WorkItemState.succeeded.value and item.kind == WorkItemKind.code_change.value
     if not should:
@@ -335,7 +316,7 @@ def _check_landing(r: InvariantResult, item: WorkItem, events: list[Event]) -> N
         r.fail(f"{item.id}: landed commits {sorted(map(str, commits))} != stored {item.landed_commit}")
 
 
-async def _check_delivery_branch(r: InvariantResult, item: WorkItem, address: RemoteAddressPolicy) -> None:
+async def _check_delivery_branch(r: InvariantResult, item: AuditItem, address: RemoteAddressPolicy) -> None:
     """The delivery branch of a succeeded code change points at the landed commit (a local path or a remote, read
     through crewwork.repos.remote like every network git command: checked address, pinned, no credential)."""
     if not (item.state == WorkItemState.succeeded.value and item.kind == WorkItemKind.code_change.value):
@@ -353,7 +334,7 @@ async def _check_delivery_branch(r: InvariantResult, item: WorkItem, address: Re
         r.fail(f"{item.id}: {item.delivery_branch} is at {at or 'nothing'}, not the landed commit")
 
 
-def _check_temporal(r: InvariantResult, wid: str, accepted: list[Event], completed: list[CompletedStep]) -> None:
+def _check_temporal(r: InvariantResult, wid: str, accepted: list[AuditEvent], completed: list[CompletedStep]) -> None:
     last_outcome: dict[tuple[str, int], Rank] = {}
     for e in accepted:
         if e.type in OUTCOME_EVENTS.values():
@@ -371,8 +352,8 @@ def _check_temporal(r: InvariantResult, wid: str, accepted: list[Event], complet
             )
 
 
-def _check_leases(r: InvariantResult, history: list[LeaseHistory]) -> None:
-    by_key: dict[str, list[LeaseHistory]] = defaultdict(list)
+def _check_leases(r: InvariantResult, history: Iterable[LeaseGrant]) -> None:
+    by_key: dict[str, list[LeaseGrant]] = defaultdict(list)
     for h in history:
         by_key[h.key].append(h)
     for key, grants in by_key.items():

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, text, tuple_
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
@@ -39,8 +38,8 @@ from crewwork.config import Settings
 from crewwork.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.models import WorkItemResult, WorkItemState
 from crewwork.store.fencing import Rank
+from crewwork.store.open_items import OpenItem
 from crewwork.store.store import Store
-from crewwork.store.tables import OPEN_ITEMS, WorkItem
 from crewwork.workspace import remove_tree
 
 log = logging.getLogger("crewwork.reconcile")
@@ -68,22 +67,6 @@ class Pass:
     errors: int = 0
     cycle_done: bool = False
     """This pass read the cycle's last open items: the next one starts over at the oldest."""
-
-
-def open_items_query(horizon: float, after: tuple[float, str] | None, batch: int) -> Any:
-    """The next `batch` open items submitted up to `horizon`, after `after` (submission time, id), oldest first."""
-    t = WorkItem
-    q = (
-        select(t.id, t.tenant_id, t.workflow_id, t.state, t.created_at, t.mock)
-        # The partial index's own condition, as text: SQLite uses a partial index only for a query whose WHERE
-        # names its condition in literals (bound parameters it cannot match).
-        .where(text(OPEN_ITEMS), t.created_at <= horizon)
-        .order_by(t.created_at, t.id)
-        .limit(batch)
-    )
-    if after is not None:
-        q = q.where(tuple_(t.created_at, t.id) > tuple_(*after))
-    return q
 
 
 class Reconciler:
@@ -154,13 +137,12 @@ class Reconciler:
                 log.warning("reconciler: %s: %s: %s", row.id, type(exc).__name__, exc)
         return res
 
-    async def _next_open(self, batch: int, min_age_s: float) -> list[Any]:
-        async with self.store.session() as s:
-            if self._horizon is None:
-                self._horizon = await self.store.now(s) - min_age_s
-            return list((await s.execute(open_items_query(self._horizon, self._after, batch))).all())
+    async def _next_open(self, batch: int, min_age_s: float) -> list[OpenItem]:
+        if self._horizon is None:
+            self._horizon = await self.store.db_now() - min_age_s
+        return await self.store.open_items(self._horizon, self._after, batch)
 
-    async def _check(self, row: Any, res: Pass) -> None:
+    async def _check(self, row: OpenItem, res: Pass) -> None:
         handle = self.client.get_workflow_handle(row.workflow_id)
         try:
             desc = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
@@ -177,7 +159,7 @@ class Reconciler:
         state, reason, returned = await self._ending(handle, desc.run_id, status)
         result = returned or WorkItemResult(work_item_id=row.id, state=state, reason=reason)
         # A mock agent's item stays labelled mock (known since submission), whatever the workflow got to return.
-        result = result.model_copy(update={"mock": result.mock or bool(row.mock)})
+        result = result.model_copy(update={"mock": result.mock or row.mock})
         fields: dict[str, Any] = {"result": result.model_dump(mode="json"), "mock": result.mock}
         if result.delivery_branch or result.landed_commit:
             fields.update(delivery_branch=result.delivery_branch, landed_commit=result.landed_commit)

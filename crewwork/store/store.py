@@ -5,6 +5,7 @@
 | `engine` | the engine, sessions and transactions, the database clock |
 | `auth` | tenants and API keys |
 | `work_items` | submitted work items and their reads |
+| `open_items` | the work items not terminal yet, oldest first (the reconciler's walk) |
 | `fencing` | the fencing rules and `FencingStore`, which runs them through one of: |
 | `fencing_python` | the fenced write statement by statement: the reference implementation of the rules |
 | `fencing_dialects` | SQLite and PostgreSQL as subclasses of it |
@@ -18,6 +19,7 @@
 | `repositories` | repositories owned by tenants |
 | `projections` | aggregate counts for the metrics scrape |
 | `ratelimits` | the API's rate-limit buckets, shared by every API process |
+| `audit` | a snapshot of items, events, attempts and lease grants for the invariant checker |
 
 Every write that changes a work item's state or records what an attempt produced goes through
 `FencingStore.fenced_write` (see crewwork/store/fencing.py for the ordering rule;
@@ -30,11 +32,13 @@ from crewwork.ids import new_id
 from crewwork.masking import mask_secrets
 from crewwork.store.artifacts import ArtifactStore, ArtifactTooLarge
 from crewwork.store.attempts import AttemptRecord, AttemptStore
+from crewwork.store.audit import AuditStore
 from crewwork.store.auth import API_KEY_PREFIX, AuthStore, Principal, hash_api_key
 from crewwork.store.engine import NotFound, StoreError
 from crewwork.store.events import EventStore
 from crewwork.store.fencing import SUBMISSION, Accepted, Admission, Rank, WriteResult
 from crewwork.store.leases import LeaseStore, workspace_lease_key
+from crewwork.store.open_items import OpenItemStore
 from crewwork.store.projections import ProjectionStore, StoreCounts
 from crewwork.store.ratelimits import RateLimitStore
 from crewwork.store.repositories import RepositoryExists, RepositoryStore
@@ -44,6 +48,7 @@ from crewwork.store.work_items import WorkItemStore
 class Store(
     AuthStore,
     WorkItemStore,
+    OpenItemStore,
     AttemptStore,
     EventStore,
     LeaseStore,
@@ -51,6 +56,7 @@ class Store(
     RateLimitStore,
     ProjectionStore,
     RepositoryStore,
+    AuditStore,
 ):
     """Everything the API, the activities and the tools read and write, on one engine."""
 

@@ -1,4 +1,4 @@
-"""The reconciler's query of open items (crewwork/reconcile.py) and its partial index (migration 0009)."""
+"""The reconciler's query of open items (crewwork/store/open_items.py) and its partial index (migration 0009)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from sqlalchemy import text
 
 from crewwork.models import TERMINAL_STATES
-from crewwork.reconcile import open_items_query
+from crewwork.store.open_items import open_items_query
 from crewwork.store.store import Store
 from crewwork.store.tables import OPEN_ITEMS
 
