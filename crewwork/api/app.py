@@ -40,9 +40,10 @@ from crewwork.observability import (
 )
 from crewwork.outbound import OutboundPolicy
 from crewwork.service import WorkItemService
-from crewwork.store.outbox import DeliveryPolicy, OutboxDeliverer
+from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
+from crewwork.webhooks.deliver import DeliveryPolicy, OutboxDeliverer
 
 log = logging.getLogger("crewwork.api")
 
@@ -63,6 +64,7 @@ def create_app(settings: Settings, *, store: Store | None = None, options: ApiOp
             pool_size=settings.db_pool_size,
             server_writes=settings.store_server_writes,
         )
+        app.state.outbox = OutboxStore(app.state.store)
         app.state.service = WorkItemService(app.state.store, None, settings)
         app.state.rate_limits = ApiRateLimits(
             app.state.store,
@@ -81,7 +83,7 @@ def create_app(settings: Settings, *, store: Store | None = None, options: ApiOp
         tasks = [asyncio.create_task(_connect_forever(app, settings))]
         if options.webhook_delivery:
             app.state.deliverer = OutboxDeliverer(
-                app.state.store,
+                app.state.outbox,
                 DeliveryPolicy(
                     max_attempts=options.webhook_max_attempts,
                     backoff_s=options.webhook_backoff_s,

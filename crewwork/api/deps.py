@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the store, the service, and the authenticated (and rate-limited) principal."""
+"""FastAPI dependencies: the store, the webhook outbox, the service, and the authenticated (and rate-limited)
+principal."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from crewwork.api.problems import ProblemError
 from crewwork.api.ratelimit import ApiRateLimits, retry_after_header
 from crewwork.observability import RATE_LIMITED
 from crewwork.service import WorkItemService
+from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import Principal, Store
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cw_...`")
@@ -18,6 +20,10 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: 
 
 def get_store(request: Request) -> Store:
     return request.app.state.store  # type: ignore[no-any-return]
+
+
+def get_outbox(request: Request) -> OutboxStore:
+    return request.app.state.outbox  # type: ignore[no-any-return]
 
 
 def get_service(request: Request) -> WorkItemService:
@@ -77,4 +83,5 @@ async def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 AdminDep = Annotated[Principal, Depends(get_admin)]
 StoreDep = Annotated[Store, Depends(get_store)]
+OutboxDep = Annotated[OutboxStore, Depends(get_outbox)]
 ServiceDep = Annotated[WorkItemService, Depends(get_service)]

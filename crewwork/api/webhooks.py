@@ -9,15 +9,18 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.bodies import CheckedJsonRoute
-from crewwork.api.deps import PrincipalDep, StoreDep
+from crewwork.api.deps import OutboxDep, PrincipalDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.outbound import OutboundPolicy, OutboundRefused
-from crewwork.store.outbox import DEFAULT_OVERLAP_S, MAX_OVERLAP_S, OutboxStore
-from crewwork.store.tables import OutboxMessage, Webhook
+from crewwork.store.outbox import Delivery, OutboxStore, WebhookRecord
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
 
 EVENT_TYPES = ("work_item.state_changed",)
+DEFAULT_OVERLAP_S = 24 * 3600.0
+"""How long the previous secret keeps signing after a rotation, unless the request says otherwise."""
+MAX_OVERLAP_S = 7 * 24 * 3600.0
+"""The longest overlap a rotation may ask for."""
 
 
 class WebhookCreate(BaseModel):
@@ -90,13 +93,11 @@ class DeliveryView(BaseModel):
     next_attempt_at: float
 
 
-def _view(h: Webhook) -> WebhookView:
-    return WebhookView(
-        id=h.id, url=h.url, event_types=[t for t in h.event_types.split(",") if t], created_at=h.created_at
-    )
+def _view(h: WebhookRecord) -> WebhookView:
+    return WebhookView(id=h.id, url=h.url, event_types=list(h.event_types), created_at=h.created_at)
 
 
-def _delivery(m: OutboxMessage) -> DeliveryView:
+def _delivery(m: Delivery) -> DeliveryView:
     return DeliveryView(
         id=m.id,
         work_item_id=m.work_item_id,
@@ -110,7 +111,7 @@ def _delivery(m: OutboxMessage) -> DeliveryView:
     )
 
 
-async def _owned(outbox: OutboxStore, tenant_id: str, webhook_id: str) -> Webhook:
+async def _owned(outbox: OutboxStore, tenant_id: str, webhook_id: str) -> WebhookRecord:
     hook = await outbox.get_webhook(tenant_id, webhook_id)
     if hook is None:
         raise ProblemError(404, "not_found", f"no webhook {webhook_id}")
@@ -118,14 +119,13 @@ async def _owned(outbox: OutboxStore, tenant_id: str, webhook_id: str) -> Webhoo
 
 
 @router.post("", status_code=201, response_model=WebhookCreated, summary="Register a webhook")
-async def create(body: WebhookCreate, principal: PrincipalDep, store: StoreDep, request: Request) -> WebhookCreated:
+async def create(body: WebhookCreate, principal: PrincipalDep, outbox: OutboxDep, request: Request) -> WebhookCreated:
     refuse_unstorable_body(body)
     try:
         # Checked here and again before every delivery (a name can resolve elsewhere later): crewwork.outbound.
         await OutboundPolicy.from_settings(request.app.state.settings).check(body.url)
     except OutboundRefused as exc:
         raise ProblemError(422, "url_not_allowed", f"webhook url refused: {exc}") from None
-    outbox = OutboxStore(store)
     if len(await outbox.list_webhooks(principal.tenant_id)) >= 20:
         raise ProblemError(409, "too_many_webhooks", "a tenant may register at most 20 webhooks")
     hook = await outbox.create_webhook(principal.tenant_id, body.url, body.event_types)
@@ -141,28 +141,28 @@ async def create(body: WebhookCreate, principal: PrincipalDep, store: StoreDep, 
     "delivery; then the previous secret is dropped. Rotating again drops any previous secret at once.",
 )
 async def rotate_secret(
-    webhook_id: str, principal: PrincipalDep, store: StoreDep, body: RotateSecret | None = None
+    webhook_id: str, principal: PrincipalDep, outbox: OutboxDep, body: RotateSecret | None = None
 ) -> SecretRotated:
     overlap = (body or RotateSecret()).overlap_s
-    rotated = await OutboxStore(store).rotate_secret(principal.tenant_id, webhook_id, overlap)
+    rotated = await outbox.rotate_secret(principal.tenant_id, webhook_id, overlap)
     if rotated is None:
         raise ProblemError(404, "not_found", f"no webhook {webhook_id}")
     return SecretRotated(id=webhook_id, secret=rotated.secret, previous_secret_valid_until=rotated.previous_valid_until)
 
 
 @router.get("", response_model=list[WebhookView], summary="List the tenant's webhooks")
-async def list_hooks(principal: PrincipalDep, store: StoreDep) -> list[WebhookView]:
-    return [_view(h) for h in await OutboxStore(store).list_webhooks(principal.tenant_id)]
+async def list_hooks(principal: PrincipalDep, outbox: OutboxDep) -> list[WebhookView]:
+    return [_view(h) for h in await outbox.list_webhooks(principal.tenant_id)]
 
 
 @router.get("/{webhook_id}", response_model=WebhookView, summary="Get a webhook")
-async def get_hook(webhook_id: str, principal: PrincipalDep, store: StoreDep) -> WebhookView:
-    return _view(await _owned(OutboxStore(store), principal.tenant_id, webhook_id))
+async def get_hook(webhook_id: str, principal: PrincipalDep, outbox: OutboxDep) -> WebhookView:
+    return _view(await _owned(outbox, principal.tenant_id, webhook_id))
 
 
 @router.delete("/{webhook_id}", status_code=204, summary="Remove a webhook (pending deliveries stop)")
-async def delete_hook(webhook_id: str, principal: PrincipalDep, store: StoreDep) -> Response:
-    if not await OutboxStore(store).delete_webhook(principal.tenant_id, webhook_id):
+async def delete_hook(webhook_id: str, principal: PrincipalDep, outbox: OutboxDep) -> Response:
+    if not await outbox.delete_webhook(principal.tenant_id, webhook_id):
         raise ProblemError(404, "not_found", f"no webhook {webhook_id}")
     return Response(status_code=204)
 
@@ -171,10 +171,9 @@ async def delete_hook(webhook_id: str, principal: PrincipalDep, store: StoreDep)
 async def deliveries(
     webhook_id: str,
     principal: PrincipalDep,
-    store: StoreDep,
+    outbox: OutboxDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[DeliveryView]:
-    outbox = OutboxStore(store)
     await _owned(outbox, principal.tenant_id, webhook_id)
     return [_delivery(m) for m in await outbox.deliveries(principal.tenant_id, webhook_id, limit)]
 
@@ -184,7 +183,6 @@ class RedeliverResponse(BaseModel):
 
 
 @router.post("/{webhook_id}/redeliver", response_model=RedeliverResponse, summary="Retry dead-lettered deliveries")
-async def redeliver(webhook_id: str, principal: PrincipalDep, store: StoreDep) -> RedeliverResponse:
-    outbox = OutboxStore(store)
+async def redeliver(webhook_id: str, principal: PrincipalDep, outbox: OutboxDep) -> RedeliverResponse:
     await _owned(outbox, principal.tenant_id, webhook_id)
     return RedeliverResponse(requeued=await outbox.redeliver_dead(principal.tenant_id, webhook_id))

@@ -26,6 +26,7 @@ from crewwork.store.fencing_model import (
     WriteResult,
     delivery,
 )
+from crewwork.store.outbox import enqueue as enqueue_webhooks
 from crewwork.store.tables import Artifact, Attempt, WorkItem
 
 if TYPE_CHECKING:
@@ -433,9 +434,7 @@ class PythonWrites:
         if not hooks:
             return
         # Webhooks outbox: notifications commit atomically with the change they announce.
-        from crewwork.store.outbox import enqueue as _enqueue_webhooks
-
-        await _enqueue_webhooks(
+        await enqueue_webhooks(
             s,
             tenant_id=tenant_id,
             work_item_id=work_item_id,

@@ -15,9 +15,9 @@ from sqlalchemy import select
 
 from crewwork.config import Settings
 from crewwork.config.api import ApiOptions
-from crewwork.store.outbox import DELIVERY_HEADER, SIGNATURE_HEADER, verify
 from crewwork.store.tables import Event, OutboxMessage
 from crewwork.temporal.devserver import free_port
+from crewwork.webhooks.signing import DELIVERY_HEADER, SIGNATURE_HEADER, verify
 from tests.api.conftest import LiveApi, Stack, task_item, wait_state
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]

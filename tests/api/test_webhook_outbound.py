@@ -15,9 +15,10 @@ import pytest
 from sqlalchemy import select
 
 from crewwork.outbound import IPAddress, OutboundPolicy, OutboundRefused, parse_networks
-from crewwork.store.outbox import OutboxDeliverer, OutboxStore, enqueue
+from crewwork.store.outbox import OutboxStore, enqueue
 from crewwork.store.tables import OutboxMessage
 from crewwork.temporal.devserver import free_port
+from crewwork.webhooks.deliver import OutboxDeliverer
 from tests.api.conftest import Stack
 from tests.api.test_api_webhooks import Receiver
 
@@ -104,7 +105,7 @@ async def test_delivery_checks_again_and_connects_to_the_checked_address(stack: 
     tenant_id = await store.ensure_tenant(stack.alpha.name)
     outbox = OutboxStore(store)
     hook = await outbox.create_webhook(tenant_id, f"http://hook.test:{receiver.port}/hook", [])
-    deliverer = OutboxDeliverer(store, outbound=policy)
+    deliverer = OutboxDeliverer(outbox, outbound=policy)
 
     async def one_message(work_item_id: str) -> int:
         async with store.session() as s:

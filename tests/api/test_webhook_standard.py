@@ -17,9 +17,9 @@ from sqlalchemy import update
 
 from crewwork.client.webhooks import secret_key
 from crewwork.config import Settings
-from crewwork.store.outbox import SIGNATURE_HEADER, sign_standard, verify, verify_standard
 from crewwork.store.tables import Webhook
 from crewwork.temporal.devserver import free_port
+from crewwork.webhooks.signing import SIGNATURE_HEADER, sign_standard, verify, verify_standard
 from tests.api.conftest import Stack, task_item, wait_state
 from tests.api.test_api_webhooks import Receiver
 

@@ -96,10 +96,6 @@ KNOWN_CYCLE_EDGES = {
     ("crewwork.repos.service", "crewwork.steps"),
     ("crewwork.steps.agent.activity", "crewwork.workers.slots"),
     ("crewwork.steps.agent.activity", "crewwork.workers"),
-    # Issue 27 items 2 and 3 (one fenced write; the store owns its SQL, the outbox deliverer moves out of it): the
-    # fenced write enqueues webhook deliveries through the outbox, which needs the store.
-    ("crewwork.store.fencing_python", "crewwork.store.outbox"),
-    ("crewwork.store.outbox", "crewwork.store.store"),
 }
 
 # Package-level edges that still close a cycle and are not cut yet (issue 27 item 5, left for a next change; each line
