@@ -15,7 +15,7 @@
 | `attempts` | attempt records and the breaker's fingerprints |
 | `leases` | workspace leases and their history |
 | `artifacts` | diffs, logs, transcripts, reports |
-| `outbox` | webhooks and their durable outbox |
+| `outbox` | webhooks and their durable outbox (`OutboxStore`, beside the facade; the deliverer is crewwork/webhooks) |
 | `repositories` | repositories owned by tenants |
 | `projections` | aggregate counts for the metrics scrape |
 | `ratelimits` | the API's rate-limit buckets, shared by every API process |
