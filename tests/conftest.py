@@ -194,7 +194,7 @@ def sandbox_backend() -> str:
 
 def make_settings(tmp: Path, temporal: DevServer, db_url: str, **kw: Any) -> Settings:
     if "sandbox_backend" in kw:  # shorthand for the nested section's field
-        from crewwork.sandbox.config import SandboxSettings
+        from crewwork.config.sandbox import SandboxSettings
 
         kw["sandbox"] = SandboxSettings(backend=kw.pop("sandbox_backend"))
     return Settings(

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from crewwork.config import Settings
+from crewwork.config.repos import ForgeConfig
 from crewwork.forge import ForgeError, forge_for
 from crewwork.forge.github import GitHubForge, PullRequest
 from crewwork.models import PullRequestSpec, TenantRef
@@ -23,7 +24,6 @@ from crewwork.repos.landing import Landed, NotePushed, land_by_push, publish_not
 from crewwork.repos.local import UnsafeLocalRepository, confine, local_git_dir
 from crewwork.repos.mirror import MirrorCache, MirrorHold
 from crewwork.repos.remote import Remote
-from crewwork.repos.settings import ForgeConfig
 from crewwork.steps.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE
 from crewwork.transport.redact import Redactor
 from crewwork.urls import RepoURL, RepoURLError, parse_repo_url, redact_url

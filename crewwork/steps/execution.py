@@ -10,12 +10,12 @@ from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops, safefs
 from crewwork.config import Settings
+from crewwork.config.sandbox import SandboxSettings, resolve_limits
 from crewwork.models import ArtifactRef, SandboxSpec, WorkItemState
 from crewwork.repos.mirror import MirrorHold
 from crewwork.repos.service import REPO_ERRORS, repo_failure
 from crewwork.sandbox.base import Sandbox, SandboxLimits
-from crewwork.sandbox.config import SandboxSettings
-from crewwork.sandbox.disk import DiskError
+from crewwork.sandbox.disk import DiskError, workspace_disk_mb
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.errors import bad_input
 from crewwork.steps.ports import Ports
@@ -76,8 +76,6 @@ def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None
 
 
 def sandbox_limits(spec: SandboxSpec | None, timeout_s: float | None, settings: SandboxSettings) -> SandboxLimits:
-    from crewwork.sandbox.config import resolve_limits
-
     try:
         return resolve_limits(spec, settings, timeout_s=timeout_s)
     except ValueError as exc:
@@ -147,7 +145,7 @@ async def make_workspace(
             git_dir=git_dir,
             home=ports.settings.resolved_worktree_dir() / work_item_id / name,
             commit=commit,
-            disk_mb=sandbox_settings.workspace_disk_mb(limits),
+            disk_mb=workspace_disk_mb(sandbox_settings, limits),
             owner=sandbox_settings.owner(),
             materialise=materialise,
         )

@@ -108,11 +108,6 @@ KNOWN_CYCLE_EDGES = {
 # Package-level edges that still close a cycle and are not cut yet (issue 27 item 5, left for a next change; each line
 # says what cutting it takes).
 KNOWN_PACKAGE_CYCLE_EDGES = {
-    # The repositories' settings section (repos.settings) still lives in repos, which imports config; moving it into
-    # crewwork/config/ is what is left (the URL grammar it validates with is crewwork.urls now, below both).
-    ("crewwork.config", "crewwork.repos"),
-    # forge names a repository by its RepoURL and calls the repositories' credentials.
-    ("crewwork.forge", "crewwork.repos"),
     # The MCP tools reuse the HTTP API's problem shapes, submission helpers and rate limiter, and the app mounts MCP:
     # the shared parts belong below both.
     ("crewwork.mcp", "crewwork.api"),
