@@ -32,7 +32,7 @@ from crewwork.models import (
 )
 from crewwork.policy import Policy, PolicyViolation
 from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
-from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
+from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError, RepositoryChecks
 from crewwork.repos.tenancy import RepositoryRegistry
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
@@ -116,7 +116,7 @@ class WorkItemService:
         """The tenant's registered repository exists and has the ref; its environment and pull request are allowed
         (crewwork.repos: docs/repositories.md)."""
         assert spec.repo is not None
-        repos = Repositories(self.settings)
+        repos = RepositoryChecks(self.settings)
         registry = RepositoryRegistry(self.store, self.settings, repos)
         try:
             reg = await registry.resolve(spec.repo, tenant_id)

@@ -27,8 +27,9 @@ from crewwork.repos.credentials import Credentials
 from crewwork.repos.git import RemoteAccessDenied, RemoteAddressRefused, RemoteError, RemoteUnavailable
 from crewwork.repos.landing import land_by_push
 from crewwork.repos.mirror import MirrorCache
+from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError
 from crewwork.repos.remote import Remote
-from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
+from crewwork.repos.service import Repositories
 from crewwork.urls import RepoURLError, parse_repo_url
 from tests.repos.addresses import INTERNAL, NAME, Dns, spell
 from tests.repos.conftest import Served

@@ -4,8 +4,10 @@ The workflow runs steps by name through its one call path (crewwork/workflows/ca
 contracts (`crewwork.steps.<step>`: models and policy), so neither it nor the API loads a step's activity, the ports
 activities are bound to, or the agent, sandbox and repository code those drive.
 
-The API process still loads parts of those three packages, each for a reason of its own, listed below module by
-module: a module the API starts to load for another reason fails this test, and a list only ever shrinks."""
+The API process loads no agent, no sandbox and none of this host's repository machinery (mirrors, landing, pull
+requests): only the agents' config checks and the repositories' registration checks, listed below module by module
+with their reasons. A module the API starts to load for another reason fails this test, and a list only ever
+shrinks."""
 
 from __future__ import annotations
 
@@ -31,21 +33,20 @@ API_NEEDS = {
     },
     # Nothing: the sandbox settings are crewwork.config.sandbox.
     "crewwork.sandbox": set(),
-    # Repository registration (crewwork/api/repositories.py -> crewwork.repos.tenancy) checks a registration where it
-    # enters: URL, address policy, the credential it names, the ref on the remote. `Repositories`
-    # (crewwork/repos/service.py) does that and mirrors and landing in one class, so its module loads them all;
-    # a submission's environment is checked by crewwork.repos.environment.
+    # Repository registration and submission check a repository where it enters (crewwork.repos.tenancy, with
+    # crewwork.repos.registration): its URL and the local repository's git directory (crewwork.repos.local), the
+    # address policy (crewwork.repos.address), the credential it names (crewwork.repos.credentials), and its ref on
+    # the remote, which runs `git ls-remote` (crewwork.repos.remote and the git runner, crewwork.repos.git); a
+    # submission's environment is checked by crewwork.repos.environment. No mirror, landing or pull request code.
     "crewwork.repos": {
         "crewwork.repos",
         "crewwork.repos.address",
         "crewwork.repos.credentials",
         "crewwork.repos.environment",
         "crewwork.repos.git",
-        "crewwork.repos.landing",
         "crewwork.repos.local",
-        "crewwork.repos.mirror",
+        "crewwork.repos.registration",
         "crewwork.repos.remote",
-        "crewwork.repos.service",
         "crewwork.repos.tenancy",
     },
 }
