@@ -49,7 +49,7 @@ from crewwork.models import (  # noqa: E402
     ValidationSpec,
     WorkItemSpec,
 )
-from crewwork.repos.environment import setup_plan  # noqa: E402
+from crewwork.steps.validate.activity import setup_plan  # noqa: E402
 from crewwork.repos.service import Repositories  # noqa: E402
 from crewwork.sandbox.base import SandboxLimits  # noqa: E402
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache  # noqa: E402

@@ -296,12 +296,12 @@ class ApiServer:
     def __init__(self, settings: Settings) -> None:
         import uvicorn
 
-        from crewwork.api.app import create_app
+        from crewwork.serve import api_app
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings),
+            api_app(settings),
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
