@@ -49,7 +49,6 @@ from crewwork.models import (  # noqa: E402
     ValidationSpec,
     WorkItemSpec,
 )
-from crewwork.steps.validate.activity import setup_plan  # noqa: E402
 from crewwork.repos.service import Repositories  # noqa: E402
 from crewwork.sandbox.base import SandboxLimits  # noqa: E402
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache  # noqa: E402
@@ -57,7 +56,7 @@ from crewwork.sandbox.registry import get_sandbox  # noqa: E402
 from crewwork.steps.attempt import AttemptWriter  # noqa: E402
 from crewwork.steps.ports import Ports  # noqa: E402
 from crewwork.steps.validate import ValidateInput  # noqa: E402
-from crewwork.steps.validate.activity import validate  # noqa: E402
+from crewwork.steps.validate.activity import setup_plan, validate  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402
