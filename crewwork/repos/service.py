@@ -22,6 +22,8 @@ from crewwork.urls import RepoURLError
 
 
 class Repositories(RepositoryChecks):
+    """The repositories as the step activities use them: the entry checks, and this host's mirrors under them."""
+
     @functools.cached_property
     def mirrors(self) -> MirrorCache:
         return MirrorCache(
