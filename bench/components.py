@@ -89,7 +89,8 @@ async def store_costs(url: str, n: int) -> dict[str, Any]:
 
 async def workspace_costs(root: Path, n: int) -> dict[str, Any]:
     """A workspace (private git dir + materialised files, with the configured disk cap) made and removed."""
-    from crewwork.sandbox.config import SandboxSettings
+    from crewwork.config.sandbox import SandboxSettings
+    from crewwork.sandbox.disk import workspace_disk_mb
     from crewwork.workspace import Workspace
 
     repo = make_repo(root / "ws-repo", {f"src/m{i}.py": "x = 1\n" * 50 for i in range(50)} | {"README": "r\n"})
@@ -103,7 +104,7 @@ async def workspace_costs(root: Path, n: int) -> dict[str, Any]:
             git_dir=gitops.git_dir_of(repo),
             home=root / "workspaces" / f"w{i}",
             commit=commit,
-            disk_mb=sandbox.workspace_disk_mb(sandbox.default_limits()),
+            disk_mb=workspace_disk_mb(sandbox, sandbox.default_limits()),
             owner=sandbox.owner(),
         )
         t1 = time.perf_counter()
@@ -114,7 +115,8 @@ async def workspace_costs(root: Path, n: int) -> dict[str, Any]:
 
 
 async def sandbox_costs(root: Path, n: int) -> dict[str, Any]:
-    from crewwork.sandbox import SANDBOXES, SandboxLimits, get_sandbox
+    from crewwork.sandbox.base import SandboxLimits
+    from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
     limits = SandboxLimits(memory_mb=256, pids=64, cpus=1.0, timeout_s=60)
     out: dict[str, Any] = {}

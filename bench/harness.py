@@ -95,7 +95,7 @@ def dev_server(data_dir: Path, memory: bool | None = None) -> Iterator[DevServer
 
 def bench_settings(data_dir: Path, temporal: DevServer, db_url: str, **kw: Any) -> Settings:
     if "sandbox_backend" in kw:  # shorthand for the nested section's field
-        from crewwork.sandbox.config import SandboxSettings
+        from crewwork.config.sandbox import SandboxSettings
 
         kw["sandbox"] = SandboxSettings(backend=kw.pop("sandbox_backend"))
     return Settings(

@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import machine, table, write_results  # noqa: E402
 from crewwork.config import Settings  # noqa: E402
+from crewwork.config.sandbox import SandboxSettings  # noqa: E402
 from crewwork.models import (  # noqa: E402
     ArtifactRef,
     EnvironmentSpec,
@@ -48,15 +49,14 @@ from crewwork.models import (  # noqa: E402
     ValidationSpec,
     WorkItemSpec,
 )
-from crewwork.repos.environment import setup_plan  # noqa: E402
 from crewwork.repos.service import Repositories  # noqa: E402
-from crewwork.sandbox import SandboxLimits, get_sandbox  # noqa: E402
-from crewwork.sandbox.config import SandboxSettings  # noqa: E402
+from crewwork.sandbox.base import SandboxLimits  # noqa: E402
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache  # noqa: E402
+from crewwork.sandbox.registry import get_sandbox  # noqa: E402
 from crewwork.steps.attempt import AttemptWriter  # noqa: E402
 from crewwork.steps.ports import Ports  # noqa: E402
 from crewwork.steps.validate import ValidateInput  # noqa: E402
-from crewwork.steps.validate.activity import validate  # noqa: E402
+from crewwork.steps.validate.activity import setup_plan, validate  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402

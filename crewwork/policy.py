@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crewwork.agents.scripted import fault_fields
+from crewwork.agents.scripted_config import fault_fields
 from crewwork.config import Settings
 from crewwork.limits import OperatorCeilings, ceiling_violations
 from crewwork.models import WorkItemKind, WorkItemSpec

@@ -17,9 +17,9 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
-from crewwork.agents.base import AgentConfigError
-from crewwork.agents.registry import get_agent_class
+from crewwork.agents.catalogue import agent_check
 from crewwork.config import Settings
+from crewwork.errors import AgentConfigError
 from crewwork.jsonvalues import JsonRefused, refuse_nonfinite
 from crewwork.masking import MAX_NESTING, too_deep_at, unstorable_at
 from crewwork.models import (
@@ -32,7 +32,7 @@ from crewwork.models import (
 )
 from crewwork.policy import Policy, PolicyViolation
 from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
-from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
+from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError, RepositoryChecks
 from crewwork.repos.tenancy import RepositoryRegistry
 from crewwork.store.store import Store
 from crewwork.store.tables import WorkItem
@@ -92,7 +92,7 @@ class WorkItemService:
         repository (its id, URL and the ref), with its protected paths and default environment filled in; the
         locator is the registered URL (a remote's normalised URL, or a local repository's absolute path)."""
         try:
-            get_agent_class(spec.agent.name, plugins=self.settings.agent_plugins).validate_config(
+            agent_check(spec.agent.name, plugins=self.settings.agent_plugins).validate_config(
                 spec.kind, spec.agent.config
             )
         except AgentConfigError as exc:
@@ -116,7 +116,7 @@ class WorkItemService:
         """The tenant's registered repository exists and has the ref; its environment and pull request are allowed
         (crewwork.repos: docs/repositories.md)."""
         assert spec.repo is not None
-        repos = Repositories(self.settings)
+        repos = RepositoryChecks(self.settings)
         registry = RepositoryRegistry(self.store, self.settings, repos)
         try:
             reg = await registry.resolve(spec.repo, tenant_id)
@@ -191,7 +191,7 @@ class WorkItemService:
             repo_path=repo,
             submission_hash=digest,
             # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
-            mock=get_agent_class(spec.agent.name, plugins=self.settings.agent_plugins).mock,
+            mock=agent_check(spec.agent.name, plugins=self.settings.agent_plugins).mock,
         )
         # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
         # already running for this id is the same work item: not an error.

@@ -194,7 +194,7 @@ def sandbox_backend() -> str:
 
 def make_settings(tmp: Path, temporal: DevServer, db_url: str, **kw: Any) -> Settings:
     if "sandbox_backend" in kw:  # shorthand for the nested section's field
-        from crewwork.sandbox.config import SandboxSettings
+        from crewwork.config.sandbox import SandboxSettings
 
         kw["sandbox"] = SandboxSettings(backend=kw.pop("sandbox_backend"))
     return Settings(
@@ -296,12 +296,12 @@ class ApiServer:
     def __init__(self, settings: Settings) -> None:
         import uvicorn
 
-        from crewwork.api.app import create_app
+        from crewwork.serve import api_app
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings),
+            api_app(settings),
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

@@ -4,8 +4,9 @@ An agent receives an `AgentContext` (the instruction or input, the attempt's pri
 the previous attempt, a sandbox to run commands in) and returns an `AgentRunResult`. The platform, not the agent,
 captures the diff and judges the change: whatever an agent says about its own success is stored as `claims` only.
 
-Adding an agent is one new module with a subclass of `Agent` and one line in `crewwork.agents.registry` (built-in),
-or a package of its own that declares it in the `crewwork.agents` entry-point group (a plugin; docs/agents.md).
+Adding an agent is one new module with a subclass of `Agent` and a line in `crewwork.agents.registry` and in
+`crewwork.agents.catalogue` (a built-in; its config check in a module of its own, which the API loads), or a package
+of its own that declares it in the `crewwork.agents` entry-point group (a plugin; docs/agents.md).
 """
 
 from __future__ import annotations

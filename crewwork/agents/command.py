@@ -43,7 +43,7 @@ from crewwork.agents.base import (
     AgentRunResult,
     OperatorAgentSettings,
 )
-from crewwork.agents.model import ModelAgent
+from crewwork.agents.command_config import CommandAgentConfig, validate_command_config
 from crewwork.models import WorkItemKind
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, SandboxUnavailable
 from crewwork.transport.redact import Redactor
@@ -143,19 +143,6 @@ class CommandAgentsSettings(BaseModel):
             raise AgentConfigError(f"{ENV_COMMANDS} is invalid: {str(e).splitlines()[0]}") from None
 
 
-class CommandAgentConfig(BaseModel):
-    """The command agent's part of a work item's ``agent.config``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    command: str = Field(min_length=1, max_length=64)
-    """Name of an operator-defined command (`CommandAgentsSettings.commands`)."""
-    args: list[str] = Field(default_factory=list, max_length=32)
-    """Extra arguments appended to the operator's argv (they run inside the sandbox like everything else)."""
-    model: dict[str, Any] | None = None
-    """Config of the built-in model agent, used when the command agent is not chosen."""
-
-
 def choose_agent(
     requested: str,
     config: Mapping[str, Any] | None,
@@ -223,17 +210,7 @@ class CommandAgent(Agent):
 
     @classmethod
     def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:
-        try:
-            cfg = CommandAgentConfig.model_validate(config)
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise AgentConfigError(
-                f"command agent config: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
-            ) from None
-        if kind == WorkItemKind.task:
-            raise AgentConfigError("the command agent runs code changes; a `task` needs another agent")
-        if cfg.model is not None:
-            ModelAgent.validate_config(kind, cfg.model)
+        validate_command_config(kind, config)
 
     async def run(self, ctx: AgentContext) -> AgentRunResult:
         if not self._operator.command_agent_enabled:

@@ -44,7 +44,6 @@ from pydantic import ValidationError
 
 from crewwork.agents.base import (
     Agent,
-    AgentConfigError,
     AgentContext,
     AgentError,
     AgentInfraError,
@@ -58,7 +57,7 @@ from crewwork.agents.edits import (
     EditError,
     apply_edit_text,
 )
-from crewwork.agents.model_config import ModelAgentConfig
+from crewwork.agents.model_config import ModelAgentConfig, brief, validate_model_config
 from crewwork.agents.model_prompt import _reask, build_prompt
 from crewwork.models import WorkItemKind
 from crewwork.transport import (
@@ -119,22 +118,7 @@ class ModelAgent(Agent):
 
     @classmethod
     def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:
-        try:
-            cfg = ModelAgentConfig.from_agent_config(config)
-        except ValidationError as e:
-            raise AgentConfigError(f"model agent config: {_brief(e)}") from None
-        # Endpoints a work item declares itself are an operator decision (off unless CREWWORK_MODEL_ENDPOINTS says
-        # allow_work_item_endpoints): refused here, at submission, not later at the worker. The API process reads
-        # the same CREWWORK_MODEL_ENDPOINTS as the agent pool (docs/agents.md).
-        try:
-            merge_configs(operator_config(OperatorAgentSettings.of_process().model_endpoints), cfg.transport())
-        except TransportSettingsError as e:
-            raise AgentConfigError(f"model agent config: {e}") from None
-        unknown = [n for names in cfg.routes.values() for n in names if n not in cfg.endpoints]
-        # Routes may name operator endpoints, which only the agent worker knows; check names' shape only.
-        for n in unknown:
-            if not n or len(n) > 64:
-                raise AgentConfigError(f"model agent config: bad endpoint name {n!r} in routes")
+        validate_model_config(kind, config)
 
     async def run(self, ctx: AgentContext) -> AgentRunResult:
         try:
@@ -143,7 +127,7 @@ class ModelAgent(Agent):
             workload = "chat" if ctx.kind == WorkItemKind.task else cfg.workload
             transport.route(workload)  # fail early, with the configuration message, on a missing route
         except ValidationError as e:
-            raise AgentError(f"model agent config: {_brief(e)}") from None
+            raise AgentError(f"model agent config: {brief(e)}") from None
         except TransportSettingsError as e:
             raise AgentError(str(e)) from None
         client = ModelClient(transport, env=self._env)
@@ -416,7 +400,3 @@ def _keyed_strings(obj: Any, key: str = "") -> list[tuple[str, str]]:
     if isinstance(obj, list | tuple):
         return [kv for v in obj for kv in _keyed_strings(v, key)]
     return []
-
-
-def _brief(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:5])

@@ -1,14 +1,24 @@
-"""The model agent's part of a work item's ``agent.config``: read by the agent (crewwork/agents/model.py) and by
-its prompt (crewwork/agents/model_prompt.py)."""
+"""The model agent's part of a work item's ``agent.config``: read by the agent (crewwork/agents/model.py), by its
+prompt (crewwork/agents/model_prompt.py), and checked at submission (`validate_model_config`, which the API runs
+without loading the agent)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from crewwork.transport import EndpointConfig, TransportConfig
+from crewwork.agents.base import OperatorAgentSettings
+from crewwork.errors import AgentConfigError
+from crewwork.models import WorkItemKind
+from crewwork.transport import (
+    EndpointConfig,
+    TransportConfig,
+    TransportSettingsError,
+    merge_configs,
+    operator_config,
+)
 
 
 class ModelAgentConfig(BaseModel):
@@ -57,3 +67,29 @@ class ModelAgentConfig(BaseModel):
 
     def transport(self) -> TransportConfig:
         return TransportConfig(endpoints=dict(self.endpoints), routes=dict(self.routes))
+
+
+def validate_model_config(kind: WorkItemKind, config: dict[str, Any]) -> None:
+    """Raise AgentConfigError naming what is wrong with a model agent's config (also the command agent's fallback,
+    its `model` object)."""
+    try:
+        cfg = ModelAgentConfig.from_agent_config(config)
+    except ValidationError as e:
+        raise AgentConfigError(f"model agent config: {brief(e)}") from None
+    # Endpoints a work item declares itself are an operator decision (off unless CREWWORK_MODEL_ENDPOINTS says
+    # allow_work_item_endpoints): refused here, at submission, not later at the worker. The API process reads
+    # the same CREWWORK_MODEL_ENDPOINTS as the agent pool (docs/agents.md).
+    try:
+        merge_configs(operator_config(OperatorAgentSettings.of_process().model_endpoints), cfg.transport())
+    except TransportSettingsError as e:
+        raise AgentConfigError(f"model agent config: {e}") from None
+    unknown = [n for names in cfg.routes.values() for n in names if n not in cfg.endpoints]
+    # Routes may name operator endpoints, which only the agent worker knows; check names' shape only.
+    for n in unknown:
+        if not n or len(n) > 64:
+            raise AgentConfigError(f"model agent config: bad endpoint name {n!r} in routes")
+
+
+def brief(e: ValidationError) -> str:
+    """The first few errors of a config's validation, one line."""
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:5])

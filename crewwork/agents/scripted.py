@@ -51,47 +51,14 @@ from typing import Any
 from crewwork import safefs
 from crewwork.agents.base import (
     Agent,
-    AgentConfigError,
     AgentContext,
     AgentError,
     AgentInfraError,
     AgentRunResult,
 )
+from crewwork.agents.scripted_config import FAULT_KEYS, safe_rel, validate_scripted_config
 from crewwork.errors import CaptureRefused
 from crewwork.models import WorkItemKind
-from crewwork.paths import PathRefused, RelPath, diff_paths
-
-_STEP_KEYS = {
-    "files",
-    "diff",
-    "output",
-    "delay_s",
-    "claims",
-    "fail",
-    "stall_s",
-    "crash",
-    "block_s",
-    "spin_s",
-    "error",
-    "on_activity_attempt",
-    "tokens",
-    "cost_usd",
-}
-
-
-FAULT_KEYS = ("crash", "stall_s", "block_s", "spin_s", "fail", "on_activity_attempt")
-"""Test-only fault injection. Refused at submission (crewwork.policy) and ignored here unless the operator runs with
-CREWWORK_TEST_FAULTS (the worker passes it as `extra["test_faults"]`)."""
-
-
-def fault_fields(config: dict[str, Any]) -> list[str]:
-    """The fields of a scripted config that inject faults, as `agent.config...` paths (for a 422 naming them)."""
-    out = [f"agent.config.{k}" for k in FAULT_KEYS if isinstance(config, dict) and k in config]
-    steps = config.get("attempts") if isinstance(config, dict) else None
-    for i, step in enumerate(steps if isinstance(steps, list) else []):
-        if isinstance(step, dict):
-            out += [f"agent.config.attempts[{i}].{k}" for k in FAULT_KEYS if k in step]
-    return out
 
 
 class ScriptedAgent(Agent):
@@ -101,39 +68,7 @@ class ScriptedAgent(Agent):
 
     @classmethod
     def validate_config(cls, kind: WorkItemKind, config: dict[str, Any]) -> None:
-        unknown = set(config) - _STEP_KEYS - {"attempts"}
-        if unknown:
-            raise AgentConfigError(f"scripted agent: unknown config keys {sorted(unknown)}")
-        steps = config.get("attempts", [])
-        if not isinstance(steps, list):
-            raise AgentConfigError("scripted agent: `attempts` must be a list of steps")
-        for i, step in enumerate([config, *steps]):
-            if not isinstance(step, dict):
-                raise AgentConfigError(f"scripted agent: attempts[{i - 1}] must be an object")
-            bad = set(step) - _STEP_KEYS - ({"attempts"} if i == 0 else set())
-            if bad:
-                raise AgentConfigError(f"scripted agent: attempts[{i - 1}] has unknown keys {sorted(bad)}")
-            where = "config" if i == 0 else f"attempts[{i - 1}]"
-            files = step.get("files")
-            if files is not None:
-                if not isinstance(files, dict):
-                    raise AgentConfigError("scripted agent: `files` maps relative paths to contents (or null)")
-                for p, content in files.items():
-                    _safe_rel(p, f"{where}.files key")
-                    if content is not None and not isinstance(content, str):
-                        raise AgentConfigError(f"scripted agent: {where}.files[{p!r}] must be a string or null")
-            if "diff" in step:
-                if not isinstance(step["diff"], str):
-                    raise AgentConfigError("scripted agent: `diff` must be a unified diff string")
-                for p in diff_paths(step["diff"]):
-                    _safe_rel(p, f"{where}.diff path")
-            for key in ("stall_s", "block_s", "spin_s"):
-                value = step.get(key, 0)
-                if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                    raise AgentConfigError(f"scripted agent: `{key}` must be a number of seconds, at least 0")
-            delay = step.get("delay_s", 0)
-            if not isinstance(delay, int | float) or delay < 0 or delay > 3600:
-                raise AgentConfigError("scripted agent: `delay_s` must be between 0 and 3600")
+        validate_scripted_config(kind, config)
 
     @staticmethod
     def step_for(config: dict[str, Any], attempt: int) -> dict[str, Any]:
@@ -198,7 +133,7 @@ class ScriptedAgent(Agent):
         root_fd = safefs.open_root(ctx.workspace)
         try:
             for raw, content in (step.get("files") or {}).items():
-                rel = _safe_rel(raw, "files key")
+                rel = safe_rel(raw, "files key")
                 try:
                     if content is None:
                         with safefs.opened(safefs.lookup(root_fd, rel)) as fd:
@@ -223,13 +158,6 @@ class ScriptedAgent(Agent):
                 raise AgentError(f"scripted agent: configured diff cannot be applied: {exc}") from None
             if not ok:
                 raise AgentError(f"scripted agent: configured diff does not apply: {err}")
-
-
-def _safe_rel(p: object, what: str = "file path") -> RelPath:
-    try:
-        return RelPath.parse(p, f"scripted agent {what}")
-    except PathRefused as exc:
-        raise AgentConfigError(str(exc)) from None
 
 
 async def _ignoring_cancellation(coro: Any) -> None:

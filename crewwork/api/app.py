@@ -1,5 +1,6 @@
 """The FastAPI application: the workflow-start API (OpenAPI at /openapi.json), live events, webhooks, the review
-console (/console), the MCP endpoint (/mcp, crewwork/mcp), Prometheus metrics (/metrics) and health (/healthz)."""
+console (/console), Prometheus metrics (/metrics) and health (/healthz), and the front ends mounted on it
+(`Extension`: the MCP endpoint, crewwork/mcp, which calls this API's route functions; crewwork/serve.py mounts it)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,6 +19,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Red
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute
 
 from crewwork import __version__, tracing
 from crewwork.api import problems
@@ -51,7 +55,23 @@ MAX_BODY_BYTES = 1024 * 1024
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def create_app(settings: Settings, *, store: Store | None = None, options: ApiOptions | None = None) -> FastAPI:
+class Extension(Protocol):
+    """A front end served by the API process next to the API: its routes, and what runs while the app serves."""
+
+    def routes(self) -> Sequence[BaseRoute]: ...
+
+    def running(self) -> AbstractAsyncContextManager[None]: ...
+
+
+def create_app(
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    options: ApiOptions | None = None,
+    extensions: Sequence[Callable[[Settings, Any], Extension]] = (),
+) -> FastAPI:
+    """The API app. `extensions`: front ends to mount, each made from the settings and the app's state (which holds
+    the store, the service and the rate limits once the app runs)."""
     options = options or settings.api
 
     @contextlib.asynccontextmanager
@@ -93,7 +113,9 @@ def create_app(settings: Settings, *, store: Store | None = None, options: ApiOp
             )
             tasks.append(asyncio.create_task(app.state.deliverer.run(stop)))
         try:
-            async with _mcp_running(app):
+            async with contextlib.AsyncExitStack() as running:
+                for extension in app.state.extensions:
+                    await running.enter_async_context(extension.running())
                 yield
         finally:
             stop.set()
@@ -128,11 +150,9 @@ def create_app(settings: Settings, *, store: Store | None = None, options: ApiOp
     app.include_router(webhooks_router)
     app.include_router(admin_router)
     app.include_router(evidence_router)
-    if settings.mcp.enabled:
-        from crewwork.mcp.server import McpEndpoint
-
-        app.state.mcp = McpEndpoint(settings, app.state)
-        app.router.routes.extend(app.state.mcp.routes())
+    app.state.extensions = [make(settings, app.state) for make in extensions]
+    for extension in app.state.extensions:
+        app.router.routes.extend(extension.routes())
 
     @app.middleware("http")
     async def limit_body_and_measure(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -209,17 +229,6 @@ def create_app(settings: Settings, *, store: Store | None = None, options: ApiOp
     app.mount("/console/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     tracing.instrument_app(app)
     return app
-
-
-@contextlib.asynccontextmanager
-async def _mcp_running(app: FastAPI) -> AsyncIterator[None]:
-    """The MCP endpoint's session manager (docs/mcp.md) runs for as long as the app serves."""
-    endpoint = getattr(app.state, "mcp", None)
-    if endpoint is None:
-        yield
-        return
-    async with endpoint.sessions.run():
-        yield
 
 
 async def _connect_forever(app: FastAPI, settings: Settings) -> None:

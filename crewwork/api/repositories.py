@@ -16,7 +16,7 @@ from crewwork.api.deps import PrincipalDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.models import EnvironmentSpec, _check_ref_name
 from crewwork.paths import PathPattern
-from crewwork.repos.service import RepoAddressRefused, RepoPolicyError
+from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError
 from crewwork.repos.tenancy import (
     Registration,
     RegistrationRejected,

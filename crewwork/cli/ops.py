@@ -47,7 +47,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from crewwork import tracing
-    from crewwork.api.app import create_app
+    from crewwork.serve import api_app
 
     s = _settings_for(args)
     require_store(s, "api")
@@ -58,7 +58,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     tracing.configure(s, "crewwork-api")
     try:
         uvicorn.run(
-            create_app(s),
+            api_app(s),
             host=args.host or s.api_host,
             port=args.port or s.api_port,
             log_level=s.log_level.lower(),

@@ -2,11 +2,12 @@
 
 Every knob has its unit in its name and a description; `crewwork config` prints them all, the nested sections
 included (`api`: the API process's own options, `mcp`: CREWWORK_MCP_*, `codeintel`: CREWWORK_CODEINTEL_*,
-`evidence`: CREWWORK_EVIDENCE_*, each in a module of this package; `sandbox`: CREWWORK_SANDBOX_*, in
-crewwork/sandbox/config.py; the repositories' models in crewwork/repos/settings.py). Code is handed the settings it
-needs; `get_settings()` is for a process's entry point. Defaults are the embedded single-host setup: SQLite in the data directory and the Temporal
-dev server on localhost. tests/unit/test_config_surface.py fails when the code names a CREWWORK_* variable that is not
-a field here.
+`evidence`: CREWWORK_EVIDENCE_*, `sandbox`: CREWWORK_SANDBOX_*, each in a module of this package; the repositories'
+credentials, forges and setup secrets in crewwork/config/repos.py). The package imports no code that acts on the
+settings, so every process can read them cheaply. Code is handed the settings it needs; `get_settings()` is for a
+process's entry point. Defaults are the embedded single-host setup: SQLite in the data directory and the Temporal dev
+server on localhost. tests/unit/test_config_surface.py fails when the code names a CREWWORK_* variable that is not a
+field here.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from crewwork.config.api import ApiOptions
 from crewwork.config.codeintel import CodeIntelSettings
 from crewwork.config.evidence import EvidenceSettings
 from crewwork.config.mcp import McpSettings
+from crewwork.config.repos import ForgeConfig, RepoCredential, SetupSecret
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.ids import is_tenant_id
 from crewwork.limits import OperatorCeilings
 from crewwork.masking import mask_secrets
 from crewwork.models import EnvironmentSpec
 from crewwork.outbound import parse_networks
 from crewwork.policy_model import TenantPolicy
-from crewwork.repos.settings import ForgeConfig, RepoCredential, SetupSecret
-from crewwork.sandbox.config import SandboxSettings
 
 DEFAULT_DATA_DIR = Path(".crewwork")
 T = TypeVar("T")

@@ -6,7 +6,7 @@ operator's `ForgeConfig` whose scope covers a repository.
 
 from __future__ import annotations
 
-from crewwork.repos.settings import ForgeConfig, matches
+from crewwork.config.repos import ForgeConfig, matches
 from crewwork.urls import RepoURL
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -214,6 +215,10 @@ class McpEndpoint:
             app=self.server, json_response=True, stateless=True, max_request_body_size=MAX_BODY_BYTES
         )
         self.edge = McpEdge(settings, app_state, StreamableHTTPASGIApp(self.sessions))
+
+    def running(self) -> AbstractAsyncContextManager[None]:
+        """The session manager, run for as long as the app serves."""
+        return self.sessions.run()
 
     def routes(self) -> list[Route]:
         async def metadata(request: Request) -> Response:

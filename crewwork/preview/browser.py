@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.models.preview import BrowserFlow, Click, Fill, Open, Press, Target, TextVisible, WaitForText
 from crewwork.preview.evidence import (
     MAX_CONSOLE,
@@ -34,7 +35,6 @@ from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, hand_over
 from crewwork.sandbox.bwrap import SYNTHETIC_ETC, BwrapSandbox
 from crewwork.sandbox.cgroups import RunCgroup
-from crewwork.sandbox.config import SandboxSettings
 from crewwork.sandbox.seccomp import build_filter
 
 CHROMIUM = "/usr/lib/chromium/chromium"

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.models import ArtifactRef, PreviewOutcome, ProbeResult
 from crewwork.models.preview import PreviewSpec
 from crewwork.preview.app import AppPreview
@@ -29,7 +30,6 @@ from crewwork.preview.grading import PreviewVerdict, console_errors
 from crewwork.preview.httpprobe import run_http, transcript
 from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
-from crewwork.sandbox.config import SandboxSettings
 
 HEARTBEAT_EVERY_S = 2.0
 """Well inside the validate activity's heartbeat timeout (10 s)."""

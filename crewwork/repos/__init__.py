@@ -2,5 +2,5 @@
 mirror cache, fetch and compare-and-swap push (docs/repositories.md).
 
 Submodules import only what they need, so `crewwork.config` can import the settings models of
-`crewwork.repos.settings` without pulling in git machinery.
+`crewwork.config.repos` without pulling in git machinery.
 """

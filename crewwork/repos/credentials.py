@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crewwork.config.repos import RepoCredential, matches
 from crewwork.models import TenantRef
-from crewwork.repos.settings import RepoCredential, matches
 from crewwork.transport.redact import Redactor
 from crewwork.urls import RepoURL, redact_url
 

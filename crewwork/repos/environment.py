@@ -1,4 +1,5 @@
-"""A repository's own environment: which one applies, whether the operator allows it, and the setup plan.
+"""A repository's own environment: which one applies, and whether the operator allows it (checked at registration
+and submission; the validate step builds it: crewwork/steps/validate/activity.py, `setup_plan`).
 
 The environment of a work item is its own `environment`, else the operator's default for the repository
 (`CREWWORK_REPO_ENVIRONMENTS`, keyed by normalised URL). It is resolved once, at submission, and stored with the
@@ -7,14 +8,9 @@ spec, so every attempt on every host prepares the same thing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from pathlib import Path
-
 from crewwork.config import Settings
+from crewwork.config.sandbox import DEFAULT_IMAGE
 from crewwork.models import EnvironmentSpec, TenantRef
-from crewwork.repos.credentials import CredentialError, read_secret
-from crewwork.sandbox.config import DEFAULT_IMAGE
-from crewwork.sandbox.prepare import SetupPlan
 
 
 class EnvironmentRejected(ValueError):
@@ -43,30 +39,3 @@ def check_environment(env: EnvironmentSpec, settings: Settings, tenant: TenantRe
         raise EnvironmentRejected(
             f"environment.image {env.image!r} is not one the operator allows (CREWWORK_ENVIRONMENT_IMAGES: {allowed})"
         )
-
-
-def setup_plan(
-    env: EnvironmentSpec,
-    settings: Settings,
-    tenant: TenantRef | None,
-    *,
-    exposed: Iterable[Path] = (),
-    redact: Callable[[str], str] | None = None,
-) -> SetupPlan:
-    """The plan the prepared-environment cache builds with: the allowlist only when asked for, the named secrets
-    read from their files now (so a rotated secret is picked up by the next build)."""
-    check_environment(env, settings, tenant)
-    secrets: dict[str, str] = {}
-    for name in env.secrets:
-        ref = settings.setup_secrets[name]
-        try:
-            secrets[ref.env] = read_secret(name, ref.file, exposed)
-        except (CredentialError, UnicodeDecodeError) as exc:
-            raise EnvironmentRejected(f"environment.secrets: {exc}") from None
-    return SetupPlan(
-        python=env.python,
-        allowlist=tuple(settings.setup_allowlist()) if env.network else (),
-        secrets=secrets,
-        image=env.image,
-        redact=redact,
-    )

@@ -18,7 +18,7 @@ from crewwork.config import Settings
 from crewwork.models import EnvironmentSpec, RepoSpec
 from crewwork.repos.credentials import CredentialError
 from crewwork.repos.environment import EnvironmentRejected, check_environment
-from crewwork.repos.service import RepoPolicyError, Repositories, checked_local_git_dir
+from crewwork.repos.registration import RepoPolicyError, RepositoryChecks, checked_local_git_dir
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Store
 from crewwork.store.tables import Repository
@@ -66,10 +66,10 @@ class Registration:
 
 
 class RepositoryRegistry:
-    def __init__(self, store: Store, settings: Settings, repos: Repositories | None = None) -> None:
+    def __init__(self, store: Store, settings: Settings, repos: RepositoryChecks | None = None) -> None:
         self.store = store
         self.settings = settings
-        self.repos = repos or Repositories(settings)
+        self.repos = repos or RepositoryChecks(settings)
 
     async def roots(self, tenant_id: str) -> list[Path] | None:
         """The tenant's repository roots (None: anywhere, only when no roots are configured at all)."""

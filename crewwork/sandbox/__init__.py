@@ -2,34 +2,15 @@
 
 Typical use:
 
-    from crewwork.sandbox import SandboxSettings, best_available, get_sandbox, resolve_limits
+    from crewwork.config.sandbox import SandboxSettings, resolve_limits
+    from crewwork.sandbox.registry import best_available, get_sandbox
 
     settings = SandboxSettings()
     name, why = best_available(settings)
     sandbox = get_sandbox(name, allow_unsafe=name == "local", settings=settings)
     limits = resolve_limits(spec, settings)
     result = await sandbox.run(["python", "-m", "pytest"], workspace=ws, limits=limits)
+
+The package imports nothing itself, so a process that reads the sandbox settings (crewwork/config/sandbox.py) or
+one module of it loads no backend it does not run.
 """
-
-from crewwork.sandbox.base import (
-    Sandbox,
-    SandboxError,
-    SandboxLimits,
-    SandboxRunResult,
-    SandboxUnavailable,
-)
-from crewwork.sandbox.config import SandboxSettings, resolve_limits
-from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
-
-__all__ = [
-    "SANDBOXES",
-    "Sandbox",
-    "SandboxError",
-    "SandboxLimits",
-    "SandboxRunResult",
-    "SandboxSettings",
-    "SandboxUnavailable",
-    "best_available",
-    "get_sandbox",
-    "resolve_limits",
-]

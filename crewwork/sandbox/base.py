@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from crewwork.config.sandbox import SandboxLimits as SandboxLimits
 from crewwork.models import SandboxReport
 from crewwork.safefs import chown_tree
 from crewwork.sandbox.disk import is_full
-from crewwork.sandbox.limits import SandboxLimits as SandboxLimits
 
 if TYPE_CHECKING:
-    from crewwork.sandbox.config import SandboxSettings
+    from crewwork.config.sandbox import SandboxSettings
 
 
 WORKSPACE = "/workspace"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from crewwork.config.sandbox import BwrapConfig, SandboxSettings
 from crewwork.sandbox._proc import (
     apply_rlimits,
     rlimit_enforcement,
@@ -55,7 +56,6 @@ from crewwork.sandbox.base import (
     hand_over,
 )
 from crewwork.sandbox.cgroups import JOIN_FAILED, RunCgroup
-from crewwork.sandbox.config import BwrapConfig, SandboxSettings
 from crewwork.sandbox.seccomp import filter_fd
 from crewwork.sandbox.toolchain import (
     TOOLCHAIN_INSIDE,

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from crewwork.config.sandbox import DEFAULT_IMAGE, SandboxSettings
 from crewwork.sandbox.base import SandboxError, SandboxLimits, SandboxRunResult
-from crewwork.sandbox.config import DEFAULT_IMAGE, SandboxSettings
 from crewwork.sandbox.image import build_image
 from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
 

@@ -24,6 +24,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from crewwork.config.sandbox import SandboxLimits, SandboxSettings
+
 MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
 # A file system with less than this left is full for any practical purpose: the run hit the cap.
 FULL_BYTES = 256 * 1024
@@ -45,6 +47,21 @@ def loop_available() -> tuple[bool, str]:
     if not os.path.exists("/dev/loop-control"):
         return False, "/dev/loop-control is missing (no loop device support)"
     return True, "loopback ext4 images"
+
+
+def workspace_disk_mb(settings: SandboxSettings, limits: SandboxLimits) -> int | None:
+    """The disk size to give a workspace under `settings`, or None for no disk cap."""
+    if settings.workspace_disk == "none":
+        return None
+    if settings.workspace_disk == "auto" and not loop_available()[0]:
+        return None
+    return limits.disk_mb
+
+
+def prepare_disk_cap_mb(settings: SandboxSettings) -> int | None:
+    """The disk size of a prepared environment entry, or None when workspace disk caps are off (`none`, or `auto`
+    where loop images cannot be made): both caps are the same mechanism, on or off together."""
+    return workspace_disk_mb(settings, SandboxLimits(disk_mb=settings.prepare_disk_mb))
 
 
 def _tool(name: str) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from crewwork.config.sandbox import DockerConfig, SandboxSettings
 from crewwork.sandbox._proc import signal_from_returncode
 from crewwork.sandbox.base import (
     WORKSPACE,
@@ -36,7 +37,6 @@ from crewwork.sandbox.base import (
     disk_limited,
     hand_over,
 )
-from crewwork.sandbox.config import DockerConfig, SandboxSettings
 
 AVAILABILITY_TTL_S = 5.0
 DEADLINE_LABEL = "crewwork.sandbox.deadline"

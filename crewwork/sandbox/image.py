@@ -30,8 +30,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from crewwork.config.sandbox import DEFAULT_IMAGE
 from crewwork.sandbox.base import SandboxError, SandboxUnavailable
-from crewwork.sandbox.config import DEFAULT_IMAGE
 
 TOOLS = (
     "sh dash bash cat ls echo true false sleep env mkdir rmdir rm cp mv touch id head tail wc sed grep find "

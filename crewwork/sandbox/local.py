@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.sandbox._proc import (
     apply_rlimits,
     rlimit_enforcement,
@@ -32,7 +33,6 @@ from crewwork.sandbox.base import (
     check_mounts,
     disk_limited,
 )
-from crewwork.sandbox.config import SandboxSettings
 from crewwork.sandbox.toolchain import ensure_toolchain, toolchain_fingerprint
 
 

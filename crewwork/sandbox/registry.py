@@ -5,9 +5,9 @@ Adding a backend is one new module and one line in SANDBOXES.
 
 from __future__ import annotations
 
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.sandbox.base import Sandbox, SandboxUnavailable
 from crewwork.sandbox.bwrap import BwrapSandbox
-from crewwork.sandbox.config import SandboxSettings
 from crewwork.sandbox.docker import DockerSandbox, GVisorSandbox
 from crewwork.sandbox.local import LocalSandbox
 

@@ -10,14 +10,15 @@ from temporalio.exceptions import ApplicationError
 
 from crewwork import gitops, safefs
 from crewwork.config import Settings
+from crewwork.config.sandbox import SandboxSettings, resolve_limits
 from crewwork.models import ArtifactRef, SandboxSpec, WorkItemState
+from crewwork.repos.git import RemoteError
 from crewwork.repos.mirror import MirrorHold
-from crewwork.repos.service import REPO_ERRORS, repo_failure
+from crewwork.repos.service import REPO_ERRORS
 from crewwork.sandbox.base import Sandbox, SandboxLimits
-from crewwork.sandbox.config import SandboxSettings
-from crewwork.sandbox.disk import DiskError
+from crewwork.sandbox.disk import DiskError, workspace_disk_mb
 from crewwork.steps.attempt import AttemptWriter
-from crewwork.steps.errors import bad_input
+from crewwork.steps.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE, bad_input
 from crewwork.steps.ports import Ports
 from crewwork.store.tables import Artifact
 from crewwork.workspace import Workspace, WorkspaceError
@@ -76,8 +77,6 @@ def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None
 
 
 def sandbox_limits(spec: SandboxSpec | None, timeout_s: float | None, settings: SandboxSettings) -> SandboxLimits:
-    from crewwork.sandbox.config import resolve_limits
-
     try:
         return resolve_limits(spec, settings, timeout_s=timeout_s)
     except ValueError as exc:
@@ -147,7 +146,7 @@ async def make_workspace(
             git_dir=git_dir,
             home=ports.settings.resolved_worktree_dir() / work_item_id / name,
             commit=commit,
-            disk_mb=sandbox_settings.workspace_disk_mb(limits),
+            disk_mb=workspace_disk_mb(sandbox_settings, limits),
             owner=sandbox_settings.owner(),
             materialise=materialise,
         )
@@ -155,3 +154,11 @@ async def make_workspace(
         raise bad_input(str(exc)) from exc
     except DiskError as exc:
         raise ApplicationError(f"workspace disk: {exc}", type="SandboxError") from exc
+
+
+def repo_failure(exc: BaseException) -> Exception:
+    """The Temporal error for a repository failure (types in crewwork/steps/errors.py): retryable while the
+    remote is unreachable, not otherwise. The workflow ends the item `failed` naming the remote, never `dead`."""
+    if isinstance(exc, RemoteError) and exc.retryable:
+        return ApplicationError(str(exc), type=REPOSITORY_UNAVAILABLE)
+    return ApplicationError(str(exc), type=REPOSITORY_ERROR, non_retryable=True)

@@ -1,5 +1,5 @@
 """What step activities work with, passed in explicitly: the store, the settings, the host's repositories, the
-evidence publisher, the agent pool's child processes and the Temporal client. Built once per worker
+evidence publisher, the agent pool's child processes, the Temporal client and the pool's slot supplier. Built once per worker
 (`Ports.build`); each activity is a plain function `(ports, input) -> result`, bound to them as the step's
 Temporal activity (`bind`)."""
 
@@ -23,6 +23,10 @@ I = TypeVar("I", bound=BaseModel)  # noqa: E741
 R = TypeVar("R")
 
 
+def _no_slot() -> None:
+    """Outside an agent pool that polls ahead there is no slot to declare free early."""
+
+
 @dataclass(frozen=True)
 class Ports:
     store: Store
@@ -34,9 +38,14 @@ class Ports:
     """The agent slots' child processes (crewwork.agents.isolation); started only by the agent pool."""
     client: Any = None
     """A Temporal client: a write that hands a freed place on tells the queued items it admitted at once."""
+    agent_done: Callable[[], None] = _no_slot
+    """Declares that the running attempt's agent has returned, so its slot may poll for the next task while the
+    attempt writes its last transaction (the worker passes crewwork.workers.slots.agent_done; no-op by default)."""
 
     @classmethod
-    def build(cls, store: Store, settings: Settings, *, client: Any = None) -> Ports:
+    def build(
+        cls, store: Store, settings: Settings, *, client: Any = None, agent_done: Callable[[], None] = _no_slot
+    ) -> Ports:
         return cls(
             store=store,
             settings=settings,
@@ -44,6 +53,7 @@ class Ports:
             evidence=Publisher(settings.evidence),
             agent_processes=AgentProcesses(settings.agent_concurrency),
             client=client,
+            agent_done=agent_done,
         )
 
 

@@ -41,7 +41,7 @@ from crewwork.steps.ports import Ports
 from crewwork.steps.registry import activities
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
-from crewwork.workers.slots import SlotInterceptor, poll_ahead_tuner
+from crewwork.workers.slots import SlotInterceptor, agent_done, poll_ahead_tuner
 from crewwork.workflows.evidence import EvidenceBundleWorkflow
 from crewwork.workflows.work_item import WorkItemWorkflow
 
@@ -82,7 +82,7 @@ def worker_tuning(pool: str, settings: Settings) -> dict[str, Any]:
 def pool_activities(pool: str, client: Any, store: Store, settings: Settings) -> list[Any]:
     """The activities each pool's task queue serves: the steps whose policy names the pool (crewwork/steps/registry.py),
     bound to this worker's ports."""
-    ports = Ports.build(store, settings, client=client)
+    ports = Ports.build(store, settings, client=client, agent_done=agent_done)
     if pool == "agent" and settings.agent_isolation == "process":
         ports.agent_processes.prestart()  # warm children, so the first task does not wait for their imports
     return activities(pool, ports)  # type: ignore[arg-type]

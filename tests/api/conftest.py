@@ -35,10 +35,10 @@ class LiveApi:
     def start(self) -> LiveApi:
         import uvicorn
 
-        from crewwork.api.app import create_app
+        from crewwork.serve import api_app
 
         config = uvicorn.Config(
-            create_app(self.settings, options=self.options),
+            api_app(self.settings, options=self.options),
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

@@ -24,9 +24,9 @@ import pytest
 from fastapi.responses import StreamingResponse
 from starlette.routing import Mount
 
-from crewwork.api.app import create_app
 from crewwork.config import Settings
 from crewwork.config.api import ApiOptions
+from crewwork.serve import api_app
 from crewwork.store.tables import OutboxMessage
 from tests.api.conftest import LiveApi, Stack, make_tenant, task_item
 from tests.api.tenant_world import SHARED_IDEMPOTENCY_KEY, Owned, World, build_world, read_sse
@@ -144,7 +144,7 @@ def _flat(routes: Any) -> Any:
 def app_routes(stack: Stack) -> list[tuple[str, str, Any]]:
     """(method, path, route) for every route of the app: what the sweep must cover."""
     out: list[tuple[str, str, Any]] = []
-    for r in _flat(create_app(stack.api.settings).routes):
+    for r in _flat(api_app(stack.api.settings).routes):
         if isinstance(r, Mount):
             out.append(("GET", r.path, r))
             continue

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.sandbox.base import SandboxLimits
-from crewwork.sandbox.config import SandboxSettings
 from crewwork.sandbox.registry import get_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]

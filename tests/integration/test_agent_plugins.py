@@ -9,7 +9,8 @@ import importlib.metadata
 import pytest
 
 from crewwork.agents.base import AgentConfigError
-from crewwork.agents.registry import available_agents, get_agent_class
+from crewwork.agents.catalogue import available_agents
+from crewwork.agents.registry import get_agent_class
 from crewwork.service import SubmissionRejected
 from tests.conftest import Crew
 

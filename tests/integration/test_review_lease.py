@@ -19,9 +19,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from crewwork.config import Settings
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.demo import RIGHT
 from crewwork.models import ReviewDecision, WorkItemResult
-from crewwork.sandbox.config import SandboxSettings
 from crewwork.service import WorkItemService
 from crewwork.store.store import Store
 from crewwork.workers.pools import build_worker

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from crewwork.config.repos import SetupSecret
 from crewwork.demo import RIGHT
 from crewwork.models import WorkItemSpec
-from crewwork.repos.settings import SetupSecret
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import Crew, make_settings, running_crew
 from tests.repos.conftest import Served

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, SandboxSettings, get_sandbox
+from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.base import Sandbox, SandboxLimits
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed, SetupPlan
+from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.conftest import make_settings, running_crew
 from tests.repos.pkgindex import TOOLZ_BUG, TOOLZ_FILE, TOOLZ_RIGHT, PackageIndex, packages_ready, toolz_repo

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from crewwork.config.repos import ForgeConfig
 from crewwork.forge import ForgeError, forge_for
 from crewwork.forge.github import GitHubForge
-from crewwork.repos.settings import ForgeConfig
 from crewwork.urls import parse_repo_url
 from tests.fakes.github_server import FakeGitHub
 

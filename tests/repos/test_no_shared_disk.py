@@ -71,7 +71,7 @@ async def test_pools_on_hosts_with_no_common_disk_work_one_remote_repository(
 ) -> None:
     scope = f"http://127.0.0.1:{smart_http.port}/"
     (secret_dir / "token").write_text(http_password + "\n")
-    from crewwork.repos.settings import RepoCredential
+    from crewwork.config.repos import RepoCredential
 
     # The API "host" (this test process): it only checks submissions (ls-remote), with its own credential copy.
     api_settings = make_settings(

@@ -20,15 +20,16 @@ from pathlib import Path
 import pytest
 
 from crewwork.config import Settings
+from crewwork.config.repos import RepoCredential
 from crewwork.outbound import parse_networks
 from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.repos.credentials import Credentials
 from crewwork.repos.git import RemoteAccessDenied, RemoteAddressRefused, RemoteError, RemoteUnavailable
 from crewwork.repos.landing import land_by_push
 from crewwork.repos.mirror import MirrorCache
+from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError
 from crewwork.repos.remote import Remote
-from crewwork.repos.service import RepoAddressRefused, RepoPolicyError, Repositories
-from crewwork.repos.settings import RepoCredential
+from crewwork.repos.service import Repositories
 from crewwork.urls import RepoURLError, parse_repo_url
 from tests.repos.addresses import INTERNAL, NAME, Dns, spell
 from tests.repos.conftest import Served

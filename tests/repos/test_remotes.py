@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.config.repos import RepoCredential
 from crewwork.repos.credentials import Credentials
 from crewwork.repos.git import PushRejected, RemoteAccessDenied, RemoteNotFound, RemoteUnavailable
 from crewwork.repos.landing import LandingConflictError, land_by_push
 from crewwork.repos.mirror import MirrorCache
 from crewwork.repos.remote import Remote
-from crewwork.repos.settings import RepoCredential
 from crewwork.temporal.devserver import free_port
 from crewwork.urls import parse_repo_url
 from tests.repos.conftest import Served

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from crewwork.config.repos import ForgeConfig, RepoCredential
 from crewwork.demo import RIGHT, WRONG
 from crewwork.models import ReviewDecision
-from crewwork.repos.settings import ForgeConfig, RepoCredential
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.conftest import ApiServer, Crew, make_settings, running_crew
 from tests.fakes.github_server import FakeGitHub

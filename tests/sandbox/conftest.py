@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.sandbox import SANDBOXES, Sandbox, SandboxSettings, get_sandbox
+from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.base import Sandbox
+from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
 ISOLATING = [
     pytest.param("bwrap", id="bwrap"),

@@ -9,18 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.config.sandbox import SandboxSettings, resolve_limits
 from crewwork.models import SandboxSpec
-from crewwork.sandbox import (
-    SANDBOXES,
-    SandboxLimits,
-    SandboxRunResult,
-    SandboxSettings,
-    SandboxUnavailable,
-    best_available,
-    get_sandbox,
-    resolve_limits,
-)
+from crewwork.sandbox.base import SandboxLimits, SandboxRunResult, SandboxUnavailable
 from crewwork.sandbox.cli import main as cli_main
+from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
 
 
 def test_local_backend_is_refused_without_allow_unsafe() -> None:
@@ -198,7 +191,7 @@ async def test_bwrap_without_cgroups_falls_back_to_rlimits_and_says_so(tmp_path:
 
 
 def test_each_backend_gets_its_own_config_class_by_type() -> None:
-    from crewwork.sandbox.config import BwrapConfig, DockerConfig, LocalConfig
+    from crewwork.config.sandbox import BwrapConfig, DockerConfig, LocalConfig
 
     s = SandboxSettings(docker_image="python:3.11-slim", docker_base_url="unix:///nowhere.sock", bwrap_seccomp=False)
     docker = s.backend_config("docker")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from crewwork.demo import RIGHT, WRONG
-from crewwork.sandbox import SANDBOXES
+from crewwork.sandbox.registry import SANDBOXES
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_settings, running_crew
 

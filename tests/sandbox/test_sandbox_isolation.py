@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from crewwork.sandbox import Sandbox, SandboxLimits
+from crewwork.sandbox.base import Sandbox, SandboxLimits
 
 PY = "python3"
 # Small caps: these tests run fork bombs and memory hogs on a shared 2-core machine.
@@ -270,7 +270,7 @@ async def test_a_dead_worker_leaves_no_sandbox_running(sandbox: Sandbox, workspa
     script = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "from crewwork.sandbox import SandboxLimits, get_sandbox\n"
+        "from crewwork.sandbox.base import SandboxLimits\nfrom crewwork.sandbox.registry import get_sandbox\n"
         "ticker = \"import time\\nwhile True:\\n    open('ticks', 'a').write('.')\\n    time.sleep(0.05)\\n\"\n"
         "asyncio.run(get_sandbox(sys.argv[1]).run(['python3', '-c', ticker], workspace=Path(sys.argv[2]),\n"
         "            limits=SandboxLimits(timeout_s=1)))\n"

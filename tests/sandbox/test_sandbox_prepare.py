@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, SandboxSettings, get_sandbox
+from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.base import Sandbox, SandboxLimits
+from crewwork.sandbox.disk import prepare_disk_cap_mb
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed, prepare_key
+from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, timeout_s=60)
 OWNER = CacheOwner(tenant_id="tn_a", repository="rp_a")
@@ -304,5 +307,5 @@ async def test_a_killed_workers_half_built_entry_is_cleaned_up_and_rebuilt(
 
 
 def test_prepare_disk_cap_is_on_and_off_with_the_workspace_disk_cap() -> None:
-    assert SandboxSettings(workspace_disk="none", prepare_disk_mb=100).prepare_disk_cap_mb() is None
-    assert SandboxSettings(workspace_disk="loop", prepare_disk_mb=100).prepare_disk_cap_mb() == 100
+    assert prepare_disk_cap_mb(SandboxSettings(workspace_disk="none", prepare_disk_mb=100)) is None
+    assert prepare_disk_cap_mb(SandboxSettings(workspace_disk="loop", prepare_disk_mb=100)) == 100

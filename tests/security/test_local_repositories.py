@@ -26,7 +26,8 @@ import pytest
 from crewwork.config import Settings
 from crewwork.repos.git import LocalRepositoryRefused
 from crewwork.repos.landing import LandingConflictError
-from crewwork.repos.service import RepoPolicyError, Repositories
+from crewwork.repos.registration import RepoPolicyError
+from crewwork.repos.service import Repositories
 from tests.api.conftest import api_settings  # noqa: F401  (fixture)
 from tests.api.test_repositories import CALC, Tenancy, change, register, tenancy  # noqa: F401  (fixture)
 from tests.conftest import GIT_ENV, make_repo
@@ -198,14 +199,14 @@ async def test_a_redirect_planted_between_the_check_and_git_names_nothing_in_the
     """The moment between the last check and git opening the repository, made as long as it gets: the check
     passes (it ran on the clean repository), then the redirect appears. Git's server command runs confined to the
     git directory (bubblewrap), where what it names does not exist."""
-    from crewwork.repos import local, remote, service
+    from crewwork.repos import local, registration, remote
 
     if local._bwrap() is None:
         pytest.skip("bubblewrap cannot confine git on this host")
     url, commit = await two.repos.check(str(two.attacker), "main", roots=[two.root_a])
     checked = local.local_git_dir(two.attacker)
     monkeypatch.setattr(remote, "local_git_dir", lambda _path: checked)
-    monkeypatch.setattr(service, "checked_local_git_dir", lambda _url: checked)
+    monkeypatch.setattr(registration, "checked_local_git_dir", lambda _url: checked)
     ATTACKS[attack][0](two)
     err = await _fetch(two, url.url, commit)
     assert not two.victim_readable_in(two.repos.mirrors.path(url)), "victim leaked"

@@ -16,8 +16,8 @@ import pytest
 
 from crewwork.agents.command import CommandAgentsSettings
 from crewwork.errors import AgentConfigError
-from crewwork.sandbox import SANDBOXES, SandboxLimits, get_sandbox
-from crewwork.sandbox.base import Mount, check_mounts
+from crewwork.sandbox.base import Mount, SandboxLimits, check_mounts
+from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, timeout_s=60)
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.sandbox import SANDBOXES, Sandbox, SandboxLimits, SandboxSettings, get_sandbox
+from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.base import Sandbox, SandboxLimits
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache
+from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
 LIMITS = SandboxLimits(memory_mb=512, pids=128, timeout_s=120)
 A = CacheOwner(tenant_id="tn_evict_a", repository="rp_a")

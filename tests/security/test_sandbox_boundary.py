@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from crewwork import gitops
-from crewwork.sandbox import Sandbox, SandboxLimits, SandboxSettings, get_sandbox
-from crewwork.sandbox.base import Mount
+from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
 from crewwork.sandbox.bwrap import ETC_ALLOWLIST, SYNTHETIC_ETC
+from crewwork.sandbox.disk import workspace_disk_mb
+from crewwork.sandbox.registry import get_sandbox
 from crewwork.steps.execution import read_report
 from crewwork.workspace import Workspace
 from tests.conftest import make_repo
@@ -44,7 +46,7 @@ async def ws(tmp_path: Path) -> AsyncIterator[Workspace]:
         git_dir=gitops.git_dir_of(repo),
         home=tmp_path / "ws-home",
         commit=commit,
-        disk_mb=settings.workspace_disk_mb(LIMITS),
+        disk_mb=workspace_disk_mb(settings, LIMITS),
         owner=settings.owner(),
     )
     yield w

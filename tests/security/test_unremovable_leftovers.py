@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.safefs import chown_tree
-from crewwork.sandbox import SANDBOXES, SandboxLimits, SandboxSettings, get_sandbox
+from crewwork.sandbox.base import SandboxLimits
 from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache
+from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 from crewwork.workspace import remove_tree
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, timeout_s=60)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from crewwork import gitops, safefs
+from crewwork.config.sandbox import SandboxSettings
 from crewwork.repos.landing import _tree_of_change
-from crewwork.sandbox import SandboxSettings
+from crewwork.sandbox.disk import workspace_disk_mb
 from crewwork.workspace import CaptureLimits, CaptureRefused, DiffTooLarge, Workspace
 from tests.conftest import GIT_ENV, make_repo
 
@@ -31,7 +32,7 @@ async def new_ws(repo: Path, home: Path, *, disk: bool = True) -> Workspace:
         git_dir=gitops.git_dir_of(repo),
         home=home,
         commit=commit,
-        disk_mb=settings.workspace_disk_mb(settings.default_limits()) if disk else None,
+        disk_mb=workspace_disk_mb(settings, settings.default_limits()) if disk else None,
         owner=settings.owner(),
     )
 

@@ -4,8 +4,10 @@ The workflow runs steps by name through its one call path (crewwork/workflows/ca
 contracts (`crewwork.steps.<step>`: models and policy), so neither it nor the API loads a step's activity, the ports
 activities are bound to, or the agent, sandbox and repository code those drive.
 
-The API process still loads parts of those three packages, each for a reason of its own, listed below module by
-module: a module the API starts to load for another reason fails this test, and a list only ever shrinks."""
+The API process loads no agent, no sandbox and none of this host's repository machinery (mirrors, landing, pull
+requests): only the agents' config checks and the repositories' registration checks, listed below module by module
+with their reasons. A module the API starts to load for another reason fails this test, and a list only ever
+shrinks."""
 
 from __future__ import annotations
 
@@ -18,59 +20,33 @@ STEP_IO = ("crewwork.steps.ports", "crewwork.steps.registry", "crewwork.steps.ex
 """The I/O side of the steps (with every `crewwork.steps.<step>.activity`)."""
 
 API_NEEDS = {
-    # Submission checks the agent's config and takes its mock label at the edge (crewwork/service.py,
-    # `get_agent_class`); the agent registry imports every built-in agent to answer.
+    # Submission checks the agent's config and takes its mock label at the edge (crewwork/service.py): the catalogue
+    # of agent names (crewwork.agents.catalogue) with the built-ins' config models and checks, and the plugin
+    # interface (crewwork.agents.base) a plugin is checked against. No agent.
     "crewwork.agents": {
         "crewwork.agents",
         "crewwork.agents.base",
-        "crewwork.agents.command",
-        "crewwork.agents.edits",
-        "crewwork.agents.model",
+        "crewwork.agents.catalogue",
+        "crewwork.agents.command_config",
         "crewwork.agents.model_config",
-        "crewwork.agents.model_prompt",
-        "crewwork.agents.registry",
-        "crewwork.agents.scripted",
+        "crewwork.agents.scripted_config",
     },
-    # The settings tree: `Settings.sandbox` is crewwork.sandbox.config.SandboxSettings, and importing it runs
-    # crewwork/sandbox/__init__.py, which loads the backend registry and with it every backend (also reached from
-    # crewwork.agents.command). The API runs none of them. A repository's environment, checked at registration and
-    # submission (crewwork.repos.environment), plans its setup with crewwork.sandbox.prepare's SetupPlan, which
-    # brings the prepared-environment cache, its disk images, the image check and the setup proxy.
-    "crewwork.sandbox": {
-        "crewwork.sandbox.disk",
-        "crewwork.sandbox.image",
-        "crewwork.sandbox.limits",
-        "crewwork.sandbox.prepare",
-        "crewwork.sandbox.proxy",
-        "crewwork.sandbox",
-        "crewwork.sandbox._proc",
-        "crewwork.sandbox.base",
-        "crewwork.sandbox.bwrap",
-        "crewwork.sandbox.cgroups",
-        "crewwork.sandbox.config",
-        "crewwork.sandbox.docker",
-        "crewwork.sandbox.local",
-        "crewwork.sandbox.registry",
-        "crewwork.sandbox.seccomp",
-        "crewwork.sandbox.toolchain",
-    },
-    # Repository registration (crewwork/api/repositories.py -> crewwork.repos.tenancy) checks a registration where it
-    # enters: URL, address policy, the credential it names, the ref on the remote. `Repositories`
-    # (crewwork/repos/service.py) does that and mirrors and landing in one class, so its module loads them all;
-    # the settings tree holds crewwork.repos.settings; a submission's environment is checked by
-    # crewwork.repos.environment.
+    # Nothing: the sandbox settings are crewwork.config.sandbox.
+    "crewwork.sandbox": set(),
+    # Repository registration and submission check a repository where it enters (crewwork.repos.tenancy, with
+    # crewwork.repos.registration): its URL and the local repository's git directory (crewwork.repos.local), the
+    # address policy (crewwork.repos.address), the credential it names (crewwork.repos.credentials), and its ref on
+    # the remote, which runs `git ls-remote` (crewwork.repos.remote and the git runner, crewwork.repos.git); a
+    # submission's environment is checked by crewwork.repos.environment. No mirror, landing or pull request code.
     "crewwork.repos": {
         "crewwork.repos",
         "crewwork.repos.address",
         "crewwork.repos.credentials",
         "crewwork.repos.environment",
         "crewwork.repos.git",
-        "crewwork.repos.landing",
         "crewwork.repos.local",
-        "crewwork.repos.mirror",
+        "crewwork.repos.registration",
         "crewwork.repos.remote",
-        "crewwork.repos.service",
-        "crewwork.repos.settings",
         "crewwork.repos.tenancy",
     },
 }

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -54,7 +54,6 @@ from crewwork.steps.execution import (
 )
 from crewwork.steps.ports import Ports
 from crewwork.store.artifacts import artifact_row
-from crewwork.workers.slots import agent_done
 from crewwork.workspace import CaptureLimits, CaptureRefused, Workspace
 
 log = logging.getLogger("crewwork.steps.agent")
@@ -107,7 +106,7 @@ async def run_agent(ports: Ports, inp: AgentStepInput) -> AgentOutcome:
                     inp.work_item_id,
                     time.monotonic() - started_at,
                 )
-            return await finished(w, inp, produced)
+            return await finished(w, inp, produced, ports.agent_done)
 
 
 def choose(inp: AgentStepInput, operator: OperatorAgentSettings) -> Chosen:
@@ -289,7 +288,9 @@ async def capture(ports: Ports, w: AttemptWriter, inp: AgentStepInput, ws: Works
     outcome.diff_ref = await save(ports, w, f"attempt-{inp.attempt}.diff", captured.diff, "text/x-diff")
 
 
-async def finished(w: AttemptWriter, inp: AgentStepInput, produced: Produced) -> AgentOutcome:
+async def finished(
+    w: AttemptWriter, inp: AgentStepInput, produced: Produced, agent_done: Callable[[], None]
+) -> AgentOutcome:
     """The attempt's last write: the refs of what it produced, and the pending artifacts (its transcript) in the
     same transaction. Refused (and the attempt ends) if a later attempt has written meanwhile, so the event log only
     ever names the accepted attempt's artifacts."""

@@ -21,9 +21,10 @@ from crewwork.evidence.publish import BUNDLE_ARTIFACT, EvidenceUnavailable, Sign
 from crewwork.forge import ForgeError
 from crewwork.models import WorkItemState
 from crewwork.repos.landing import Landed, LandingConflictError, notes_ref
-from crewwork.repos.service import REPO_ERRORS, repo_failure
+from crewwork.repos.service import REPO_ERRORS
 from crewwork.steps.attempt import AttemptWriter, artifact_bytes
 from crewwork.steps.errors import EVIDENCE_UNAVAILABLE, LANDING_CONFLICT, PULL_REQUEST_FAILED, STALE_ATTEMPT, bad_input
+from crewwork.steps.execution import repo_failure
 from crewwork.steps.land import LandInput, LandResult
 from crewwork.steps.ports import Ports
 

@@ -16,18 +16,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from crewwork import gitops
+from crewwork.config import Settings
 from crewwork.evidence.sandbox_spec import sandbox_spec
 from crewwork.gitops import Tree
-from crewwork.models import ArtifactRef, SandboxReport, ValidationOutcome, WorkItemState
+from crewwork.models import (
+    ArtifactRef,
+    EnvironmentSpec,
+    SandboxReport,
+    TenantRef,
+    ValidationOutcome,
+    WorkItemState,
+)
 from crewwork.preview.run import PreviewRun, run_preview
-from crewwork.repos.environment import EnvironmentRejected, setup_plan
+from crewwork.repos.credentials import CredentialError, read_secret
+from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnv, PreparedEnvCache, SetupFailed
+from crewwork.sandbox.disk import prepare_disk_cap_mb
+from crewwork.sandbox.prepare import CacheOwner, PreparedEnv, PreparedEnvCache, SetupFailed, SetupPlan
 from crewwork.steps.attempt import AttemptWriter, artifact_bytes, watch
 from crewwork.steps.errors import bad_input
 from crewwork.steps.execution import (
@@ -212,7 +223,7 @@ class Validation:
                 raise bad_input(str(exc)) from exc
             setup_limits = dataclasses.replace(self.limits, timeout_s=inp.environment.setup_timeout_s)
         cache = PreparedEnvCache(
-            ports.settings.data_dir.resolve() / "prepared", disk_mb=ports.settings.sandbox.prepare_disk_cap_mb()
+            ports.settings.data_dir.resolve() / "prepared", disk_mb=prepare_disk_cap_mb(ports.settings.sandbox)
         )
         registration = await ports.store.find_repository(inp.tenant_id, inp.repo_path)
         owner = CacheOwner(
@@ -345,3 +356,30 @@ class Validation:
             diagnostics=diagnostics,
             protected_reset=self.extra.get("protected_reset"),
         )
+
+
+def setup_plan(
+    env: EnvironmentSpec,
+    settings: Settings,
+    tenant: TenantRef | None,
+    *,
+    exposed: Iterable[Path] = (),
+    redact: Callable[[str], str] | None = None,
+) -> SetupPlan:
+    """The plan the prepared-environment cache builds with: the allowlist only when asked for, the named secrets
+    read from their files now (so a rotated secret is picked up by the next build)."""
+    check_environment(env, settings, tenant)
+    secrets: dict[str, str] = {}
+    for name in env.secrets:
+        ref = settings.setup_secrets[name]
+        try:
+            secrets[ref.env] = read_secret(name, ref.file, exposed)
+        except (CredentialError, UnicodeDecodeError) as exc:
+            raise EnvironmentRejected(f"environment.secrets: {exc}") from None
+    return SetupPlan(
+        python=env.python,
+        allowlist=tuple(settings.setup_allowlist()) if env.network else (),
+        secrets=secrets,
+        image=env.image,
+        redact=redact,
+    )

@@ -1,4 +1,6 @@
-"""Operator configuration of sandboxes, and how a work item's requested limits are checked against it.
+"""Operator configuration of sandboxes, the caps of one run every backend receives (`SandboxLimits`), and how a
+work item's requested limits are checked against the operator's maximums. Nothing here runs a sandbox: the API reads
+these settings (submissions are checked against the maximums) without loading any backend (crewwork/sandbox/).
 
 Environment variables use the prefix CREWWORK_SANDBOX_ (e.g. CREWWORK_SANDBOX_BACKEND=gvisor,
 CREWWORK_SANDBOX_MAX_MEMORY_MB=4096). A work item may ask for different limits, never above the maximums.
@@ -7,19 +9,46 @@ CREWWORK_SANDBOX_MAX_MEMORY_MB=4096). A work item may ask for different limits, 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from crewwork.sandbox.disk import loop_available
-from crewwork.sandbox.limits import SandboxLimits
-
 if TYPE_CHECKING:
     from crewwork.models import SandboxSpec
 
 DEFAULT_IMAGE = "crewwork-sandbox:latest"
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Hard caps for one sandboxed run. Every backend enforces all of them or says which it could not."""
+
+    memory_mb: int = 1024
+    """Memory (RSS + page cache charged to the run) in MiB; swap is capped to the same value (no swapping)."""
+    pids: int = 256
+    """Processes and threads alive at once inside the sandbox (a fork bomb stops here)."""
+    cpus: float = 1.0
+    """CPU bandwidth in cores (1.5 = one and a half cores' worth of time per period)."""
+    timeout_s: float = 600.0
+    """Wall-clock seconds from start to exit; the whole process tree is killed when it runs out."""
+    tmpfs_mb: int = 256
+    """Size in MiB of the private, memory-backed /tmp (the only writable place besides the workspace)."""
+    output_tail_bytes: int = 8192
+    """Bytes of the end of stdout and of stderr kept in reports (the full logs become artifacts)."""
+    max_log_bytes: int = 8 * 1024 * 1024
+    """Bytes of stdout and of stderr kept at most; output beyond is dropped and `truncated` is set."""
+    disk_mb: int = 4096
+    """Size in MiB of each workspace's own file system (its disk cap; see crewwork.sandbox.disk)."""
+
+    def __post_init__(self) -> None:
+        for name in ("memory_mb", "pids", "cpus", "timeout_s", "tmpfs_mb", "max_log_bytes", "disk_mb"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sandbox limit {name} must be positive, got {getattr(self, name)!r}")
+        if self.output_tail_bytes < 0:
+            raise ValueError("sandbox limit output_tail_bytes must not be negative")
 
 
 class DockerConfig(BaseModel):
@@ -168,20 +197,6 @@ class SandboxSettings(BaseSettings):
     def owner(self) -> tuple[int, int] | None:
         """(uid, gid) workspaces belong to and sandboxes run as, or None when the worker is not root."""
         return (self.uid, self.gid) if os.geteuid() == 0 else None
-
-    def workspace_disk_mb(self, limits: SandboxLimits) -> int | None:
-        """The disk size to give a workspace under these settings, or None for no disk cap."""
-        if self.workspace_disk == "none":
-            return None
-        if self.workspace_disk == "auto":
-            if not loop_available()[0]:
-                return None
-        return limits.disk_mb
-
-    def prepare_disk_cap_mb(self) -> int | None:
-        """The disk size of a prepared environment entry, or None when workspace disk caps are off (`none`, or
-        `auto` where loop images cannot be made): both caps are the same mechanism, on or off together."""
-        return self.workspace_disk_mb(SandboxLimits(disk_mb=self.prepare_disk_mb))
 
 
 def resolve_limits(
