@@ -19,7 +19,6 @@ from crewwork.sandbox.disk import DiskError
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.errors import bad_input
 from crewwork.steps.ports import Ports
-from crewwork.store.tables import Artifact
 from crewwork.workspace import Workspace, WorkspaceError
 
 REPORT_DIR = gitops.PLATFORM_DIR
@@ -37,10 +36,6 @@ def read_report(workspace: Path, rel: str, max_bytes: int) -> tuple[bytes | None
         return None, None
     except safefs.Refused as exc:
         return None, f"{rel}: {exc.reason}"
-
-
-def artifact_ref(a: Artifact) -> ArtifactRef:
-    return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
 
 
 def bounded(data: bytes, max_bytes: int) -> bytes:
@@ -127,7 +122,7 @@ async def save(ports: Ports, w: AttemptWriter, name: str, data: bytes, ctype: st
         content_type=ctype,
         max_bytes=limit,
     )
-    return artifact_ref(art)
+    return art.ref()
 
 
 async def make_workspace(

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from crewwork.masking import without_nul
 from crewwork.store.fencing import AttemptRecord, FencingStore, Rank, WriteResult
 from crewwork.store.tables import Attempt
+from crewwork.store.views import StoredAttempt, view_of
 
 __all__ = ["AttemptRecord", "AttemptStore"]
 
@@ -34,7 +35,7 @@ class AttemptStore(FencingStore):
         """The item's failure fingerprints in attempt order, None for a passed attempt."""
         return await self.writes.fingerprints_in(s, work_item_id)
 
-    async def list_attempts(self, work_item_id: str) -> list[Attempt]:
+    async def list_attempts(self, work_item_id: str) -> list[StoredAttempt]:
         async with self.session() as s:
             q = select(Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
-            return list((await s.scalars(q)).all())
+            return [view_of(StoredAttempt, a) for a in await s.scalars(q)]
