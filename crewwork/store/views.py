@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from sqlalchemy import inspect
-
 from crewwork.models import ArtifactRef
 
 V = TypeVar("V")
@@ -23,8 +21,14 @@ V = TypeVar("V")
 def view_of(cls: type[V], row: Any) -> V:
     """The view `cls` of `row`: each of the view's fields read from the row's attribute of the same name. A column
     the row has not loaded (an artifact's deferred `content`) is left at the field's default, never loaded here."""
-    unloaded = inspect(row).unloaded
-    return cls(**{f.name: getattr(row, f.name) for f in fields(cls) if f.name not in unloaded})  # type: ignore[arg-type]
+    loaded = row.__dict__  # where the ORM keeps the column values a row has loaded (an unloaded one is absent)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    return cls(**{name: loaded[name] for name in names if name in loaded})
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def view_or_none(cls: type[V], row: Any | None) -> V | None:
