@@ -12,12 +12,11 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import undefer
 
 from crewwork.ids import new_id
 from crewwork.store.engine import Database, StoreError
 from crewwork.store.tables import Artifact
-from crewwork.store.views import NewArtifact, StoredArtifact, view_of, view_or_none
+from crewwork.store.views import NewArtifact, StoredArtifact, first_view, select_view, view_of, views_of
 
 
 class ArtifactTooLarge(StoreError):
@@ -76,9 +75,9 @@ class ArtifactStore(Database):
         async def body(s: AsyncSession, started: Callable[[], None]) -> StoredArtifact:
             now = await self.now(s)
             started()
-            art = Artifact(**new.columns(), created_at=now)
-            s.add(art)
-            return view_of(StoredArtifact, art)
+            values = {**new.columns(), "created_at": now}
+            s.add(Artifact(**values))
+            return view_of(StoredArtifact, values)
 
         return await self.transaction(body)
 
@@ -86,11 +85,10 @@ class ArtifactStore(Database):
         self, work_item_id: str, artifact_id: str, *, with_content: bool
     ) -> StoredArtifact | None:
         """One artifact of a work item (its bytes loaded only `with_content`)."""
-        q = select(Artifact).where(Artifact.id == artifact_id, Artifact.work_item_id == work_item_id)
-        if with_content:
-            q = q.options(undefer(Artifact.content))
+        q = select_view(StoredArtifact, Artifact, without=() if with_content else ("content",))
+        q = q.where(Artifact.id == artifact_id, Artifact.work_item_id == work_item_id)
         async with self.session() as s:
-            return view_or_none(StoredArtifact, await s.scalar(q))
+            return await first_view(StoredArtifact, s.execute(q))
 
     async def artifact_content(self, artifact_id: str) -> bytes | None:
         """The bytes of an artifact (the content column is deferred everywhere else)."""
@@ -101,5 +99,6 @@ class ArtifactStore(Database):
     async def list_artifacts(self, work_item_id: str) -> list[StoredArtifact]:
         """A work item's artifacts, oldest first (without their bytes)."""
         async with self.session() as s:
-            q = select(Artifact).where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
-            return [view_of(StoredArtifact, a) for a in await s.scalars(q)]
+            q = select_view(StoredArtifact, Artifact, without=("content",))
+            q = q.where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
+            return await views_of(StoredArtifact, s.execute(q))

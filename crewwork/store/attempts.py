@@ -5,13 +5,12 @@ record of the same attempt replaces its own row."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork.masking import without_nul
 from crewwork.store.fencing import AttemptRecord, FencingStore, Rank, WriteResult
 from crewwork.store.tables import Attempt
-from crewwork.store.views import StoredAttempt, view_of
+from crewwork.store.views import StoredAttempt, select_view, views_of
 
 __all__ = ["AttemptRecord", "AttemptStore"]
 
@@ -37,5 +36,5 @@ class AttemptStore(FencingStore):
 
     async def list_attempts(self, work_item_id: str) -> list[StoredAttempt]:
         async with self.session() as s:
-            q = select(Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
-            return [view_of(StoredAttempt, a) for a in await s.scalars(q)]
+            q = select_view(StoredAttempt, Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
+            return await views_of(StoredAttempt, s.execute(q))

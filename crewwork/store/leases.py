@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork.store.engine import Database
 from crewwork.store.tables import Fence, Lease, LeaseHistory
-from crewwork.store.views import StoredLease, view_or_none
+from crewwork.store.views import StoredLease, first_view, select_view
 
 WORKSPACE_PREFIX = "ws:"
 
@@ -119,4 +119,4 @@ class LeaseStore(Database):
 
     async def get_lease(self, key: str) -> StoredLease | None:
         async with self.session() as s:
-            return view_or_none(StoredLease, await s.scalar(select(Lease).where(Lease.key == key)))
+            return await first_view(StoredLease, s.execute(select_view(StoredLease, Lease).where(Lease.key == key)))

@@ -13,7 +13,7 @@ from crewwork.ids import new_id
 from crewwork.models import TenantRef
 from crewwork.store.engine import Database
 from crewwork.store.tables import Repository, Tenant
-from crewwork.store.views import StoredRepository, view_of, view_or_none
+from crewwork.store.views import StoredRepository, first_view, select_view, view_of, views_of
 
 
 class RepositoryExists(ValueError):
@@ -41,19 +41,19 @@ class RepositoryStore(Database):
         """Register `url` (already normalised and checked) for the tenant. RepositoryExists if it already is."""
         try:
             async with self.session() as s:
-                row = Repository(
-                    id=new_id("repo"),
-                    tenant_id=tenant_id,
-                    url=url,
-                    default_ref=default_ref,
-                    credential=credential,
-                    protect_paths=list(protect_paths or []),
-                    environment=environment,
-                    auto_registered=auto_registered,
-                    created_at=await self.now(s),
-                )
-                s.add(row)
-            return view_of(StoredRepository, row)
+                values = {
+                    "id": new_id("repo"),
+                    "tenant_id": tenant_id,
+                    "url": url,
+                    "default_ref": default_ref,
+                    "credential": credential,
+                    "protect_paths": list(protect_paths or []),
+                    "environment": environment,
+                    "auto_registered": auto_registered,
+                    "created_at": await self.now(s),
+                }
+                s.add(Repository(**values))
+            return view_of(StoredRepository, values)
         except IntegrityError:
             found = await self.find_repository(tenant_id, url)
             if found is None:
@@ -63,24 +63,26 @@ class RepositoryStore(Database):
     async def get_repository(self, repository_id: str, tenant_id: str | None) -> StoredRepository | None:
         """The repository if `tenant_id` owns it (any tenant's when None: operators)."""
         async with self.session() as s:
-            q = select(Repository).where(Repository.id == repository_id)
+            q = select_view(StoredRepository, Repository).where(Repository.id == repository_id)
             if tenant_id is not None:
                 q = q.where(Repository.tenant_id == tenant_id)
-            return view_or_none(StoredRepository, await s.scalar(q))
+            return await first_view(StoredRepository, s.execute(q))
 
     async def find_repository(self, tenant_id: str, url: str) -> StoredRepository | None:
         """The tenant's registration of the normalised `url`."""
         async with self.session() as s:
-            q = select(Repository).where(Repository.tenant_id == tenant_id, Repository.url == url)
-            return view_or_none(StoredRepository, await s.scalar(q))
+            q = select_view(StoredRepository, Repository).where(
+                Repository.tenant_id == tenant_id, Repository.url == url
+            )
+            return await first_view(StoredRepository, s.execute(q))
 
     async def list_repositories(self, tenant_id: str | None, *, limit: int = 500) -> list[StoredRepository]:
         async with self.session() as s:
-            q = select(Repository)
+            q = select_view(StoredRepository, Repository)
             if tenant_id is not None:
                 q = q.where(Repository.tenant_id == tenant_id)
             q = q.order_by(Repository.created_at, Repository.id).limit(limit)
-            return [view_of(StoredRepository, r) for r in await s.scalars(q)]
+            return await views_of(StoredRepository, s.execute(q))
 
     async def count_repositories(self, tenant_id: str) -> int:
         async with self.session() as s:

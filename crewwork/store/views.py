@@ -1,38 +1,60 @@
 """What the store hands to the code above it: immutable, typed views of its records, never an ORM row.
 
 A row (crewwork/store/tables.py) is bound to a session, lazy in its deferred columns and writable: code outside the
-store that holds one can load from, or write to, the database behind the store's back. A view is a frozen copy of
-the fields its readers use, made in one place (`view_of`) from the row the store read. Its JSON fields (`spec`,
-`data`, ...) are the dicts decoded for this read, shared with no other reader.
+store that holds one can load from, or write to, the database behind the store's back. A view is a frozen dataclass
+of the fields its readers use, made here only: read as exactly those columns (`select_view`, then `first_view` or
+`views_of`), or from the values the store has just written (`view_of`). Its JSON fields (`spec`, `data`, ...) are
+the dicts decoded for this read, shared with no other reader.
 
 tests/unit/test_store_boundary.py keeps the rows and SQLAlchemy inside crewwork/store/.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
+
+from sqlalchemy import Result, Select, select
 
 from crewwork.models import ArtifactRef
 
 V = TypeVar("V")
 
 
-def view_of(cls: type[V], row: Any) -> V:
-    """The view `cls` of `row`: each of the view's fields read from the row's attribute of the same name. A column
-    the row has not loaded (an artifact's deferred `content`) is left at the field's default, never loaded here."""
-    loaded = row.__dict__  # where the ORM keeps the column values a row has loaded (an unloaded one is absent)
+def select_view(cls: type[Any], table: type[Any], *, without: Collection[str] = ()) -> Select[Any]:
+    """A SELECT of the columns of `table` that the view `cls` has a field of the same name for (less `without`,
+    which must have defaults): what `first_view` and `views_of` make views of. Columns, not ORM entities: no row
+    object is built only to be copied."""
+    columns = table.__table__.c
+    return select(*(columns[name] for name in _field_names(cls) if name not in without))
+
+
+async def first_view(cls: type[V], result: Awaitable[Result[Any]]) -> V | None:
+    """The view of the first row of a `select_view` query, None when there is none."""
+    row = (await result).first()
+    return None if row is None else cls(**row._asdict())
+
+
+async def views_of(cls: type[V], result: Awaitable[Result[Any]]) -> list[V]:
+    """The views of every row of a `select_view` query, in its order."""
+    return [cls(**row._asdict()) for row in await result]
+
+
+def view_of(cls: type[V], values: Mapping[str, Any]) -> V:
+    """The view of a row the store has just written, from the values it wrote (a field without one keeps its
+    default)."""
+    return cls(**{name: values[name] for name in _field_names(cls) if name in values})
+
+
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
     names = _FIELD_NAMES.get(cls)
     if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-    return cls(**{name: loaded[name] for name in names if name in loaded})
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def view_or_none(cls: type[V], row: Any | None) -> V | None:
-    return None if row is None else view_of(cls, row)
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.engine import Database, StoreError
 from crewwork.store.fencing import SUBMISSION
 from crewwork.store.tables import Event, WorkItem
-from crewwork.store.views import StoredWorkItem, view_of, view_or_none
+from crewwork.store.views import StoredWorkItem, first_view, select_view, view_of, views_of
 
 
 class IdempotencyConflict(StoreError):
@@ -102,7 +102,7 @@ class WorkItemStore(Database):
                 async with self.engine.connect() as c:
                     conn = await c.execution_options(isolation_level="AUTOCOMMIT")
                     now = float((await conn.execute(stmt, params)).scalar_one())
-            return view_of(StoredWorkItem, WorkItem(**values, result=None, created_at=now, updated_at=now)), True
+            return view_of(StoredWorkItem, {**values, "result": None, "created_at": now, "updated_at": now}), True
         except IntegrityError:
             if spec.idempotency_key:
                 found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
@@ -151,15 +151,17 @@ class WorkItemStore(Database):
 
     async def work_item_by_idempotency_key(self, tenant_id: str, key: str) -> StoredWorkItem | None:
         async with self.session() as s:
-            q = select(WorkItem).where(WorkItem.tenant_id == tenant_id, WorkItem.idempotency_key == key)
-            return view_or_none(StoredWorkItem, await s.scalar(q))
+            q = select_view(StoredWorkItem, WorkItem).where(
+                WorkItem.tenant_id == tenant_id, WorkItem.idempotency_key == key
+            )
+            return await first_view(StoredWorkItem, s.execute(q))
 
     async def get_work_item(self, work_item_id: str, tenant_id: str | None = None) -> StoredWorkItem | None:
         async with self.session() as s:
-            q = select(WorkItem).where(WorkItem.id == work_item_id)
+            q = select_view(StoredWorkItem, WorkItem).where(WorkItem.id == work_item_id)
             if tenant_id is not None:
                 q = q.where(WorkItem.tenant_id == tenant_id)
-            return view_or_none(StoredWorkItem, await s.scalar(q))
+            return await first_view(StoredWorkItem, s.execute(q))
 
     async def list_work_items(
         self,
@@ -177,7 +179,7 @@ class WorkItemStore(Database):
         """Newest first, keyset-paginated on (created_at, id): the items strictly before `before`. `tenant_id`
         None is every tenant's (an admin's listing). `labels` must all match; `search` is an id prefix or text in
         the repository locator."""
-        q = select(WorkItem)
+        q = select_view(StoredWorkItem, WorkItem)
         if tenant_id is not None:
             q = q.where(WorkItem.tenant_id == tenant_id)
         if state:
@@ -204,15 +206,15 @@ class WorkItemStore(Database):
             q = q.where(tuple_(WorkItem.created_at, WorkItem.id) < tuple_(*before))
         q = q.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit)
         async with self.session() as s:
-            return [view_of(StoredWorkItem, r) for r in await s.scalars(q)]
+            return await views_of(StoredWorkItem, s.execute(q))
 
     async def queued_work_items(self, tenant_id: str, limit: int) -> list[StoredWorkItem]:
         """The tenant's queued items, oldest first (the next to admit when a place frees)."""
         async with self.session() as s:
             q = (
-                select(WorkItem)
+                select_view(StoredWorkItem, WorkItem)
                 .where(WorkItem.tenant_id == tenant_id, WorkItem.state == WorkItemState.queued.value)
                 .order_by(WorkItem.created_at, WorkItem.id)
                 .limit(limit)
             )
-            return [view_of(StoredWorkItem, r) for r in await s.scalars(q)]
+            return await views_of(StoredWorkItem, s.execute(q))
