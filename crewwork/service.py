@@ -35,7 +35,7 @@ from crewwork.repos.environment import EnvironmentRejected, check_environment, r
 from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError, RepositoryChecks
 from crewwork.repos.tenancy import RepositoryRegistry
 from crewwork.store.store import Store
-from crewwork.store.tables import WorkItem
+from crewwork.store.views import StoredWorkItem
 from crewwork.store.work_items import IdempotencyConflict
 from crewwork.workflows.policies import SA_KIND, SA_REPO, SA_STATE, SA_TENANT
 from crewwork.workflows.work_item import WorkItemWorkflow
@@ -62,7 +62,7 @@ class WorkflowUnavailable(RuntimeError):
 
 @dataclass
 class Submitted:
-    row: WorkItem
+    row: StoredWorkItem
     created: bool
 
 
@@ -198,7 +198,7 @@ class WorkItemService:
         await self._start(row, spec)
         return Submitted(row=row, created=created)
 
-    async def _start(self, row: WorkItem, spec: WorkItemSpec) -> None:
+    async def _start(self, row: StoredWorkItem, spec: WorkItemSpec) -> None:
         client = self._client()
         inp = WorkItemInput(
             work_item_id=row.id,
@@ -234,10 +234,10 @@ class WorkItemService:
     def settings_search_attributes(self) -> bool:
         return self.settings.search_attributes
 
-    def handle(self, row: WorkItem) -> WorkflowHandle[Any, Any]:
+    def handle(self, row: StoredWorkItem) -> WorkflowHandle[Any, Any]:
         return self._client().get_workflow_handle(row.workflow_id)
 
-    async def live_status(self, row: WorkItem) -> WorkItemStatus | None:
+    async def live_status(self, row: StoredWorkItem) -> WorkItemStatus | None:
         try:
             return await self.handle(row).query(WorkItemWorkflow.status)
         except (RPCError, WorkflowUnavailable) as exc:
@@ -247,7 +247,7 @@ class WorkItemService:
             log.debug("status query for %s failed: %s", row.id, exc)
             return None
 
-    async def review(self, row: WorkItem, decision: ReviewDecision) -> str:
+    async def review(self, row: StoredWorkItem, decision: ReviewDecision) -> str:
         try:
             return str(await self.handle(row).execute_update(WorkItemWorkflow.review, decision))
         except WorkflowUpdateFailedError as exc:
@@ -257,7 +257,7 @@ class WorkItemService:
         except RPCError as exc:
             raise ReviewRejected(f"the work item's workflow is not running: {exc.message}") from exc
 
-    async def cancel(self, row: WorkItem) -> None:
+    async def cancel(self, row: StoredWorkItem) -> None:
         try:
             await self.handle(row).cancel()
         except RPCError as exc:
@@ -308,7 +308,7 @@ SUMMARY_MAX_CHARS = 200
 """Temporal's UI shows the summary as one line; it accepts up to 400 bytes."""
 
 
-def workflow_summary(row: WorkItem, spec: WorkItemSpec) -> tuple[str, str]:
+def workflow_summary(row: StoredWorkItem, spec: WorkItemSpec) -> tuple[str, str]:
     """The workflow's summary and details in Temporal's Web UI, so a run reads without opening its payloads: the
     kind and the instruction's first line (or the agent, for a task), then kind, repository, agent and tenant."""
     first = (spec.instruction or "").strip().splitlines()[0].strip() if (spec.instruction or "").strip() else ""

@@ -18,7 +18,7 @@ from crewwork.api.work_items import owned
 from crewwork.evidence.keys import published_keys
 from crewwork.evidence.publish import BUNDLE_ARTIFACT, attempt_artifact
 from crewwork.store.store import Store
-from crewwork.store.tables import WorkItem
+from crewwork.store.views import StoredWorkItem
 
 router = APIRouter(tags=["evidence"], responses=PROBLEM_RESPONSES)
 BUNDLE_TIMEOUT_S = 60.0
@@ -50,7 +50,7 @@ async def keys(request: Request) -> KeysView:
     return KeysView(keys=[KeyView(**k.document()) for k in found])
 
 
-async def _bundle_artifact(store: Store, row: WorkItem, attempt: int | None) -> bytes | None:
+async def _bundle_artifact(store: Store, row: StoredWorkItem, attempt: int | None) -> bytes | None:
     name = attempt_artifact(attempt) if attempt is not None else BUNDLE_ARTIFACT
     found = [a for a in await store.list_artifacts(row.id) if a.name == name]
     if not found:

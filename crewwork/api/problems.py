@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from crewwork.service import SubmissionRejected, refuse_unstorable
-from crewwork.store.engine import unavailable
+from crewwork.store.engine import store_unreachable
 
 
 class Problem(BaseModel):
@@ -106,9 +106,7 @@ async def http_handler(_req: Request, exc: Exception) -> JSONResponse:
 async def unhandled_handler(_req: Request, exc: Exception) -> JSONResponse:
     import logging
 
-    from sqlalchemy.exc import DBAPIError
-
-    if isinstance(exc, ConnectionError) or (isinstance(exc, DBAPIError) and unavailable(exc)):
+    if store_unreachable(exc):
         # The store cannot be reached (restart, failover): nothing was done; the client may retry (with the same
         # idempotency key, for a submission).
         logging.getLogger("crewwork.api").warning("store unavailable: %s", exc)

@@ -27,6 +27,7 @@ from crewwork.repos.tenancy import (
 )
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Principal, Store
+from crewwork.store.views import StoredRepository
 
 router = APIRouter(
     prefix="/v1/repositories", tags=["repositories"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute
@@ -85,8 +86,8 @@ class RepositoryPage(BaseModel):
     items: list[RepositoryView]
 
 
-def _view(row: object) -> RepositoryView:
-    return RepositoryView.model_validate(repository_view(row))  # type: ignore[arg-type]
+def _view(row: StoredRepository) -> RepositoryView:
+    return RepositoryView.model_validate(repository_view(row))
 
 
 async def _acting_for(store: Store, principal: Principal, tenant: str | None) -> str:
@@ -172,7 +173,7 @@ async def list_repositories(
     return RepositoryPage(items=[_view(r) for r in await store.list_repositories(tenant_id)])
 
 
-async def _owned(store: Store, principal: Principal, repository_id: str) -> object:
+async def _owned(store: Store, principal: Principal, repository_id: str) -> StoredRepository:
     if not ID_PATTERN.match(repository_id):
         raise ProblemError(404, "not_found", "no such repository")
     row = await store.get_repository(repository_id, None if principal.admin else principal.tenant_id)

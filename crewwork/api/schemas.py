@@ -1,4 +1,4 @@
-"""Request and response schemas of the HTTP API (separate from the store's tables).
+"""Request and response schemas of the HTTP API (separate from the store's views, crewwork/store/views.py).
 
 Records the platform writes for its own use (event data, attempt records, results) pass through `PlatformRecord`,
 which drops the fencing fields: the ranks and tokens that order writes (crewwork/store/fencing.py) are internal to
@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, Field
 
 from crewwork.models import WorkItemStatus
-from crewwork.store.tables import Event
+from crewwork.store.views import StoredEvent
 
 FENCING_FIELDS = frozenset({"rank", "token", "fence_rank", "state_rank", "result_rank", "presented", "current", "step"})
 """Internal fields of platform records: a write's rank (`rank`, a rejected write's `presented` and the item's
@@ -85,7 +85,7 @@ class EventView(BaseModel):
     created_at: float
 
     @classmethod
-    def of(cls, ev: Event) -> EventView:
+    def of(cls, ev: StoredEvent) -> EventView:
         return cls(id=ev.id, type=ev.type, data=ev.data, created_at=ev.created_at)
 
 
@@ -95,7 +95,7 @@ class StreamEventView(EventView):
     work_item_id: str
 
     @classmethod
-    def of(cls, ev: Event) -> StreamEventView:
+    def of(cls, ev: StoredEvent) -> StreamEventView:
         return cls(id=ev.id, work_item_id=ev.work_item_id, type=ev.type, data=ev.data, created_at=ev.created_at)
 
 

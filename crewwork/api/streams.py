@@ -29,7 +29,7 @@ from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.api.schemas import StreamEventView
 from crewwork.observability import SSE_CLIENTS
 from crewwork.store.store import Store
-from crewwork.store.tables import Event
+from crewwork.store.views import StoredEvent
 
 log = logging.getLogger("crewwork.api.streams")
 
@@ -154,7 +154,7 @@ class EventHorizon:
             await asyncio.sleep(self.poll_s)
 
 
-def _sse(ev: Event) -> bytes:
+def _sse(ev: StoredEvent) -> bytes:
     body = StreamEventView.of(ev).model_dump_json()
     return f"id: {ev.id}\nevent: {ev.type}\ndata: {body}\n\n".encode()
 

@@ -32,7 +32,7 @@ from crewwork.models import ReviewDecision, WorkItemKind, WorkItemSpec, WorkItem
 from crewwork.repos.tenancy import RepositoryNotFound
 from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavailable
 from crewwork.store.store import Principal, Store
-from crewwork.store.tables import Artifact, Attempt, WorkItem
+from crewwork.store.views import StoredArtifact, StoredAttempt, StoredWorkItem
 from crewwork.store.work_items import IdempotencyConflict
 
 router = APIRouter(
@@ -51,7 +51,7 @@ def item_url(work_item_id: str) -> str:
     return f"/v1/work-items/{work_item_id}"
 
 
-def _links(request: Request, row: WorkItem) -> dict[str, str]:
+def _links(request: Request, row: StoredWorkItem) -> dict[str, str]:
     ui = request.app.state.settings.temporal_ui_url.rstrip("/")
     ns = request.app.state.settings.temporal_namespace
     return {
@@ -65,7 +65,7 @@ def _links(request: Request, row: WorkItem) -> dict[str, str]:
     }
 
 
-def view(request: Request, row: WorkItem) -> WorkItemView:
+def view(request: Request, row: StoredWorkItem) -> WorkItemView:
     return WorkItemView(
         id=row.id,
         tenant_id=row.tenant_id,
@@ -89,7 +89,7 @@ def view(request: Request, row: WorkItem) -> WorkItemView:
     )
 
 
-async def owned(store: Store, principal: Principal, work_item_id: str) -> WorkItem:
+async def owned(store: Store, principal: Principal, work_item_id: str) -> StoredWorkItem:
     """The work item if the caller may see it (its tenant's, or any for an admin key), else a 404."""
     if not re.match(ID_PATTERN, work_item_id):
         raise ProblemError(404, "not_found", "no such work item")
@@ -165,7 +165,7 @@ async def submit(
     return await submit_spec(request, response, spec, principal, service, idempotency_key)
 
 
-def _cursor_encode(row: WorkItem) -> str:
+def _cursor_encode(row: StoredWorkItem) -> str:
     return base64.urlsafe_b64encode(json.dumps([row.created_at, row.id]).encode()).decode()
 
 
@@ -246,7 +246,7 @@ async def list_items(
     return Response(page.model_dump_json(), media_type="application/json")  # type: ignore[return-value]
 
 
-def _attempt_view(a: Attempt) -> AttemptView:
+def _attempt_view(a: StoredAttempt) -> AttemptView:
     return AttemptView(
         number=a.number,
         verdict=a.verdict,
@@ -291,7 +291,7 @@ _REF_ROLES = (
 )
 
 
-def _refs(row_id: str, a: Attempt) -> dict[str, str]:
+def _refs(row_id: str, a: StoredAttempt) -> dict[str, str]:
     out = {}
     for side, key, role in _REF_ROLES:
         doc = getattr(a, side) or {}
@@ -349,15 +349,15 @@ async def diff(
         raise ProblemError(
             404, "no_diff", f"work item {row.id} has no diff" + (f" for attempt {attempt}" if attempt else "")
         )
-    art = await _artifact_row(store, row, chosen[1], with_content=True)
+    art = await _artifact(store, row, chosen[1], with_content=True)
     return Response(
-        bytes(art.content),
+        art.content_bytes,
         media_type="text/x-diff; charset=utf-8",
         headers={"X-Crewwork-Attempt": str(chosen[0]), "X-Content-Type-Options": "nosniff"},
     )
 
 
-async def _artifact_row(store: Store, row: WorkItem, artifact_id: str, *, with_content: bool) -> Artifact:
+async def _artifact(store: Store, row: StoredWorkItem, artifact_id: str, *, with_content: bool) -> StoredArtifact:
     if not re.match(ID_PATTERN, artifact_id):
         raise ProblemError(404, "not_found", "no such artifact")
     art = await store.work_item_artifact(row.id, artifact_id, with_content=with_content)
@@ -398,11 +398,11 @@ async def artifact(
     download: Annotated[bool, Query(description="Force Content-Disposition: attachment")] = False,
 ) -> Response:
     row = await owned(store, principal, work_item_id)
-    meta = await _artifact_row(store, row, artifact_id, with_content=False)
+    meta = await _artifact(store, row, artifact_id, with_content=False)
     limit = request.app.state.options.max_download_bytes
     if meta.size > limit:
         raise ProblemError(413, "artifact_too_large", f"artifact is {meta.size} bytes; this API serves at most {limit}")
-    art = await _artifact_row(store, row, artifact_id, with_content=True)
+    art = await _artifact(store, row, artifact_id, with_content=True)
     ctype = (art.content_type or "application/octet-stream").split(";")[0].strip().lower()
     inline = ctype in INLINE_TYPES and not download
     safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", art.name)[:120] or "artifact"
@@ -412,7 +412,7 @@ async def artifact(
         else (ctype if inline else "application/octet-stream")
     )
     return Response(
-        bytes(art.content),
+        art.content_bytes,
         media_type=media,
         headers={
             "Content-Disposition": f'{"inline" if inline else "attachment"}; filename="{safe_name}"',
@@ -445,7 +445,7 @@ async def events(
     return [EventView.of(e) for e in await store.list_events(row.id, after_id=after, limit=limit)]
 
 
-def _stream(request: Request, store: Store, row: WorkItem, after: int) -> StreamingResponse:
+def _stream(request: Request, store: Store, row: StoredWorkItem, after: int) -> StreamingResponse:
     return StreamingResponse(
         event_stream(
             request,

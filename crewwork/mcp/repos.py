@@ -26,7 +26,7 @@ from crewwork.repos.service import RepoPolicyError, Repositories
 from crewwork.repos.tenancy import RepositoryNotFound, RepositoryRegistry
 from crewwork.repos.trees import TreeError, TreeIndex, load_index, parse_ref, resolve_commit
 from crewwork.store.store import Store
-from crewwork.store.tables import Repository
+from crewwork.store.views import StoredRepository
 from crewwork.urls import RepoURLError
 
 
@@ -48,7 +48,7 @@ def not_found(name: str) -> McpToolError:
 class OpenRepo:
     """One registration, its mirror on this host and the commit a ref named."""
 
-    registration: Repository
+    registration: StoredRepository
     git_dir: Path
     commit: str
     ref: str
@@ -77,10 +77,10 @@ class TenantRepositories:
         self.tenant_id = tenant_id
         self.registry = RepositoryRegistry(store, settings, repos)
 
-    async def list(self) -> list[Repository]:
+    async def list(self) -> list[StoredRepository]:
         return await self.store.list_repositories(self.tenant_id)
 
-    async def registration(self, name: str) -> Repository:
+    async def registration(self, name: str) -> StoredRepository:
         """The tenant's registration named by its id or its URL (normalised). Never registers anything."""
         if not isinstance(name, str) or not name or len(name) > 4096:
             raise not_found(str(name))
@@ -97,7 +97,7 @@ class TenantRepositories:
                 raise McpToolError("repository_unavailable", str(exc)) from None
             raise not_found(name) from None
 
-    async def remote(self, reg: Repository) -> Remote:
+    async def remote(self, reg: StoredRepository) -> Remote:
         url = self.repos.locate(reg.url)
         try:
             return self.repos.remote(url, await self.store.tenant_ref(self.tenant_id), reg.credential)

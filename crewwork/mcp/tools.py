@@ -27,6 +27,7 @@ from crewwork.repos.service import Repositories
 from crewwork.repos.trees import TreeError, parse_path, read_blob, read_link, resolve, run_bounded
 from crewwork.service import WorkItemService, refuse_unstorable
 from crewwork.store.store import Principal, Store
+from crewwork.store.views import StoredWorkItem
 
 BINARY_SNIFF_BYTES = 8000
 MAX_LINE_CHARS = 500
@@ -496,7 +497,7 @@ async def _problem(call: Awaitable[Any]) -> Any:
         raise McpToolError(exc.code, exc.detail) from None
 
 
-async def _owned(ctx: ToolContext, work_item_id: str) -> Any:
+async def _owned(ctx: ToolContext, work_item_id: str) -> StoredWorkItem:
     # MCP is tenant-scoped even for admin keys: an admin reads other tenants' items through the HTTP API.
     return await _problem(owned(ctx.store, _tenant_only(ctx.principal), work_item_id))
 
@@ -551,7 +552,7 @@ async def git_status(ctx: ToolContext, args: WorkItemArgs) -> dict[str, Any]:
     if chosen is not None:
         art = await ctx.store.work_item_artifact(row.id, chosen[1], with_content=True)
         if art is not None:
-            diff = bytes(art.content)[: ctx.settings.mcp.max_answer_bytes * 8].decode("utf-8", "replace")
+            diff = art.content_bytes[: ctx.settings.mcp.max_answer_bytes * 8].decode("utf-8", "replace")
             out.update(attempt=chosen[0], changes=diff_status(diff))
             out["clean"] = not out["changes"]
     return out

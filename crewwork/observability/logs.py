@@ -67,7 +67,8 @@ class ContextFilter(logging.Filter):
 
 
 # Secrets never reach a log line: masked in the message, the exception text and every extra field.
-_URL_WITH_PASSWORD = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:[^\s@/]*@[^\s'\"]*")
+# A URL with a password: scheme://user:password@ (the password ends at the first "@" or "/"), masked in place.
+_URL_WITH_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:)[^\s@/]*@")
 _PEM_PRIVATE_KEY = re.compile(
     r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.S
 )
@@ -77,25 +78,14 @@ _LOG_TOKENS = [
 ]
 
 
-def _mask_url(m: re.Match[str]) -> str:
-    from sqlalchemy.engine import make_url
-
-    text = m.group(0)
-    try:
-        # SQLAlchemy's own rendering of a URL with the password hidden (also right for quoted/odd passwords).
-        return make_url(text).render_as_string(hide_password=True)
-    except Exception:
-        return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", text)
-
-
 def mask_secrets_in_text(text: str) -> str:
-    """Mask database/URL passwords (SQLAlchemy's rendering with the password hidden), PEM private keys, bearer
-    tokens and common token prefixes (`sk-`, `cw_`, `ghp_`, `whsec_`, ... see crewwork.transport.redact)."""
+    """Mask database/URL passwords (`scheme://user:***@host`), PEM private keys, bearer tokens and common token
+    prefixes (`sk-`, `cw_`, `ghp_`, `whsec_`, ... see crewwork.transport.redact)."""
     if not text:
         return text
 
     text = _PEM_PRIVATE_KEY.sub(lambda m: f"-----BEGIN {m.group(1)}PRIVATE KEY-----{MASK}", text)
-    text = _URL_WITH_PASSWORD.sub(_mask_url, text)
+    text = _URL_WITH_PASSWORD.sub(r"\1***@", text)
     for pattern in _LOG_TOKENS:
         text = pattern.sub(MASK, text)
     return redact(text)

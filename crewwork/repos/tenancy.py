@@ -21,7 +21,7 @@ from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.repos.registration import RepoPolicyError, RepositoryChecks, checked_local_git_dir
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Store
-from crewwork.store.tables import Repository
+from crewwork.store.views import StoredRepository
 from crewwork.urls import RepoURL
 
 # Kernel interfaces: never a repository, whatever they resolve to (`/proc/self/cwd` is the service's own checkout).
@@ -92,7 +92,7 @@ class RepositoryRegistry:
 
     # ------------------------------------------------------------------ registration
 
-    async def register(self, tenant_id: str, reg: Registration, *, auto: bool = False) -> Repository:
+    async def register(self, tenant_id: str, reg: Registration, *, auto: bool = False) -> StoredRepository:
         """Check and store a registration; RepoPolicyError (a 422) naming what is wrong, RepositoryExists (a 409)
         when the tenant already registered the URL."""
         cap = self.settings.max_repositories_per_tenant
@@ -128,7 +128,7 @@ class RepositoryRegistry:
 
     # ------------------------------------------------------------------ submissions
 
-    async def resolve(self, spec: RepoSpec, tenant_id: str) -> Repository:
+    async def resolve(self, spec: RepoSpec, tenant_id: str) -> StoredRepository:
         """The tenant's repository a work item names. RepositoryNotFound (404) when it names none of them;
         RepoPolicyError (422) when it names one that is no longer usable (moved outside the tenant's roots)."""
         if spec.id is not None:
@@ -143,7 +143,7 @@ class RepositoryRegistry:
         await self._still_usable(row, tenant_id)
         return row
 
-    async def _by_url(self, raw: str, tenant_id: str) -> Repository:
+    async def _by_url(self, raw: str, tenant_id: str) -> StoredRepository:
         try:
             url = await self.normalise(raw, tenant_id, must_exist=False)
         except RepoPolicyError:
@@ -160,13 +160,13 @@ class RepositoryRegistry:
         except RepositoryExists as exc:  # registered concurrently
             return exc.existing
 
-    async def _same(self, raw: str, row: Repository, tenant_id: str) -> bool:
+    async def _same(self, raw: str, row: StoredRepository, tenant_id: str) -> bool:
         try:
             return (await self.normalise(raw, tenant_id, must_exist=False)).url == row.url
         except RepoPolicyError:
             return False
 
-    async def _still_usable(self, row: Repository, tenant_id: str) -> None:
+    async def _still_usable(self, row: StoredRepository, tenant_id: str) -> None:
         """A local repository is checked again at each use: the tenant's roots may have changed, or a directory on
         the way may have been swapped for a symlink since it was registered."""
         if not row.url.startswith("/"):
@@ -189,7 +189,7 @@ def _through_pseudo_fs(raw: str) -> bool:
     return any(normal == p or normal.is_relative_to(p) for p in PSEUDO_FS)
 
 
-def repository_view(row: Repository) -> dict[str, Any]:
+def repository_view(row: StoredRepository) -> dict[str, Any]:
     """A registration as the API shows it (the credential by name only; there is no secret to show)."""
     return {
         "id": row.id,

@@ -27,6 +27,7 @@ from crewwork.steps.errors import STALE_ATTEMPT, bad_input
 from crewwork.store.fencing import AttemptRecord, HandedOff, Rank, WriteResult
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
+from crewwork.store.views import NewArtifact
 
 log = logging.getLogger("crewwork.steps")
 
@@ -85,9 +86,7 @@ class AttemptWriter:
             attempt=attempt,
         )
 
-    async def event(
-        self, type_: str, data: dict[str, Any], artifacts: Sequence[dict[str, Any]] = ()
-    ) -> WriteResult[None]:
+    async def event(self, type_: str, data: dict[str, Any], artifacts: Sequence[NewArtifact] = ()) -> WriteResult[None]:
         return await self.store.fenced_event(
             rank=self.rank,
             work_item_id=self.work_item_id,

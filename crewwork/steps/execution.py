@@ -20,7 +20,6 @@ from crewwork.sandbox.disk import DiskError, workspace_disk_mb
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE, bad_input
 from crewwork.steps.ports import Ports
-from crewwork.store.tables import Artifact
 from crewwork.workspace import Workspace, WorkspaceError
 
 REPORT_DIR = gitops.PLATFORM_DIR
@@ -38,10 +37,6 @@ def read_report(workspace: Path, rel: str, max_bytes: int) -> tuple[bytes | None
         return None, None
     except safefs.Refused as exc:
         return None, f"{rel}: {exc.reason}"
-
-
-def artifact_ref(a: Artifact) -> ArtifactRef:
-    return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
 
 
 def bounded(data: bytes, max_bytes: int) -> bytes:
@@ -126,7 +121,7 @@ async def save(ports: Ports, w: AttemptWriter, name: str, data: bytes, ctype: st
         content_type=ctype,
         max_bytes=limit,
     )
-    return artifact_ref(art)
+    return art.ref()
 
 
 async def make_workspace(

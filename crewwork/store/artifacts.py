@@ -2,22 +2,21 @@
 
 An artifact insert on its own (`put_artifact`) is not fenced: a superseded attempt's artifacts exist but nothing
 references them, because the fenced event or record that would name them is rejected. An artifact made by
-`artifact_row` is inserted by the fenced write that names it (`insert_artifacts`, inside that transaction), so it
+`new_artifact` is inserted by the fenced write that names it (`insert_artifacts`, inside that transaction), so it
 exists only if that write was accepted: one transaction where there were two."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import undefer
 
 from crewwork.ids import new_id
 from crewwork.store.engine import Database, StoreError
 from crewwork.store.tables import Artifact
+from crewwork.store.views import NewArtifact, StoredArtifact, first_view, select_view, view_of, views_of
 
 
 class ArtifactTooLarge(StoreError):
@@ -27,29 +26,29 @@ class ArtifactTooLarge(StoreError):
 ARTIFACT_INSERT = insert(Artifact)
 
 
-def artifact_row(
+def new_artifact(
     *, work_item_id: str, tenant_id: str, name: str, data: bytes, content_type: str, max_bytes: int
-) -> dict[str, Any]:
-    """An artifact's row, id and digest made here, for a fenced write to insert (`created_at` is set there)."""
+) -> NewArtifact:
+    """An artifact to store, its id and digest made here (ArtifactTooLarge above `max_bytes`)."""
     if len(data) > max_bytes:
         raise ArtifactTooLarge(f"artifact {name!r} is {len(data)} bytes; the limit is {max_bytes}")
-    return {
-        "id": new_id("art"),
-        "work_item_id": work_item_id,
-        "tenant_id": tenant_id,
-        "name": name,
-        "content_type": content_type,
-        "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "content": data,
-    }
+    return NewArtifact(
+        id=new_id("art"),
+        name=name,
+        content_type=content_type,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        work_item_id=work_item_id,
+        tenant_id=tenant_id,
+        content=data,
+    )
 
 
-async def insert_artifacts(s: AsyncSession, rows: Sequence[dict[str, Any]], now: float) -> None:
-    """Insert rows made by `artifact_row` in the caller's transaction (a Core INSERT, no ORM flush)."""
-    if rows:
+async def insert_artifacts(s: AsyncSession, artifacts: Sequence[NewArtifact], now: float) -> None:
+    """Insert artifacts made by `new_artifact` in the caller's transaction (a Core INSERT, no ORM flush)."""
+    if artifacts:
         conn = await s.connection()
-        await conn.execute(ARTIFACT_INSERT, [{**r, "created_at": now} for r in rows])
+        await conn.execute(ARTIFACT_INSERT, [{**a.columns(), "created_at": now} for a in artifacts])
 
 
 class ArtifactStore(Database):
@@ -62,37 +61,34 @@ class ArtifactStore(Database):
         data: bytes,
         content_type: str = "text/plain",
         max_bytes: int = 16 * 1024 * 1024,
-    ) -> Artifact:
-        if len(data) > max_bytes:
-            raise ArtifactTooLarge(f"artifact {name!r} is {len(data)} bytes; the limit is {max_bytes}")
-        digest = hashlib.sha256(data).hexdigest()
+    ) -> StoredArtifact:
+        """Store an artifact on its own, outside any fenced write."""
+        new = new_artifact(
+            work_item_id=work_item_id,
+            tenant_id=tenant_id,
+            name=name,
+            data=data,
+            content_type=content_type,
+            max_bytes=max_bytes,
+        )
 
-        async def body(s: AsyncSession, started: Callable[[], None]) -> Artifact:
+        async def body(s: AsyncSession, started: Callable[[], None]) -> StoredArtifact:
             now = await self.now(s)
             started()
-            art = Artifact(
-                id=new_id("art"),
-                work_item_id=work_item_id,
-                tenant_id=tenant_id,
-                name=name,
-                content_type=content_type,
-                size=len(data),
-                sha256=digest,
-                content=data,
-                created_at=now,
-            )
-            s.add(art)
-            return art
+            values = {**new.columns(), "created_at": now}
+            s.add(Artifact(**values))
+            return view_of(StoredArtifact, values)
 
         return await self.transaction(body)
 
-    async def work_item_artifact(self, work_item_id: str, artifact_id: str, *, with_content: bool) -> Artifact | None:
+    async def work_item_artifact(
+        self, work_item_id: str, artifact_id: str, *, with_content: bool
+    ) -> StoredArtifact | None:
         """One artifact of a work item (its bytes loaded only `with_content`)."""
-        q = select(Artifact).where(Artifact.id == artifact_id, Artifact.work_item_id == work_item_id)
-        if with_content:
-            q = q.options(undefer(Artifact.content))
+        q = select_view(StoredArtifact, Artifact, without=() if with_content else ("content",))
+        q = q.where(Artifact.id == artifact_id, Artifact.work_item_id == work_item_id)
         async with self.session() as s:
-            return await s.scalar(q)
+            return await first_view(StoredArtifact, s.execute(q))
 
     async def artifact_content(self, artifact_id: str) -> bytes | None:
         """The bytes of an artifact (the content column is deferred everywhere else)."""
@@ -100,8 +96,9 @@ class ArtifactStore(Database):
             data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
         return None if data is None else bytes(data)
 
-    async def list_artifacts(self, work_item_id: str) -> list[Artifact]:
+    async def list_artifacts(self, work_item_id: str) -> list[StoredArtifact]:
         """A work item's artifacts, oldest first (without their bytes)."""
         async with self.session() as s:
-            q = select(Artifact).where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
-            return list((await s.scalars(q)).all())
+            q = select_view(StoredArtifact, Artifact, without=("content",))
+            q = q.where(Artifact.work_item_id == work_item_id).order_by(Artifact.created_at)
+            return await views_of(StoredArtifact, s.execute(q))

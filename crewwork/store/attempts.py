@@ -5,12 +5,12 @@ record of the same attempt replaces its own row."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork.masking import without_nul
 from crewwork.store.fencing import AttemptRecord, FencingStore, Rank, WriteResult
 from crewwork.store.tables import Attempt
+from crewwork.store.views import StoredAttempt, select_view, views_of
 
 __all__ = ["AttemptRecord", "AttemptStore"]
 
@@ -34,7 +34,7 @@ class AttemptStore(FencingStore):
         """The item's failure fingerprints in attempt order, None for a passed attempt."""
         return await self.writes.fingerprints_in(s, work_item_id)
 
-    async def list_attempts(self, work_item_id: str) -> list[Attempt]:
+    async def list_attempts(self, work_item_id: str) -> list[StoredAttempt]:
         async with self.session() as s:
-            q = select(Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
-            return list((await s.scalars(q)).all())
+            q = select_view(StoredAttempt, Attempt).where(Attempt.work_item_id == work_item_id).order_by(Attempt.number)
+            return await views_of(StoredAttempt, s.execute(q))

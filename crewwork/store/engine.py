@@ -48,6 +48,12 @@ def unavailable(exc: BaseException) -> bool:
     return False
 
 
+def store_unreachable(exc: BaseException) -> bool:
+    """Whether an error a store call raised says the database cannot be reached right now (the caller may retry):
+    a connection refused or reset, or a database error `unavailable` recognises."""
+    return isinstance(exc, ConnectionError) or (isinstance(exc, DBAPIError) and unavailable(exc))
+
+
 class StoreError(RuntimeError):
     pass
 

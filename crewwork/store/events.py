@@ -12,6 +12,7 @@ from sqlalchemy import func, select, text
 from crewwork.masking import mask_secrets
 from crewwork.store.engine import Database
 from crewwork.store.tables import Event
+from crewwork.store.views import StoredEvent, select_view, views_of
 
 
 class EventStore(Database):
@@ -31,27 +32,27 @@ class EventStore(Database):
                 )
             )
 
-    async def list_events(self, work_item_id: str, after_id: int = 0, limit: int = 1000) -> list[Event]:
+    async def list_events(self, work_item_id: str, after_id: int = 0, limit: int = 1000) -> list[StoredEvent]:
         async with self.session() as s:
             q = (
-                select(Event)
+                select_view(StoredEvent, Event)
                 .where(Event.work_item_id == work_item_id, Event.id > after_id)
                 .order_by(Event.id)
                 .limit(limit)
             )
-            return list((await s.scalars(q)).all())
+            return await views_of(StoredEvent, s.execute(q))
 
     async def events_between(
         self, after_id: int, upto_id: int, *, limit: int, work_item_id: str | None = None, tenant_id: str | None = None
-    ) -> list[Event]:
+    ) -> list[StoredEvent]:
         """Events with `after_id < id <= upto_id` in id order, of one work item and/or one tenant (a live tail)."""
-        q = select(Event).where(Event.id > after_id, Event.id <= upto_id)
+        q = select_view(StoredEvent, Event).where(Event.id > after_id, Event.id <= upto_id)
         if work_item_id is not None:
             q = q.where(Event.work_item_id == work_item_id)
         if tenant_id is not None:
             q = q.where(Event.tenant_id == tenant_id)
         async with self.session() as s:
-            return list((await s.scalars(q.order_by(Event.id).limit(limit))).all())
+            return await views_of(StoredEvent, s.execute(q.order_by(Event.id).limit(limit)))
 
     async def max_event_id(self) -> int:
         async with self.session() as s:

@@ -42,6 +42,7 @@ from crewwork.store.fencing_model import (
 from crewwork.store.fencing_python import PythonWrites
 from crewwork.store.fencing_server import ServerWrites
 from crewwork.store.tables import WorkItem
+from crewwork.store.views import NewArtifact
 
 __all__ = [
     "IN_FLIGHT_STATES",
@@ -106,7 +107,7 @@ class FencingStore(Database):
         writer: str,
         type_: str,
         data: dict[str, Any],
-        artifacts: Sequence[dict[str, Any]] = (),
+        artifacts: Sequence[NewArtifact] = (),
     ) -> WriteResult[None]:
         """An event that only an attempt still current may append, with the artifacts it names
         (`PythonWrites.fenced_event`)."""

@@ -28,6 +28,7 @@ from crewwork.store.fencing_model import (
 )
 from crewwork.store.outbox import enqueue as enqueue_webhooks
 from crewwork.store.tables import Artifact, Attempt, WorkItem
+from crewwork.store.views import NewArtifact
 
 if TYPE_CHECKING:
     from crewwork.store.engine import Database
@@ -163,10 +164,10 @@ class PythonWrites:
         writer: str,
         type_: str,
         data: dict[str, Any],
-        artifacts: Sequence[dict[str, Any]] = (),
+        artifacts: Sequence[NewArtifact] = (),
     ) -> WriteResult[None]:
         """An event that only an attempt still current may append (what an attempt produced: its evidence refs),
-        with the artifacts it names (rows from `artifact_row`) in the same transaction."""
+        with the artifacts it names (made by `new_artifact`) in the same transaction."""
         data = without_nul(data)
 
         async def _apply(s: AsyncSession, w: Accepted) -> None:
@@ -180,7 +181,7 @@ class PythonWrites:
             }
             if len(artifacts) == 1:
                 # An attempt's transcript: the artifact and its event in one statement.
-                row = {**artifacts[0], "created_at": w.now}
+                row = {**artifacts[0].columns(), "created_at": w.now}
                 await self.execute_with_event(s, insert(Artifact).values(**row), {}, event)
                 return
             await insert_artifacts(s, artifacts, w.now)

@@ -30,6 +30,7 @@ from crewwork.store.fencing_model import (
     WriteResult,
     delivery,
 )
+from crewwork.store.views import NewArtifact
 
 _NO_ARTIFACT: dict[str, Any] = {
     "art_id": None,
@@ -78,7 +79,7 @@ class ServerWrites(PostgresWrites):
         writer: str,
         ops: list[dict[str, Any]],
         hand_off: dict[str, int] | None = None,
-        artifact: dict[str, Any] | None = None,
+        artifact: NewArtifact | None = None,
     ) -> WriteResult[dict[str, Any]]:
         """`fenced_write` with its operations (`ops`, see migration 0008) run by `crewwork_fenced_write` in one
         round trip. The accepted write's value holds what the operations yield ('fingerprints', 'admission',
@@ -97,12 +98,12 @@ class ServerWrites(PostgresWrites):
         }
         if artifact is not None:
             params.update(
-                art_id=artifact["id"],
-                art_name=artifact["name"],
-                art_type=artifact["content_type"],
-                art_size=artifact["size"],
-                art_sha=artifact["sha256"],
-                art=artifact["content"],
+                art_id=artifact.id,
+                art_name=artifact.name,
+                art_type=artifact.content_type,
+                art_size=artifact.size,
+                art_sha=artifact.sha256,
+                art=artifact.content,
             )
         try:
             raw = await self.db.autocommit_scalar(sql.SERVER_WRITE, params)
@@ -130,7 +131,7 @@ class ServerWrites(PostgresWrites):
         writer: str,
         type_: str,
         data: dict[str, Any],
-        artifacts: Sequence[dict[str, Any]] = (),
+        artifacts: Sequence[NewArtifact] = (),
     ) -> WriteResult[None]:
         if len(artifacts) > 1:
             return await super().fenced_event(

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork.store.engine import Database
 from crewwork.store.tables import Fence, Lease, LeaseHistory
+from crewwork.store.views import StoredLease, first_view, select_view
 
 WORKSPACE_PREFIX = "ws:"
 
@@ -116,6 +117,6 @@ class LeaseStore(Database):
                 )
             return len(rows)
 
-    async def get_lease(self, key: str) -> Lease | None:
+    async def get_lease(self, key: str) -> StoredLease | None:
         async with self.session() as s:
-            return await s.scalar(select(Lease).where(Lease.key == key))
+            return await first_view(StoredLease, s.execute(select_view(StoredLease, Lease).where(Lease.key == key)))

@@ -13,12 +13,13 @@ from crewwork.ids import new_id
 from crewwork.models import TenantRef
 from crewwork.store.engine import Database
 from crewwork.store.tables import Repository, Tenant
+from crewwork.store.views import StoredRepository, first_view, select_view, view_of, views_of
 
 
 class RepositoryExists(ValueError):
     """The tenant already registered this URL."""
 
-    def __init__(self, existing: Repository) -> None:
+    def __init__(self, existing: StoredRepository) -> None:
         super().__init__(f"repository {existing.url} is already registered as {existing.id}")
         self.existing = existing
 
@@ -36,49 +37,52 @@ class RepositoryStore(Database):
         protect_paths: list[str] | None = None,
         environment: dict[str, Any] | None = None,
         auto_registered: bool = False,
-    ) -> Repository:
+    ) -> StoredRepository:
         """Register `url` (already normalised and checked) for the tenant. RepositoryExists if it already is."""
         try:
             async with self.session() as s:
-                row = Repository(
-                    id=new_id("repo"),
-                    tenant_id=tenant_id,
-                    url=url,
-                    default_ref=default_ref,
-                    credential=credential,
-                    protect_paths=list(protect_paths or []),
-                    environment=environment,
-                    auto_registered=auto_registered,
-                    created_at=await self.now(s),
-                )
-                s.add(row)
-            return row
+                values = {
+                    "id": new_id("repo"),
+                    "tenant_id": tenant_id,
+                    "url": url,
+                    "default_ref": default_ref,
+                    "credential": credential,
+                    "protect_paths": list(protect_paths or []),
+                    "environment": environment,
+                    "auto_registered": auto_registered,
+                    "created_at": await self.now(s),
+                }
+                s.add(Repository(**values))
+            return view_of(StoredRepository, values)
         except IntegrityError:
             found = await self.find_repository(tenant_id, url)
             if found is None:
                 raise
             raise RepositoryExists(found) from None
 
-    async def get_repository(self, repository_id: str, tenant_id: str | None) -> Repository | None:
+    async def get_repository(self, repository_id: str, tenant_id: str | None) -> StoredRepository | None:
         """The repository if `tenant_id` owns it (any tenant's when None: operators)."""
         async with self.session() as s:
-            q = select(Repository).where(Repository.id == repository_id)
+            q = select_view(StoredRepository, Repository).where(Repository.id == repository_id)
             if tenant_id is not None:
                 q = q.where(Repository.tenant_id == tenant_id)
-            return await s.scalar(q)
+            return await first_view(StoredRepository, s.execute(q))
 
-    async def find_repository(self, tenant_id: str, url: str) -> Repository | None:
+    async def find_repository(self, tenant_id: str, url: str) -> StoredRepository | None:
         """The tenant's registration of the normalised `url`."""
         async with self.session() as s:
-            return await s.scalar(select(Repository).where(Repository.tenant_id == tenant_id, Repository.url == url))
+            q = select_view(StoredRepository, Repository).where(
+                Repository.tenant_id == tenant_id, Repository.url == url
+            )
+            return await first_view(StoredRepository, s.execute(q))
 
-    async def list_repositories(self, tenant_id: str | None, *, limit: int = 500) -> list[Repository]:
+    async def list_repositories(self, tenant_id: str | None, *, limit: int = 500) -> list[StoredRepository]:
         async with self.session() as s:
-            q = select(Repository)
+            q = select_view(StoredRepository, Repository)
             if tenant_id is not None:
                 q = q.where(Repository.tenant_id == tenant_id)
             q = q.order_by(Repository.created_at, Repository.id).limit(limit)
-            return list((await s.scalars(q)).all())
+            return await views_of(StoredRepository, s.execute(q))
 
     async def count_repositories(self, tenant_id: str) -> int:
         async with self.session() as s:

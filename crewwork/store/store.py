@@ -20,6 +20,7 @@
 | `projections` | aggregate counts for the metrics scrape |
 | `ratelimits` | the API's rate-limit buckets, shared by every API process |
 | `audit` | a snapshot of items, events, attempts and lease grants for the invariant checker |
+| `views` | what the reads hand out: frozen views of the records, never the ORM rows of `tables` |
 
 Every write that changes a work item's state or records what an attempt produced goes through
 `FencingStore.fenced_write` (see crewwork/store/fencing.py for the ordering rule;

@@ -14,12 +14,13 @@ from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.engine import Database, StoreError
 from crewwork.store.fencing import SUBMISSION
 from crewwork.store.tables import Event, WorkItem
+from crewwork.store.views import StoredWorkItem, first_view, select_view, view_of, views_of
 
 
 class IdempotencyConflict(StoreError):
     """The tenant already submitted another payload with this idempotency key."""
 
-    def __init__(self, existing: WorkItem) -> None:
+    def __init__(self, existing: StoredWorkItem) -> None:
         super().__init__(
             f"idempotency key already used for work item {existing.id} with a different submission; "
             "use a new key for a new submission"
@@ -27,7 +28,7 @@ class IdempotencyConflict(StoreError):
         self.existing = existing
 
 
-def _replay(found: WorkItem, submission_hash: str | None) -> WorkItem:
+def _replay(found: StoredWorkItem, submission_hash: str | None) -> StoredWorkItem:
     """The earlier item for a repeated key, if the submission is the same (rows from before migration 0007 have no
     hash and are taken as the same)."""
     if found.submission_hash and submission_hash and found.submission_hash != submission_hash:
@@ -45,11 +46,11 @@ class WorkItemStore(Database):
         repo_path: str | None,
         submission_hash: str | None = None,
         mock: bool = False,
-    ) -> tuple[WorkItem, bool]:
+    ) -> tuple[StoredWorkItem, bool]:
         """Insert a work item, or return the existing one for the same (tenant, idempotency key) if its
         `submission_hash` is the same (else `IdempotencyConflict`).
 
-        `mock`: the item's agent is a mock (labelled so from the start). Returns (row, created)."""
+        `mock`: the item's agent is a mock (labelled so from the start). Returns (the item, created)."""
         if spec.idempotency_key:
             found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
             if found is not None:
@@ -101,7 +102,7 @@ class WorkItemStore(Database):
                 async with self.engine.connect() as c:
                     conn = await c.execution_options(isolation_level="AUTOCOMMIT")
                     now = float((await conn.execute(stmt, params)).scalar_one())
-            return WorkItem(**values, result=None, created_at=now, updated_at=now), True
+            return view_of(StoredWorkItem, {**values, "result": None, "created_at": now, "updated_at": now}), True
         except IntegrityError:
             if spec.idempotency_key:
                 found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
@@ -148,18 +149,19 @@ class WorkItemStore(Database):
         self.__dict__["_submission_stmt"] = (keys, stmt)
         return stmt
 
-    async def work_item_by_idempotency_key(self, tenant_id: str, key: str) -> WorkItem | None:
+    async def work_item_by_idempotency_key(self, tenant_id: str, key: str) -> StoredWorkItem | None:
         async with self.session() as s:
-            return await s.scalar(
-                select(WorkItem).where(WorkItem.tenant_id == tenant_id, WorkItem.idempotency_key == key)
+            q = select_view(StoredWorkItem, WorkItem).where(
+                WorkItem.tenant_id == tenant_id, WorkItem.idempotency_key == key
             )
+            return await first_view(StoredWorkItem, s.execute(q))
 
-    async def get_work_item(self, work_item_id: str, tenant_id: str | None = None) -> WorkItem | None:
+    async def get_work_item(self, work_item_id: str, tenant_id: str | None = None) -> StoredWorkItem | None:
         async with self.session() as s:
-            q = select(WorkItem).where(WorkItem.id == work_item_id)
+            q = select_view(StoredWorkItem, WorkItem).where(WorkItem.id == work_item_id)
             if tenant_id is not None:
                 q = q.where(WorkItem.tenant_id == tenant_id)
-            return await s.scalar(q)
+            return await first_view(StoredWorkItem, s.execute(q))
 
     async def list_work_items(
         self,
@@ -173,11 +175,11 @@ class WorkItemStore(Database):
         created_before: float | None = None,
         labels: dict[str, str] | None = None,
         search: str | None = None,
-    ) -> list[WorkItem]:
+    ) -> list[StoredWorkItem]:
         """Newest first, keyset-paginated on (created_at, id): the items strictly before `before`. `tenant_id`
         None is every tenant's (an admin's listing). `labels` must all match; `search` is an id prefix or text in
         the repository locator."""
-        q = select(WorkItem)
+        q = select_view(StoredWorkItem, WorkItem)
         if tenant_id is not None:
             q = q.where(WorkItem.tenant_id == tenant_id)
         if state:
@@ -204,15 +206,15 @@ class WorkItemStore(Database):
             q = q.where(tuple_(WorkItem.created_at, WorkItem.id) < tuple_(*before))
         q = q.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit)
         async with self.session() as s:
-            return list((await s.scalars(q)).all())
+            return await views_of(StoredWorkItem, s.execute(q))
 
-    async def queued_work_items(self, tenant_id: str, limit: int) -> list[WorkItem]:
+    async def queued_work_items(self, tenant_id: str, limit: int) -> list[StoredWorkItem]:
         """The tenant's queued items, oldest first (the next to admit when a place frees)."""
         async with self.session() as s:
             q = (
-                select(WorkItem)
+                select_view(StoredWorkItem, WorkItem)
                 .where(WorkItem.tenant_id == tenant_id, WorkItem.state == WorkItemState.queued.value)
                 .order_by(WorkItem.created_at, WorkItem.id)
                 .limit(limit)
             )
-            return list((await s.scalars(q)).all())
+            return await views_of(StoredWorkItem, s.execute(q))

@@ -73,14 +73,14 @@ async def test_a_refused_last_write_stores_no_transcript(
 ) -> None:
     """An attempt whose last write is refused leaves no artifact behind (the transcript went with the write)."""
     from crewwork.steps.attempt import AttemptWriter
-    from crewwork.store.artifacts import artifact_row
+    from crewwork.store.artifacts import new_artifact
     from crewwork.store.fencing import Rank
 
     settings = make_settings(tmp_path, temporal_server, pg_url)
     async with running_crew(settings, pools=("control", "agent")) as crew:
         wid = await crew.submit(_task(0))
         await crew.result(wid)
-        row = artifact_row(
+        row = new_artifact(
             work_item_id=wid,
             tenant_id=crew.tenant_id,
             name="zombie.txt",
@@ -89,9 +89,9 @@ async def test_a_refused_last_write_stores_no_transcript(
             max_bytes=1024,
         )
         w = AttemptWriter(crew.store, wid, crew.tenant_id, Rank(1, 1), "run_agent#1")
-        res = await w.event("agent_finished", {"transcript_ref": row["id"]}, [row])
+        res = await w.event("agent_finished", {"transcript_ref": row.id}, [row])
         assert res.stale
         async with crew.store.session() as s:
-            assert await s.scalar(select(Artifact).where(Artifact.id == row["id"])) is None
+            assert await s.scalar(select(Artifact).where(Artifact.id == row.id)) is None
             types = [e async for e in await s.stream_scalars(select(Event.type).where(Event.work_item_id == wid))]
         assert "stale_write_rejected" in types

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.store.artifacts import artifact_row
+from crewwork.store.artifacts import new_artifact
 from crewwork.store.db import upgrade
 from crewwork.store.fencing import IN_FLIGHT_STATES, Rank
 from crewwork.store.outbox import OutboxStore
@@ -266,7 +266,7 @@ async def _apply(store: Store, tid: str, ids: list[str], op: Op) -> Any:
         value = res.value
     else:
         arts = [
-            artifact_row(
+            new_artifact(
                 work_item_id=wid,
                 tenant_id=tid,
                 name=f"log{i}",

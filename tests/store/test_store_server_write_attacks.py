@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.store.artifacts import artifact_row
+from crewwork.store.artifacts import new_artifact
 from crewwork.store.fencing import Rank
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import AttemptRecord, Store
@@ -364,7 +364,7 @@ async def test_a_ten_megabyte_artifact_is_stored_whole_on_both_paths(pg_store: S
     blob = bytes(range(256)) * (10 * 1024 * 1024 // 256)
 
     async def scenario(store: Store, tid: str, wid: str) -> Any:
-        art = artifact_row(
+        art = new_artifact(
             work_item_id=wid,
             tenant_id=tid,
             name="t",
@@ -376,9 +376,9 @@ async def test_a_ten_megabyte_artifact_is_stored_whole_on_both_paths(pg_store: S
             work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="w", type_="ev", data={}, artifacts=[art]
         )
         [(size, sha, same)] = await _raw(
-            store, "SELECT size, sha256, content = :b FROM artifacts WHERE id = :a", a=art["id"], b=blob
+            store, "SELECT size, sha256, content = :b FROM artifacts WHERE id = :a", a=art.id, b=blob
         )
-        return [res.ok, size, sha == art["sha256"], same]
+        return [res.ok, size, sha == art.sha256, same]
 
     server, python = await _both(pg_store, "big-artifact", scenario)
     _assert_same(server, python)

@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from crewwork.invariants import check_invariants
 from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.store.artifacts import artifact_row
+from crewwork.store.artifacts import new_artifact
 from crewwork.store.fencing import Rank
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import AttemptRecord, Store
@@ -82,7 +82,7 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
             )
         )
     )
-    art = artifact_row(
+    art = new_artifact(
         work_item_id=a, tenant_id=tid, name="transcript", data=b"hello", content_type="text/plain", max_bytes=100
     )
     out.append(
@@ -92,7 +92,7 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
                 rank=Rank(2, 1),
                 writer="run_agent#1",
                 type_="agent_finished",
-                data={"attempt": 1, "transcript": art["id"]},
+                data={"attempt": 1, "transcript": art.id},
                 artifacts=[art],
             )
         )
@@ -177,7 +177,7 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
         if isinstance(v, str):
             for wid, name in order.items():
                 v = v.replace(wid, name)
-            return v.replace(art["id"], "art")
+            return v.replace(art.id, "art")
         if isinstance(v, dict):
             return {k: norm(x) for k, x in v.items() if k not in ("occurred_at",)}
         if isinstance(v, list | tuple):

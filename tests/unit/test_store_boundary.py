@@ -1,55 +1,90 @@
-"""The store is the only place with SQL and ORM rows: the modules that read it through its methods import neither
-SQLAlchemy nor the store's tables, at module level, inside a function or for typing alike."""
+"""The store's boundary (docs/architecture.md, "The store"): its tables and SQLAlchemy stay inside crewwork/store/, and
+what it hands out is a view (crewwork/store/views.py), never an ORM row.
+
+Two checks: no module outside crewwork/store/ imports `crewwork.store.tables` or `sqlalchemy` (at module level, in a
+function or under TYPE_CHECKING alike), and no public method of the store's classes is annotated to return a row."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import pkgutil
+import re
 from pathlib import Path
 
-import pytest
+import crewwork.store
+from crewwork.store.tables import Base
 
-ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = Path(__file__).resolve().parents[2] / "crewwork"
+STORE = PACKAGE / "store"
 
-# Modules that used to build queries or handle ORM rows themselves; the store now answers them with frozen values.
-CLIENTS_OF_THE_STORE = [
-    "crewwork/reconcile.py",
-    "crewwork/invariants.py",
-    "crewwork/api/webhooks.py",
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "crewwork" / "webhooks").glob("*.py")),
-]
-FORBIDDEN = ("sqlalchemy", "crewwork.store.tables")
+# Modules allowed to read the tables directly, none now. An entry that no longer imports them fails
+# `test_every_allowed_module_still_needs_its_entry`, so the list only shrinks.
+ALLOWED: set[str] = set()
 
+# Store methods annotated to return a row, none now.
+ALLOWED_ROW_RETURNS: set[str] = set()
 
-def _is_forbidden(module: str) -> bool:
-    return any(module == f or module.startswith(f + ".") for f in FORBIDDEN)
+FORBIDDEN = re.compile(r"^(sqlalchemy(\..*)?|crewwork\.store\.tables)$")
 
 
-def forbidden(source: str) -> set[int]:
-    """The lines of the import statements in `source` that import SQLAlchemy or the tables, wherever they are (a
-    `from x import y` imports x and, when it is a module, x.y)."""
-    lines: set[int] = set()
+def _imports(source: str) -> set[str]:
+    """Every module an import statement in `source` names, anywhere in the file (`from a import b` names `a` and
+    `a.b`, which is the module when b is one)."""
+    found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-        else:
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _offenders() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.is_relative_to(STORE):
             continue
-        if any(_is_forbidden(n) for n in names):
-            lines.add(node.lineno)
-    return lines
+        bad = {m for m in _imports(path.read_text()) if FORBIDDEN.match(m)}
+        if bad:
+            out[str(path.relative_to(PACKAGE.parent))] = bad
+    return out
 
 
-@pytest.mark.parametrize("path", CLIENTS_OF_THE_STORE)
-def test_reads_the_store_only_through_its_methods(path: str) -> None:
-    assert forbidden((ROOT / path).read_text()) == set()
+def test_no_module_outside_the_store_imports_its_tables_or_sqlalchemy() -> None:
+    assert {p: sorted(m) for p, m in _offenders().items() if p not in ALLOWED} == {}
 
 
-def test_the_check_sees_every_kind_of_import() -> None:
+def test_every_allowed_module_still_needs_its_entry() -> None:
+    assert ALLOWED - _offenders().keys() == set()
+
+
+def test_the_import_check_sees_every_form() -> None:
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from crewwork.store.tables import WorkItem\n"
         "def f():\n    import sqlalchemy.orm\n"
         "from crewwork.store import tables\n"
+        "from crewwork.store import views\n"
     )
-    assert forbidden(source) == {3, 5, 6}
+    assert {m for m in _imports(source) if FORBIDDEN.match(m)} == {"crewwork.store.tables", "sqlalchemy.orm"}
+
+
+def test_store_methods_return_views_not_rows() -> None:
+    """No public method of a class of crewwork/store/ is annotated to return a row (mypy holds the code to it)."""
+    tables = {m.class_.__name__ for m in Base.registry.mappers}
+    named = re.compile(r"\b(" + "|".join(sorted(tables)) + r")\b")
+    returning_rows = set()
+    for info in pkgutil.iter_modules(crewwork.store.__path__):
+        module = importlib.import_module(f"crewwork.store.{info.name}")
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            returning_rows |= {
+                f"{cls_name}.{name}"
+                for name, fn in inspect.getmembers(cls, inspect.isfunction)
+                if not name.startswith("_") and named.search(str(inspect.signature(fn).return_annotation))
+            }
+    assert returning_rows == ALLOWED_ROW_RETURNS

@@ -53,7 +53,8 @@ from crewwork.steps.execution import (
     save,
 )
 from crewwork.steps.ports import Ports
-from crewwork.store.artifacts import artifact_row
+from crewwork.store.artifacts import new_artifact
+from crewwork.store.views import NewArtifact
 from crewwork.workspace import CaptureLimits, CaptureRefused, Workspace
 
 log = logging.getLogger("crewwork.steps.agent")
@@ -74,7 +75,7 @@ class Produced:
     """What an agent run produced: its outcome, and the artifacts its last write inserts (its transcript)."""
 
     outcome: AgentOutcome
-    pending: list[dict[str, Any]]
+    pending: list[NewArtifact]
 
 
 async def run_agent(ports: Ports, inp: AgentStepInput) -> AgentOutcome:
@@ -255,13 +256,13 @@ def context(
     )
 
 
-def transcript(ports: Ports, inp: AgentStepInput, outcome: AgentOutcome, text: object) -> list[dict[str, Any]]:
+def transcript(ports: Ports, inp: AgentStepInput, outcome: AgentOutcome, text: object) -> list[NewArtifact]:
     """The agent's transcript as an artifact the attempt's last write inserts (it exists only if that write is
     accepted, in the same transaction), its ref set on `outcome`."""
     if not text:
         return []
     limit, name = ports.settings.max_artifact_bytes, f"attempt-{inp.attempt}-transcript.txt"
-    row = artifact_row(
+    art = new_artifact(
         work_item_id=inp.work_item_id,
         tenant_id=inp.tenant_id,
         name=name,
@@ -269,10 +270,8 @@ def transcript(ports: Ports, inp: AgentStepInput, outcome: AgentOutcome, text: o
         content_type="text/plain",
         max_bytes=limit,
     )
-    outcome.transcript_ref = ArtifactRef(
-        id=row["id"], name=name, size=row["size"], sha256=row["sha256"], content_type="text/plain"
-    )
-    return [row]
+    outcome.transcript_ref = art.ref()
+    return [art]
 
 
 async def capture(ports: Ports, w: AttemptWriter, inp: AgentStepInput, ws: Workspace, outcome: AgentOutcome) -> None:

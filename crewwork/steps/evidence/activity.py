@@ -15,11 +15,6 @@ from crewwork.models import ArtifactRef
 from crewwork.steps.errors import EVIDENCE_UNAVAILABLE, NOTHING_TO_SIGN
 from crewwork.steps.evidence import AttemptBundleInput
 from crewwork.steps.ports import Ports
-from crewwork.store.tables import Artifact
-
-
-def _ref(a: Artifact) -> ArtifactRef:
-    return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
 
 
 async def sign_attempt_bundle(ports: Ports, inp: AttemptBundleInput) -> ArtifactRef:
@@ -46,8 +41,7 @@ async def sign_attempt_bundle(ports: Ports, inp: AttemptBundleInput) -> Artifact
                 keyids=[signer.public_key.keyid],
             )
         ):
-            a = done[-1]
-            return ArtifactRef(id=a.id, name=a.name, size=a.size, sha256=a.sha256, content_type=a.content_type)
+            return done[-1].ref()
         signed = await ports.evidence.attempt_bundle(ports.store, inp.work_item_id, inp.attempt)
     except NothingToSign as exc:
         raise ApplicationError(str(exc), type=NOTHING_TO_SIGN, non_retryable=True) from None
@@ -79,4 +73,4 @@ async def sign_attempt_bundle(ports: Ports, inp: AttemptBundleInput) -> Artifact
             "scope": "attempt",
         },
     )
-    return _ref(art)
+    return art.ref()
