@@ -13,6 +13,13 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 
 
+def module_of(classname: str) -> str:
+    """The test module of a JUnit classname: `tests.api.test_x` for a function, `tests.api.test_x.TestY` for a method
+    of a class (whose name starts with a capital)."""
+    head, _, last = classname.rpartition(".")
+    return head if head and last[:1].isupper() else classname
+
+
 def main(argv: list[str]) -> None:
     by_file = "--by-file" in argv
     paths = [a for a in argv if a != "--by-file"]
@@ -24,7 +31,7 @@ def main(argv: list[str]) -> None:
             t = float(case.get("time", "0"))
             total += t
             count += 1
-            files[case.get("classname", "").rsplit(".", 1)[0] if "." in case.get("classname", "") else "?"] += t
+            files[module_of(case.get("classname", ""))] += t
     print(f"{count} tests, sum of test times {total:.1f} s")
     if by_file:
         for name, t in sorted(files.items(), key=lambda kv: -kv[1]):
