@@ -218,6 +218,13 @@ class Crew:
         self.workers = workers
         self.tenant_id = ""
 
+    async def with_new_tenant(self) -> Crew:
+        """The same running crew (worker pools, store, client, service) submitting as a tenant of its own, so tests
+        that share one crew each see only their own items."""
+        crew = Crew(self.settings, self.store, self.client, self.service, self.workers)
+        crew.tenant_id = await self.store.ensure_tenant(f"tenant-{uuid.uuid4().hex[:6]}")
+        return crew
+
     async def submit(self, spec: dict[str, Any] | Any) -> str:
         from crewwork.models import WorkItemSpec
 

@@ -1,5 +1,12 @@
 """Fixtures for the API tests: the real API (uvicorn, restartable on the same port) over real PostgreSQL and a
-real Temporal dev server with in-process worker pools, plus API keys for two tenants."""
+real Temporal dev server with in-process worker pools, plus API keys for two tenants and an operator.
+
+One crew (three worker pools) and one API serve every test of a module (`api_crew`, `shared_api`): starting and
+stopping them for each test cost about a second of every API test. What a test sees of them is its own: `stack` gives
+each test fresh tenants (their own keys, items, webhooks, repositories), and the store and Temporal server were
+already one per pytest session. A test that needs the API configured otherwise starts its own `LiveApi` on the
+module's crew; a test that stops or restarts the shared API leaves it to `stack`, which starts it again for the next
+test if it is down."""
 
 from __future__ import annotations
 
@@ -69,6 +76,10 @@ class LiveApi:
         self.stop()
         self.start()
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
 
 @dataclass
 class Tenant:
@@ -99,23 +110,47 @@ async def make_tenant(crew: Crew, prefix: str, scopes: tuple[str, ...] = ()) -> 
     return Tenant(name, key, kid)
 
 
-@pytest.fixture
-def api_settings(tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str) -> Settings:
-    # metrics_store_refresh_s=0: a scrape right after a change must see it (the interval is tested on its own).
-    return make_settings(tmp_path, temporal_server, pg_url, sandbox_backend=sandbox_backend, metrics_store_refresh_s=0)
+@pytest.fixture(scope="module")
+def api_settings(
+    tmp_path_factory: pytest.TempPathFactory, temporal_server: DevServer, pg_url: str, sandbox_backend: str
+) -> Settings:
+    """The settings of the module's crew and API (one data directory and task queue prefix per module).
+
+    metrics_store_refresh_s=0: a scrape right after a change must see it (the interval is tested on its own)."""
+    return make_settings(
+        tmp_path_factory.mktemp("api"),
+        temporal_server,
+        pg_url,
+        sandbox_backend=sandbox_backend,
+        metrics_store_refresh_s=0,
+    )
 
 
-@pytest.fixture
-async def stack(api_settings: Settings) -> AsyncIterator[Stack]:
+@pytest.fixture(scope="module")
+async def api_crew(api_settings: Settings) -> AsyncIterator[Crew]:
+    """The module's crew: control, agent and validate pools on the module's task queues."""
     async with running_crew(api_settings) as crew:
-        alpha = await make_tenant(crew, "alpha")
-        beta = await make_tenant(crew, "beta")
-        admin = await make_tenant(crew, "ops", ("admin",))
-        api = LiveApi(api_settings).start()
-        try:
-            yield Stack(crew, api, alpha, beta, admin)
-        finally:
-            api.stop()
+        yield crew
+
+
+@pytest.fixture(scope="module")
+def shared_api(api_settings: Settings, api_crew: Crew) -> Iterator[LiveApi]:
+    """The module's API (it stops before the crew does)."""
+    api = LiveApi(api_settings).start()
+    yield api
+    api.stop()
+
+
+@pytest.fixture
+async def stack(api_crew: Crew, shared_api: LiveApi) -> Stack:
+    """The module's crew and API with tenants of this test's own; the crew submits as a tenant of its own too."""
+    if not shared_api.running:  # an earlier test stopped it and did not get to start it again
+        shared_api.start()
+    crew = await api_crew.with_new_tenant()
+    alpha = await make_tenant(crew, "alpha")
+    beta = await make_tenant(crew, "beta")
+    admin = await make_tenant(crew, "ops", ("admin",))
+    return Stack(crew, shared_api, alpha, beta, admin)
 
 
 def task_item(output: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:

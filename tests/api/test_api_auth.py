@@ -12,7 +12,7 @@ from tests.api.conftest import LiveApi, Stack, task_item, wait_state
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def api_settings(api_settings: Settings) -> Settings:
     # The receivers here listen on loopback, which a webhook may reach only where the operator allows it.
     return api_settings.model_copy(update={"outbound_allow_networks": "127.0.0.0/8"})

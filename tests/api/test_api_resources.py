@@ -180,8 +180,21 @@ async def test_keyset_pagination_stays_exact_under_concurrent_inserts(stack: Sta
     assert created == sorted(created, reverse=True), "strictly newest first across pages"
 
 
+SUBMITTED = 'crewwork_http_requests_total{method="POST",route="/v1/work-items",status="202"}'
+
+
+def sample(text: str, series: str) -> float:
+    """The value of one series in Prometheus text, 0 if it is not there yet."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 async def test_metrics_exposes_prometheus_text_with_store_projections(stack: Stack) -> None:
     async with stack.client() as c:
+        # The API serves the other tests of the module too: this test's submission is the counter's increase.
+        before = sample((await c.get("/metrics")).text, SUBMITTED)
         wid = (await c.post("/v1/work-items", json=task_item())).json()["id"]
         await wait_state(c, wid, {"succeeded"})
         r = await c.get("/metrics")
@@ -190,6 +203,6 @@ async def test_metrics_exposes_prometheus_text_with_store_projections(stack: Sta
     assert "# TYPE crewwork_work_items gauge" in text
     # Label order carries no meaning in the text format (prometheus-client sorts them).
     assert 'crewwork_work_items{kind="task",state="succeeded"}' in text
-    assert 'crewwork_http_requests_total{method="POST",route="/v1/work-items",status="202"}' in text
+    assert sample(text, SUBMITTED) == before + 1, text
     assert "crewwork_http_request_duration_seconds_bucket" in text and 'le="+Inf"' in text
     assert 'crewwork_events{type="state_changed"}' in text

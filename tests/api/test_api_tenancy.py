@@ -34,7 +34,7 @@ from tests.api.tenant_world import SHARED_IDEMPOTENCY_KEY, Owned, World, build_w
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def api_settings(api_settings: Settings) -> Settings:
     # Both tenants register loopback webhooks, which the operator must allow (crewwork/outbound.py).
     return api_settings.model_copy(update={"outbound_allow_networks": "127.0.0.0/8"})

@@ -17,32 +17,33 @@ from crewwork.config import Settings
 from crewwork.demo import BUGGY, RIGHT, TEST
 from crewwork.policy_model import TenantPolicy
 from tests.api.conftest import LiveApi, Stack, make_tenant, task_item, wait_state
-from tests.conftest import make_repo, running_crew
+from tests.conftest import Crew, make_repo
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
 
 @pytest.fixture
-async def strict(api_settings: Settings) -> AsyncIterator[Stack]:
-    """An API with the fault switch off, and a tighter policy for tenant beta."""
-    async with running_crew(api_settings) as crew:
-        alpha = await make_tenant(crew, "alpha")
-        beta = await make_tenant(crew, "beta")
-        admin = await make_tenant(crew, "ops", ("admin",))
-        settings = api_settings.model_copy(
-            update={
-                "test_faults": False,
-                "tenant_policies": {
-                    beta.name: TenantPolicy(agents=["command"]),
-                    admin.name: TenantPolicy(max_memory_mb=256, max_review_timeout_s=60),
-                },
-            }
-        )
-        api = LiveApi(settings).start()
-        try:
-            yield Stack(crew, api, alpha, beta, admin)
-        finally:
-            api.stop()
+async def strict(api_settings: Settings, api_crew: Crew) -> AsyncIterator[Stack]:
+    """An API of this test's own with the fault switch off, and a tighter policy for its tenant beta, on the module's
+    crew."""
+    crew = await api_crew.with_new_tenant()
+    alpha = await make_tenant(crew, "alpha")
+    beta = await make_tenant(crew, "beta")
+    admin = await make_tenant(crew, "ops", ("admin",))
+    settings = api_settings.model_copy(
+        update={
+            "test_faults": False,
+            "tenant_policies": {
+                beta.name: TenantPolicy(agents=["command"]),
+                admin.name: TenantPolicy(max_memory_mb=256, max_review_timeout_s=60),
+            },
+        }
+    )
+    api = LiveApi(settings).start()
+    try:
+        yield Stack(crew, api, alpha, beta, admin)
+    finally:
+        api.stop()
 
 
 def field_of(r: Any) -> str:
@@ -189,7 +190,7 @@ async def test_a_work_item_declaring_its_own_model_endpoint_is_422_unless_the_op
 
 
 async def test_code_changes_wait_for_review_by_default_unless_the_operator_says_otherwise(
-    api_settings: Settings, tmp_path: Path
+    api_settings: Settings, api_crew: Crew, tmp_path: Path
 ) -> None:
     """The production default (CREWWORK_REVIEW_REQUIRED_DEFAULT=true): a code change that says nothing about review
     waits for a person; before, it landed unreviewed while the docs promised a review. A tenant whose policy turns the
@@ -202,68 +203,66 @@ async def test_code_changes_wait_for_review_by_default_unless_the_operator_says_
         "validation": {"command": ["python", "-m", "pytest", "-q"], "timeout_s": 60},
         "agent": {"name": "scripted", "config": {"files": {"calc.py": RIGHT}}},
     }
-    async with running_crew(api_settings) as crew:
-        alpha = await make_tenant(crew, "alpha")
-        beta = await make_tenant(crew, "beta")
-        settings = api_settings.model_copy(
-            update={
-                "review_required_default": True,
-                "tenant_policies": {beta.name: TenantPolicy(review_required_default=False)},
-            }
-        )
-        assert Settings.model_fields["review_required_default"].default is True
-        api = LiveApi(settings).start()
-        try:
-            async with httpx.AsyncClient(base_url=api.url, headers=alpha.headers, timeout=30) as c:
-                r = await c.post("/v1/work-items", json=change)
-                assert r.status_code == 202, r.text
-                waiting = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
-                assert waiting["state"] == "awaiting_review", waiting["reason"]
-                assert waiting["spec"]["review"]["required"] is True
-                assert waiting["landed_commit"] is None
-                # Spelling the default out is the same submission (same idempotency hash).
-                key = {"idempotency_key": "same"}
-                first = await c.post("/v1/work-items", json={**change, **key})
-                again = await c.post("/v1/work-items", json={**change, **key, "review": {"required": True}})
-                assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
-                # A task has nothing to land: it never waits.
-                task = await c.post("/v1/work-items", json=task_item())
-                done = await wait_state(c, task.json()["id"], {"succeeded", "failed"})
-                assert done["state"] == "succeeded" and done["spec"]["review"]["required"] is False
-            # Another repository: alpha's items waiting for review hold the workspace lease of theirs.
-            other = make_repo(tmp_path / "calc2", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
-            change = {**change, "repo": {"url": str(other), "ref": "main"}}
-            async with httpx.AsyncClient(base_url=api.url, headers=beta.headers, timeout=30) as c:
-                r = await c.post("/v1/work-items", json=change)
-                done = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
-                assert done["state"] == "succeeded" and done["spec"]["review"]["required"] is False, done["reason"]
-                r = await c.post("/v1/work-items", json={**change, "review": {"required": True}})
-                asked = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
-                assert asked["state"] == "awaiting_review"
-        finally:
-            api.stop()
+    alpha = await make_tenant(api_crew, "alpha")
+    beta = await make_tenant(api_crew, "beta")
+    settings = api_settings.model_copy(
+        update={
+            "review_required_default": True,
+            "tenant_policies": {beta.name: TenantPolicy(review_required_default=False)},
+        }
+    )
+    assert Settings.model_fields["review_required_default"].default is True
+    api = LiveApi(settings).start()
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=alpha.headers, timeout=30) as c:
+            r = await c.post("/v1/work-items", json=change)
+            assert r.status_code == 202, r.text
+            waiting = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
+            assert waiting["state"] == "awaiting_review", waiting["reason"]
+            assert waiting["spec"]["review"]["required"] is True
+            assert waiting["landed_commit"] is None
+            # Spelling the default out is the same submission (same idempotency hash).
+            key = {"idempotency_key": "same"}
+            first = await c.post("/v1/work-items", json={**change, **key})
+            again = await c.post("/v1/work-items", json={**change, **key, "review": {"required": True}})
+            assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
+            # A task has nothing to land: it never waits.
+            task = await c.post("/v1/work-items", json=task_item())
+            done = await wait_state(c, task.json()["id"], {"succeeded", "failed"})
+            assert done["state"] == "succeeded" and done["spec"]["review"]["required"] is False
+        # Another repository: alpha's items waiting for review hold the workspace lease of theirs.
+        other = make_repo(tmp_path / "calc2", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
+        change = {**change, "repo": {"url": str(other), "ref": "main"}}
+        async with httpx.AsyncClient(base_url=api.url, headers=beta.headers, timeout=30) as c:
+            r = await c.post("/v1/work-items", json=change)
+            done = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
+            assert done["state"] == "succeeded" and done["spec"]["review"]["required"] is False, done["reason"]
+            r = await c.post("/v1/work-items", json={**change, "review": {"required": True}})
+            asked = await wait_state(c, r.json()["id"], {"awaiting_review", "succeeded", "failed"}, 120)
+            assert asked["state"] == "awaiting_review"
+    finally:
+        api.stop()
 
 
 async def test_a_hotfix_report_that_says_only_when_to_review_still_waits_for_a_person(
-    api_settings: Settings, tmp_path: Path
+    api_settings: Settings, api_crew: Crew, tmp_path: Path
 ) -> None:
     """A hotfix report waits for a person unless it says otherwise, whatever the operator's default for other code
     changes (docs/lifecycle.md). Saying only how long a review may take (`"review": {"timeout_s": 3600}`), or giving
     an empty `review`, is not saying otherwise; before, either left `required` unset, the operator's default (off
     here) filled it in, and the fix landed unreviewed."""
     repo = make_repo(tmp_path / "calc", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
-    async with running_crew(api_settings) as crew:
-        alpha = await make_tenant(crew, "alpha")
-        api = LiveApi(api_settings.model_copy(update={"review_required_default": False})).start()
-        try:
-            async with httpx.AsyncClient(base_url=api.url, headers=alpha.headers, timeout=30) as c:
-                for review, required in [({"timeout_s": 3600}, True), ({}, True), ({"required": False}, False)]:
-                    report = {"message": "add(2, 3) returns -1", "repo": {"url": str(repo)}, "review": review}
-                    report["agent"] = {"name": "scripted", "config": {"files": {"calc.py": RIGHT}}}
-                    r = await c.post("/v1/hotfix", json=report)
-                    assert r.status_code == 202, r.text
-                    item = (await c.get(f"/v1/work-items/{r.json()['id']}", params={"live": "false"})).json()
-                    assert item["spec"]["review"]["required"] is required, (review, item["spec"]["review"])
-                    await c.post(f"/v1/work-items/{r.json()['id']}/cancel")
-        finally:
-            api.stop()
+    alpha = await make_tenant(api_crew, "alpha")
+    api = LiveApi(api_settings.model_copy(update={"review_required_default": False})).start()
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=alpha.headers, timeout=30) as c:
+            for review, required in [({"timeout_s": 3600}, True), ({}, True), ({"required": False}, False)]:
+                report = {"message": "add(2, 3) returns -1", "repo": {"url": str(repo)}, "review": review}
+                report["agent"] = {"name": "scripted", "config": {"files": {"calc.py": RIGHT}}}
+                r = await c.post("/v1/hotfix", json=report)
+                assert r.status_code == 202, r.text
+                item = (await c.get(f"/v1/work-items/{r.json()['id']}", params={"live": "false"})).json()
+                assert item["spec"]["review"]["required"] is required, (review, item["spec"]["review"])
+                await c.post(f"/v1/work-items/{r.json()['id']}/cancel")
+    finally:
+        api.stop()

@@ -20,7 +20,7 @@ import pytest
 from crewwork.config import Settings
 from crewwork.demo import BUGGY, RIGHT, TEST
 from tests.api.conftest import LiveApi, Stack, Tenant, make_tenant, wait_state
-from tests.conftest import make_repo, running_crew
+from tests.conftest import Crew, make_repo
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
@@ -55,26 +55,28 @@ def change(repo: dict[str, Any], **kw: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def tenancy(api_settings: Settings, tmp_path: Path) -> AsyncIterator[Tenancy]:
+async def tenancy(api_settings: Settings, api_crew: Crew, tmp_path: Path) -> AsyncIterator[Tenancy]:
+    """Tenants of this test's own, each with a repository root of its own, and an API of this test's own that
+    registers nothing on first use and knows these roots, on the module's crew."""
     roots = Roots(tmp_path / "roots" / "alpha", tmp_path / "roots" / "beta", tmp_path / "elsewhere")
     for p in (roots.alpha, roots.beta, roots.outside):
         p.mkdir(parents=True)
     alpha_repo = make_repo(roots.alpha / "calc", CALC)
-    async with running_crew(api_settings) as crew:
-        alpha = await make_tenant(crew, "alpha")
-        beta = await make_tenant(crew, "beta")
-        admin = await make_tenant(crew, "ops", ("admin",))
-        settings = api_settings.model_copy(
-            update={
-                "auto_register_repos": False,
-                "tenant_repo_roots": {alpha.name: [roots.alpha], beta.name: [roots.beta]},
-            }
-        )
-        api = LiveApi(settings).start()
-        try:
-            yield Tenancy(Stack(crew, api, alpha, beta, admin), roots, alpha_repo)
-        finally:
-            api.stop()
+    crew = await api_crew.with_new_tenant()
+    alpha = await make_tenant(crew, "alpha")
+    beta = await make_tenant(crew, "beta")
+    admin = await make_tenant(crew, "ops", ("admin",))
+    settings = api_settings.model_copy(
+        update={
+            "auto_register_repos": False,
+            "tenant_repo_roots": {alpha.name: [roots.alpha], beta.name: [roots.beta]},
+        }
+    )
+    api = LiveApi(settings).start()
+    try:
+        yield Tenancy(Stack(crew, api, alpha, beta, admin), roots, alpha_repo)
+    finally:
+        api.stop()
 
 
 async def register(t: Tenancy, who: Tenant, url: str, **kw: Any) -> Any:

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.api.conftest import Stack, Tenant, api_settings, stack  # noqa: F401  (the fixtures these tests run on)
+from tests.api.conftest import Stack, Tenant, api_crew, api_settings, shared_api, stack  # noqa: F401  (the fixtures these tests run on)
 from tests.conftest import GIT_ENV, make_repo
 
 

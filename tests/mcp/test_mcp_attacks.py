@@ -155,22 +155,21 @@ async def test_huge_and_binary_files_are_bounded(stack: Stack, tricky_repo: Path
         assert diff["truncated"] is True and len(diff["patch"].encode()) <= 256 * 1024
 
 
-async def test_a_file_larger_than_the_bound_is_refused(api_settings, tricky_repo: Path) -> None:  # type: ignore[no-untyped-def]
-    from tests.api.conftest import LiveApi, make_tenant
-    from tests.conftest import running_crew
+async def test_a_file_larger_than_the_bound_is_refused(stack: Stack, tricky_repo: Path) -> None:
+    from tests.api.conftest import LiveApi
 
-    api_settings.mcp.max_file_bytes = 1024 * 1024
-    async with running_crew(api_settings, pools=("control",)) as crew:
-        alpha = await make_tenant(crew, "alpha")
-        api = LiveApi(api_settings).start()
-        try:
-            world = Stack(crew, api, alpha, alpha, alpha)
-            rid = await register(world, tricky_repo)
-            async with mcp_client(world) as c:
-                code, msg = await fails(c, "read_file", repo=rid, path="huge.txt")
-                assert code == "too_large" and str(HUGE_BYTES + 101) in msg and "CREWWORK_MCP_MAX_FILE_BYTES" in msg
-        finally:
-            api.stop()
+    # An API of its own whose MCP bound is 1 MiB (the module's API keeps the default), on the module's crew.
+    settings = stack.api.settings
+    api = LiveApi(settings.model_copy(update={"mcp": settings.mcp.model_copy(update={"max_file_bytes": 1024 * 1024})}))
+    api.start()
+    try:
+        world = Stack(stack.crew, api, stack.alpha, stack.alpha, stack.alpha)
+        rid = await register(world, tricky_repo)
+        async with mcp_client(world) as c:
+            code, msg = await fails(c, "read_file", repo=rid, path="huge.txt")
+            assert code == "too_large" and str(HUGE_BYTES + 101) in msg and "CREWWORK_MCP_MAX_FILE_BYTES" in msg
+    finally:
+        api.stop()
 
 
 async def test_dotgit_entries_and_pointer_files_never_reach_the_mirror(stack: Stack, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import Stack, api_settings, stack  # noqa: F401  (fixtures)
+from tests.api.conftest import Stack, api_crew, api_settings, shared_api, stack  # noqa: F401  (fixtures)
 from tests.security.conftest import RIGHT, VALIDATION, code_change, scripted
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
