@@ -346,7 +346,9 @@ def reap_orphans(
     now = time.time() if now is None else now
     removed = []
     try:
-        for c in client.containers.list(all=True, filters={"label": DEADLINE_LABEL}):
+        # ignore_removed: the SDK inspects each listed container; one removed meanwhile (any other run ending on a
+        # busy engine) would otherwise raise NotFound and abandon the whole reap, leaving every orphan in place.
+        for c in client.containers.list(all=True, filters={"label": DEADLINE_LABEL}, ignore_removed=True):
             deadline = c.labels.get(DEADLINE_LABEL, "")
             if only_ids is not None and c.id not in only_ids:
                 continue

@@ -288,7 +288,7 @@ async def test_a_dead_worker_leaves_no_sandbox_running(sandbox: Sandbox, workspa
         client = docker.from_env()
         mine = {
             c.id
-            for c in client.containers.list(filters={"label": "crewwork.sandbox"})
+            for c in client.containers.list(filters={"label": "crewwork.sandbox"}, ignore_removed=True)
             if any(m.get("Source") == str(workspace) for m in c.attrs.get("Mounts", []))
         }
         assert mine, "the container should outlive its killed worker until reaped"
