@@ -3,7 +3,8 @@
 Each bucket is a GCRA token bucket (the generic cell rate algorithm: a token bucket kept as a single number, the
 *theoretical arrival time* `tat`, the moment the bucket would be full again). With rate r per second and burst b, a
 request at time t is allowed when `max(tat, t) + 1/r - t <= b/r`, and then moves `tat` to `max(tat, t) + 1/r`; a
-refused request leaves `tat` alone, so hammering a full bucket does not push its refill further out. The check and
+refused request leaves `tat` alone, so hammering a full bucket does not push its refill further out. `t` is the
+later of the charge's own time and the bucket's last charge (a bucket's clock never goes back). The check and
 the update are one `INSERT ... ON CONFLICT DO UPDATE ... RETURNING` statement, so concurrent API processes (and
 concurrent requests in one) never both take the last token. Time is the database's clock, never a process's.
 """
@@ -57,8 +58,13 @@ class RateLimitStore(Database):
                 ["key", "tat", "checked_at", "allowed"],
                 select(literal(key), now + interval, now, true()).select_from(no_flush),
             )
-        t = ins.excluded.checked_at
-        start = (func.max if self.is_sqlite else func.greatest)(RateLimit.tat, t)
+        # A bucket's clock never goes back: a charge whose statement started before the last charge of the row
+        # (PostgreSQL stamps a statement when it arrives, before it waits for the row's lock) acts at that charge's
+        # time. Otherwise it could be refused where the later-stamped charge just after it is allowed, and be told
+        # to retry in the moment between their stamps instead of the interval.
+        greatest = func.max if self.is_sqlite else func.greatest
+        t = greatest(ins.excluded.checked_at, RateLimit.checked_at)
+        start = greatest(RateLimit.tat, t)
         # The slack absorbs float rounding at epoch magnitudes (a full bucket sits exactly on the boundary).
         allowed = start + interval - t <= burst * interval + EPSILON_S
         stmt = ins.on_conflict_do_update(
