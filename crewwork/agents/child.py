@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import pickle
 import signal
 import sys
 from multiprocessing.connection import Connection
@@ -41,6 +42,15 @@ class _Parent:
             fut.set_exception(error)
         else:
             fut.set_result(value)
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling, else a RuntimeError with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 async def _run(parent: _Parent, call: Any) -> None:
@@ -85,9 +95,7 @@ async def _run(parent: _Parent, call: Any) -> None:
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # everything the agent raises goes back to the activity, which classifies it
-        from crewwork.agents.isolation import _portable
-
-        parent.send(("error", _portable(exc)))
+        parent.send(("error", portable(exc)))
 
 
 async def serve(conn: Connection) -> None:

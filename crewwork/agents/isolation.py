@@ -6,15 +6,15 @@ the pool's own process, a synchronous `time.sleep`, a busy loop, a thread blocke
 its timeout could not take the slot back; `os._exit` would take the whole pool down with every other tenant's
 running item.
 
-So each slot has a persistent child process (`python -m crewwork.agents.child`, its own session and process group)
-that imports the agents once and then runs one agent call after another; the per-task cost is a round trip of
-pickled messages over a socket pair (bench/flood.py measures it). The activity stays in the parent: its fenced
-store writes, the heartbeats to Temporal, the self-fencing probe and the workspace all live there (crewwork.
-activities.common.watch), and the child's callbacks (`heartbeat`, `ensure_current`, `save_artifact`) are messages
-back to it. When the activity is cancelled (the item was cancelled, Temporal timed the attempt out, a later attempt
-superseded it) the parent kills the child's whole process group, SIGTERM then SIGKILL after `KILL_GRACE_S`, and a
-fresh child takes the slot; when the child dies by itself (a crash), the attempt fails with a retryable
-infrastructure error and the pool carries on.
+So each slot has a persistent child process (crewwork.agents.child: its own session and process group, forked by
+the pool's zygote, which has done the agents' imports once: crewwork.agents.zygote) that runs one agent call after
+another; the per-task cost is a round trip of pickled messages over a socket pair (bench/flood.py measures it). The
+activity stays in the parent: its fenced store writes, the heartbeats to Temporal, the self-fencing probe and the
+workspace all live there (crewwork.steps.attempt.watch), and the child's callbacks (`heartbeat`, `ensure_current`,
+`save_artifact`) are messages back to it. When the activity is cancelled (the item was cancelled, Temporal timed the
+attempt out, a later attempt superseded it) the parent kills the child's whole process group, SIGTERM then SIGKILL
+after `KILL_GRACE_S`, and a fresh child takes the slot; when the child dies by itself (a crash), the attempt fails
+with a retryable infrastructure error and the pool carries on.
 
 Agents that only do cancellable network I/O may run inline (`Agent.runs_inline`): the model agent.
 """
@@ -25,11 +25,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import pickle
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +35,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from crewwork.agents.base import AgentContext, AgentInfraError, AgentRunResult
+from crewwork.agents.child import portable
+from crewwork.agents.zygote import zygote
 
 log = logging.getLogger("crewwork.agents.isolation")
 
@@ -45,7 +45,7 @@ KILL_GRACE_S = 1.0
 START_TIMEOUT_S = 60.0
 SPARE = 1
 """Warm children kept beyond one per slot: a slot freed by a kill takes the spare at once instead of waiting for a
-fresh child's imports (~1 s on a busy machine) while the replacement starts in the background."""
+fresh child to be forked and say `ready` while the replacement starts in the background."""
 
 # Fields of AgentContext that cross to the child as they are; the callables are replaced by messages.
 _PLAIN_FIELDS = (
@@ -93,14 +93,8 @@ class AgentChild:
         self._sock = parent
         self.conn = Connection(os.dup(parent.fileno()))
         parent.close()
-        fd = child.fileno()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "crewwork.agents.child", str(fd)],
-            pass_fds=(fd,),
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
+        # Forked by this process's zygote, which has done the child's imports once (crewwork.agents.zygote).
+        self.proc = zygote().spawn(child.fileno())
         child.close()
         self.ready = False
         self.tasks = 0
@@ -146,6 +140,9 @@ class AgentChild:
     def kill(self) -> None:
         """SIGTERM the child's process group, then SIGKILL it after the grace (blocking for at most the grace)."""
         pid = self.proc.pid
+        if pid is None:  # never forked
+            self.close()
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
         try:
@@ -281,7 +278,7 @@ async def _serve(child: AgentChild, call: AgentCall, ctx: AgentContext) -> Agent
                     raise RuntimeError(f"unknown call {name!r}")
                 child.send(("reply", _id, value, None))
             except Exception as exc:
-                child.send(("reply", _id, None, _portable(exc)))
+                child.send(("reply", _id, None, portable(exc)))
         elif kind == "done":
             log.debug("agent %s ran in its process in %.3fs", call.agent, time.monotonic() - started)
             return msg[1]  # type: ignore[no-any-return]
@@ -292,15 +289,6 @@ async def _serve(child: AgentChild, call: AgentCall, ctx: AgentContext) -> Agent
             raise AgentProcessDied(f"the agent process exited with code {code} before the agent finished")
         else:
             raise AgentInfraError(f"unexpected message from the agent process: {kind!r}")
-
-
-def _portable(exc: BaseException) -> BaseException:
-    """`exc` if it survives pickling, else a RuntimeError with its type and message."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 def call_for(agent: str, plugins: str, ctx: AgentContext, *, allow_unsafe: bool = False) -> AgentCall:

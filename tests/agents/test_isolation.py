@@ -5,13 +5,18 @@ error, not the parent's death. Real child processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from crewwork.agents.base import AgentContext, AgentError
 from crewwork.agents.isolation import KILL_GRACE_S, AgentProcessDied, AgentProcesses, call_for
+from crewwork.agents.zygote import zygote
 from crewwork.models import WorkItemKind
 
 
@@ -74,5 +79,54 @@ async def test_a_child_that_exits_is_an_infrastructure_error_and_is_replaced() -
         with pytest.raises(AgentProcessDied, match="code 137"):
             await run(pool, {"crash": True})
         assert (await run(pool, {"output": {"ok": 1}})).output == {"ok": 1}
+    finally:
+        pool.close()
+
+
+def _fd_targets(pid: int) -> set[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    out = set()
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            out.add(os.readlink(fd))
+    return out
+
+
+async def test_a_forked_child_has_its_own_session_and_none_of_the_zygotes_descriptors() -> None:
+    """Children are forked by the pool's zygote (crewwork.agents.zygote): each must be its own session (so a kill
+    takes its whole group and nothing else) and must hold neither the zygote's control socket nor its wake-up pipe."""
+    pool = AgentProcesses(2)
+    try:
+        assert (await run(pool, {"output": {"warm": True}})).output == {"warm": True}
+        z = zygote()
+        children = [c for c in pool._idle if c.proc.poll() is None]
+        assert children, "the pool keeps warm children"
+        zygote_fds = _fd_targets(z.proc.pid)
+        private = {t for t in zygote_fds if t.startswith(("socket:", "pipe:"))}
+        assert private, zygote_fds
+        for child in children:
+            pid = child.proc.pid
+            assert pid is not None and pid != z.proc.pid
+            assert os.getsid(pid) == pid, "a child leads its own session"
+            assert os.getpgid(pid) == pid
+            leaked = private & _fd_targets(pid)
+            assert not leaked, f"child {pid} holds the zygote's descriptors: {leaked}"
+    finally:
+        pool.close()
+
+
+async def test_when_the_zygote_dies_its_running_children_die_and_the_next_child_comes_from_a_new_one() -> None:
+    pool = AgentProcesses(1)
+    try:
+        assert (await run(pool, {"output": {"warm": True}})).output == {"warm": True}
+        first = zygote()
+        running = asyncio.create_task(run(pool, {"block_s": 600}))
+        await asyncio.sleep(1.0)
+        assert not running.done()
+        os.kill(first.proc.pid, signal.SIGKILL)
+        with pytest.raises(AgentProcessDied):
+            await asyncio.wait_for(running, 30)
+        assert (await run(pool, {"output": {"after": True}})).output == {"after": True}
+        assert zygote() is not first and zygote().proc.poll() is None
     finally:
         pool.close()

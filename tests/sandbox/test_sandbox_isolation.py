@@ -286,12 +286,12 @@ async def test_a_dead_worker_leaves_no_sandbox_running(sandbox: Sandbox, workspa
         from crewwork.sandbox.docker import ORPHAN_GRACE_S, reap_orphans
 
         client = docker.from_env()
-        mine = {
-            c.id
-            for c in client.containers.list(filters={"label": "crewwork.sandbox"}, ignore_removed=True)
-            if any(m.get("Source") == str(workspace) for m in c.attrs.get("Mounts", []))
-        }
-        assert mine, "the container should outlive its killed worker until reaped"
+        # all=True: a container whose command has exited (under load the runtime can take its time) is still an
+        # orphan to reap; only one that is gone altogether would mean something removed it before its deadline.
+        listed = client.containers.list(all=True, filters={"label": "crewwork.sandbox"}, ignore_removed=True)
+        mine = {c.id for c in listed if any(m.get("Source") == str(workspace) for m in c.attrs.get("Mounts", []))}
+        seen = [(c.short_id, c.status, [m.get("Source") for m in c.attrs.get("Mounts", [])]) for c in listed]
+        assert mine, f"the container should outlive its killed worker until reaped; on the engine: {seen}"
         assert await asyncio.to_thread(reap_orphans, client, force=True, only_ids=mine) == []
         # Reap as a worker would once the deadline (timeout 1 s + grace) has passed.
         later = time.time() + ORPHAN_GRACE_S + 5
