@@ -17,9 +17,9 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from crewwork.config.sandbox import DockerConfig, SandboxSettings
 from crewwork.sandbox._proc import signal_from_returncode
@@ -39,6 +39,7 @@ from crewwork.sandbox.base import (
 )
 
 AVAILABILITY_TTL_S = 5.0
+T = TypeVar("T")
 DEADLINE_LABEL = "crewwork.sandbox.deadline"
 # A container still there this long after its run's timeout lost the worker that owned it.
 ORPHAN_GRACE_S = 60
@@ -239,11 +240,16 @@ class DockerSandbox(Sandbox):
             )
         except docker.errors.DockerException as exc:
             raise SandboxError(f"attaching to the sandbox container failed: {exc}") from exc
-        reader = asyncio.create_task(asyncio.to_thread(_drain, sock, out, err))
+        reader = _own_thread(_drain, sock, out, err)
+        # Sampling starts before the container does: a command killed by the OOM killer within milliseconds (its
+        # cgroup is deleted at exit) must still have been seen.
+        watcher = _CgroupWatcher(container.id)
+        poller = _own_thread(watcher.poll)
         started = time.monotonic()
         try:
             await asyncio.to_thread(container.start)
         except docker.errors.DockerException as exc:
+            watcher.stop.set()
             code = command_not_found_code(str(exc))
             if code is None:
                 raise SandboxError(f"starting the sandbox container failed: {exc}") from exc
@@ -258,11 +264,9 @@ class DockerSandbox(Sandbox):
                 command_not_found=True,
                 enforcement=f"docker+{self.runtime}" if self.runtime else "docker",
             )
-        watcher = _CgroupWatcher(container.id)
-        poller = asyncio.create_task(asyncio.to_thread(watcher.poll))
         # The SDK's default request timeout (120 s) would cut long runs short; the deadline is ours.
         wait_timeout = int(limits.timeout_s) + WAIT_GRACE_S
-        waiter = asyncio.create_task(asyncio.to_thread(container.wait, timeout=wait_timeout))
+        waiter = _own_thread(container.wait, timeout=wait_timeout)
         timed_out = False
         try:
             done, _ = await asyncio.wait({waiter}, timeout=limits.timeout_s)
@@ -317,6 +321,36 @@ class GVisorSandbox(DockerSandbox):
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _own_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+    """Run a blocking call that lasts as long as the container (the output stream, the wait, the cgroup sampling)
+    in a thread of its own. The event loop's default executor has cpu_count + 4 threads (6 on a 2-core machine):
+    three such calls per run would fill it with two concurrent runs, and a third run's calls (its cgroup watcher
+    among them, which must sample from the first milliseconds) would wait for a thread."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+    def body() -> None:
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop has closed: no one waits for this any more
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=body, name=f"crewwork-docker-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return fut
 
 
 def _connect(base_url: str | None) -> Any:
