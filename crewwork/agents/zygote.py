@@ -95,6 +95,7 @@ class Zygote:
         )
         theirs.close()
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._pending: deque[ForkedChild] = deque()
         self._children: dict[int, ForkedChild] = {}
         self.dead = False
@@ -104,15 +105,21 @@ class Zygote:
     def spawn(self, fd: int) -> ForkedChild:
         """Ask for a child serving `fd` (our copy stays ours to close). Returns at once; the pid comes later."""
         child = ForkedChild()
-        with self._lock:
-            if self.dead:
-                child._set_exit(-signal.SIGKILL)
-                return child
-            self._pending.append(child)
+        # Requests are sent in the order their children are queued (the zygote answers in that order), but never
+        # with `_lock` held: the reader takes it for every frame, and a sender blocked on a full socket while
+        # holding it could wait for a zygote that waits for us to read.
+        with self._send_lock:
+            with self._lock:
+                if self.dead:
+                    child._set_exit(-signal.SIGKILL)
+                    return child
+                self._pending.append(child)
             try:
                 socket.send_fds(self._sock, [b"f"], [fd])
             except OSError:
-                self._pending.remove(child)
+                with self._lock:
+                    if child in self._pending:
+                        self._pending.remove(child)
                 child._set_exit(-signal.SIGKILL)
         return child
 
@@ -162,16 +169,6 @@ class Zygote:
             log.warning("the agent zygote's control socket closed; its children were killed")
         with contextlib.suppress(OSError):
             self._sock.close()
-
-    def close(self) -> None:
-        """Stop the zygote (its idle children end when their parent closes their sockets)."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 _zygote: Zygote | None = None
