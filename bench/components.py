@@ -177,7 +177,10 @@ def pool_rss(url: str, root: Path, items: int) -> dict[str, Any]:
                     if i % 5 == 0
                     else task_spec(delay_s=0.2)
                 )
-                ids.append(http.post("/v1/work-items", json=spec).json()["id"])
+                r = http.post("/v1/work-items", json=spec)
+                if r.status_code >= 300:
+                    raise SystemExit(f"components: submitting a load item failed: {r.status_code} {r.text[:300]}")
+                ids.append(r.json()["id"])
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 for p in stack.processes:
