@@ -1,7 +1,8 @@
 """The agent pool's child process: runs agent code for its parent (crewwork.agents.isolation), one call at a time.
 
-`python -m crewwork.agents.child FD`: FD is this process's end of a socket pair. It imports the agents once, says
-`ready`, then serves `run` messages until the socket closes. The context's callbacks become messages to the parent
+`main([FD])`, in a process the pool's zygote forked (crewwork.agents.zygote; `python -m crewwork.agents.child FD`
+runs it in a fresh interpreter): FD is this process's end of a socket pair. It imports the agents (already done in
+a forked child), says `ready`, then serves `run` messages until the socket closes. The context's callbacks become messages to the parent
 (`heartbeat`, `partition`, and the awaited `call`s `ensure_current` and `save_artifact`). On SIGTERM it cancels the
 running agent (so a sandbox it started is cleaned up) and exits; the parent SIGKILLs the group if it does not.
 """
