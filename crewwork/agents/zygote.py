@@ -165,8 +165,12 @@ class Zygote:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
             child._set_exit(-signal.SIGKILL)
-        if self.proc.poll() is None:
-            log.warning("the agent zygote's control socket closed; its children were killed")
+        if children or pending:
+            log.warning(
+                "the agent zygote is gone (exit code %s); the %d children it had forked were killed",
+                self.proc.poll(),
+                len(children) + len(pending),
+            )
         with contextlib.suppress(OSError):
             self._sock.close()
 
