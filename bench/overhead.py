@@ -46,6 +46,7 @@ from bench.harness import (
 )
 from crewwork.config import Settings
 from crewwork.models import WorkItemResult, WorkItemSpec
+from crewwork.starts import workflow_result
 from crewwork.workers.pools import worker_tuning, workflow_runner
 
 
@@ -100,8 +101,9 @@ async def crew_round(service: Any, tenant: str, specs: list[dict[str, Any]], tem
     async def one(spec: dict[str, Any]) -> None:
         t0 = time.perf_counter()
         sub = await service.submit(tenant, WorkItemSpec.model_validate(spec))
-        h = service.client.get_workflow_handle(sub.row.workflow_id, result_type=WorkItemResult)
-        res = await h.result()
+        assert service.client is not None
+        # A queued item's workflow starts when its place comes (crewwork/starts.py).
+        res = await workflow_result(service.client, sub.row.workflow_id, WorkItemResult)
         lat.append(time.perf_counter() - t0)
         states[res.state.value] = states.get(res.state.value, 0) + 1
 

@@ -168,6 +168,7 @@ async def run_crewwork(
     from crewwork.config import Settings
     from crewwork.models import WorkItemResult, WorkItemSpec
     from crewwork.service import WorkItemService
+    from crewwork.starts import workflow_result
     from crewwork.store.store import Store
     from crewwork.temporal.client import connect
 
@@ -207,9 +208,7 @@ async def run_crewwork(
         spec = WorkItemSpec.model_validate(task_item(args.agent_s))
         started = time.perf_counter()
         submitted = [await service.submit(tenant, spec) for _ in range(args.items)]
-        results = await asyncio.gather(
-            *(client.get_workflow_handle(s.row.workflow_id, result_type=WorkItemResult).result() for s in submitted)
-        )
+        results = await asyncio.gather(*(workflow_result(client, s.row.workflow_id, WorkItemResult) for s in submitted))
         rate = args.items / (time.perf_counter() - started)
         bad = [r.state for r in results if r.state != "succeeded"]
         if bad:

@@ -1,27 +1,43 @@
 """Handing a freed place on: a write that ends an item's hold on its tenant's in-flight place admits the tenant's
-first queued items in the same transaction (`hand_off` in crewwork/store/fencing_python.py); this tells their workflows so.
+first queued items in the same transaction (`hand_off` in crewwork/store/fencing_python.py); this starts their
+workflows admitted, or tells those already running (crewwork/starts.py).
 
 Every writer that can free a place uses it: the state and finish steps, and the reconciler closing an item whose
 workflow ended without saying so. It sits below both, beside the store."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from typing import Any
 
+from crewwork import starts
+from crewwork.config import Settings
+from crewwork.models import WorkItemSpec
 from crewwork.store.fencing import HandedOff
+from crewwork.store.store import Store
+
+log = logging.getLogger("crewwork.handoff")
 
 HAND_OFF_CAP = 3
 """At most this many of the tenant's queued items are admitted by one item leaving its place (more than one only when
 the in-flight limit was raised, or places were freed without a hand-off: an item ended some other way)."""
 
 
-async def tell_admitted(client: Any, handed: list[HandedOff] | None) -> None:
-    """Tell the workflows of the queued items a write admitted (`hand_off` in crewwork/store/fencing_python.py) that they may go on.
-    Best effort: the admission is in the store already, and a queued item that misses the signal finds it there
-    at its next admission poll (crewwork.workflows.policies.QUEUE_POLL)."""
+async def tell_admitted(client: Any, handed: list[HandedOff] | None, store: Store, settings: Settings) -> None:
+    """Start the workflows of the queued items a write admitted, admitted (signal-with-start: a workflow already
+    running, one that waits for its place inside, gets the `admitted` signal instead). Best effort: the admission is
+    in the store already; a start that fails here is made by the reconciler (crewwork/reconcile.py), and a workflow
+    that waits inside finds its admission at its next poll (crewwork.workflows.policies.QUEUE_POLL)."""
     if not handed or client is None:
         return
     for item in handed:
-        with contextlib.suppress(Exception):
-            await client.get_workflow_handle(item.workflow_id).signal("admitted")
+        try:
+            row = await store.get_work_item(item.work_item_id)
+            if row is None:
+                continue
+            spec = WorkItemSpec.model_validate(row.spec)
+            await starts.start(
+                client, settings, row, spec=spec, admission=starts.terms(spec, settings), signal="admitted"
+            )
+        except Exception as exc:
+            log.warning("hand-off: could not start or tell %s: %s: %s", item.work_item_id, type(exc).__name__, exc)

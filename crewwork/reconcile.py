@@ -14,8 +14,11 @@ can schedule, so nothing a zombie attempt of that workflow writes later is accep
 place on to the tenant's queue as any ending write does. Then it releases the item's leases and removes its
 worktrees on this host.
 
-Nothing is closed on a guess: a workflow Temporal does not know (its start is still on the way, retention removed it,
-or the pool points at another namespace) is left alone and logged, and so is every item whose workflow still runs.
+An open item whose workflow Temporal does not know, in a state before its workflow's first write (submitted, queued,
+admitted), is one admitted before its workflow started (crewwork/starts.py) whose start was lost or is due: the
+reconciler admits it if it is not yet (first come, first served) and starts it admitted; one that stays queued is
+left alone. Nothing is closed on a guess: any other workflow Temporal does not know (retention removed it, or the
+pool points at another namespace) is left alone and logged, and so is every item whose workflow still runs.
 Several control processes may reconcile at once: the fenced write is refused for an item already terminal.
 """
 
@@ -34,9 +37,10 @@ from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverse
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from crewwork import starts
 from crewwork.config import Settings
 from crewwork.handoff import HAND_OFF_CAP, tell_admitted
-from crewwork.models import WorkItemResult, WorkItemState
+from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
 from crewwork.store.fencing import Rank
 from crewwork.store.open_items import OpenItem
 from crewwork.store.store import Store
@@ -64,6 +68,10 @@ class Pass:
     """Items this pass ended."""
     unknown: list[str] = field(default_factory=list)
     """Items whose workflow Temporal does not know (left alone)."""
+    started: list[str] = field(default_factory=list)
+    """Items admitted before their workflow started whose start this pass made (crewwork/starts.py)."""
+    queued: int = 0
+    """Queued items with no workflow yet (crewwork/starts.py) that stay queued: their tenant is at its limit."""
     errors: int = 0
     cycle_done: bool = False
     """This pass read the cycle's last open items: the next one starts over at the oldest."""
@@ -112,6 +120,8 @@ class Reconciler:
             total.running += res.running
             total.closed += res.closed
             total.unknown += res.unknown
+            total.started += res.started
+            total.queued += res.queued
             total.errors += res.errors
             if res.cycle_done:
                 return total
@@ -148,6 +158,8 @@ class Reconciler:
             desc = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
+                if row.state in STARTABLE and await self._start_missing(row, res):
+                    return
                 res.unknown.append(row.id)
                 log.info("reconciler: %s: Temporal has no workflow %s; left as %s", row.id, row.workflow_id, row.state)
                 return
@@ -178,9 +190,36 @@ class Reconciler:
             return  # ended meanwhile (the workflow's own write, or another control process)
         res.closed.append(row.id)
         log.warning("reconciler: %s was %s; its workflow %s: %s", row.id, row.state, status.name.lower(), reason)
-        await tell_admitted(self.client, done.value)
+        await tell_admitted(self.client, done.value, self.store, self.settings)
         await self.store.release_leases_held_by(row.id)
         await remove_tree(self.settings.resolved_worktree_dir() / row.id)
+
+    async def _start_missing(self, row: OpenItem, res: Pass) -> bool:
+        """An item admitted before its workflow started (crewwork/starts.py) whose start was lost, or is due: start
+        it. `admitted`: admitted already (the start after the hand-off or the submission's admission never came).
+        `submitted`/`queued`: admit it now, first come, first served (the process died between the submission's
+        insert and its admission; or a place is free that no write handed on: the operator raised the limit), and
+        start it if admitted; still queued, it is left as it is. True when the item was dealt with."""
+        stored = await self.store.get_work_item(row.id)
+        if stored is None:
+            return False
+        if row.state == WorkItemState.admitted.value:
+            spec = WorkItemSpec.model_validate(stored.spec)
+            if await starts.start(
+                self.client, self.settings, stored, spec=spec, admission=starts.terms(spec, self.settings)
+            ):
+                res.started.append(row.id)
+                log.warning("reconciler: %s: admitted with no workflow; started it", row.id)
+            return True
+        state = await starts.admit_and_start(self.store, self.client, self.settings, stored)
+        if state == WorkItemState.queued.value:
+            res.queued += 1
+            return True
+        if state == WorkItemState.admitted.value:
+            res.started.append(row.id)
+            log.warning("reconciler: %s: %s with no workflow; admitted and started it", row.id, row.state)
+            return True
+        return False
 
     async def _ending(
         self, handle: Any, run_id: str | None, status: WorkflowExecutionStatus
@@ -229,6 +268,9 @@ class Reconciler:
             return ""
         return " ".join(text.split())[:REASON_MAX_CHARS]
 
+
+STARTABLE = frozenset({WorkItemState.admitted.value, *starts.WAITING})
+"""The states of an item whose workflow may not be started yet (crewwork/starts.py)."""
 
 REASON_MAX_CHARS = 500
 """How much of a termination reason or failure message the item's reason keeps (an operator typed it, or it is an

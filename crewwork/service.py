@@ -6,6 +6,7 @@ updates or cancels the workflow, which is the single authority on progress.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -13,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
+from crewwork import starts
 from crewwork.agents.catalogue import agent_check
 from crewwork.config import Settings
 from crewwork.errors import AgentConfigError
@@ -25,7 +25,6 @@ from crewwork.masking import MAX_NESTING, too_deep_at, unstorable_at
 from crewwork.models import (
     EnvironmentSpec,
     ReviewDecision,
-    WorkItemInput,
     WorkItemKind,
     WorkItemSpec,
     WorkItemStatus,
@@ -37,7 +36,6 @@ from crewwork.repos.tenancy import RepositoryRegistry
 from crewwork.store.store import Store
 from crewwork.store.views import StoredWorkItem
 from crewwork.store.work_items import IdempotencyConflict
-from crewwork.workflows.policies import SA_KIND, SA_REPO, SA_STATE, SA_TENANT
 from crewwork.workflows.work_item import WorkItemWorkflow
 
 log = logging.getLogger("crewwork.service")
@@ -181,7 +179,7 @@ class WorkItemService:
             if found is not None:
                 if found.submission_hash and found.submission_hash != digest:
                     raise IdempotencyConflict(found)
-                await self._start(found, WorkItemSpec.model_validate(found.spec))
+                found = await self._start(found, WorkItemSpec.model_validate(found.spec))
                 return Submitted(row=found, created=False)
         spec, repo, commit = await self.check(spec, tenant_id, policy)
         row, created = await self.store.create_work_item(
@@ -193,42 +191,21 @@ class WorkItemService:
             # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
             mock=agent_check(spec.agent.name, plugins=self.settings.agent_plugins).mock,
         )
-        # Start (or re-start, for an idempotent retry whose first start failed) the workflow. A workflow that is
-        # already running for this id is the same work item: not an error.
-        await self._start(row, spec)
+        # Admit and start (or re-start, for an idempotent retry whose first start failed) the workflow.
+        row = await self._start(row, spec)
         return Submitted(row=row, created=created)
 
-    async def _start(self, row: StoredWorkItem, spec: WorkItemSpec) -> None:
+    async def _start(self, row: StoredWorkItem, spec: WorkItemSpec) -> StoredWorkItem:
+        """Admit the item and start its workflow admitted, or leave it queued with no workflow yet
+        (crewwork/starts.py); with CREWWORK_ADMIT_AT_SUBMISSION=false, start it to run its own admission. A workflow
+        already there for this id is the same work item (an idempotent retry whose first start failed): not an
+        error. Returns the row with the state the admission left it in."""
         client = self._client()
-        inp = WorkItemInput(
-            work_item_id=row.id,
-            tenant_id=row.tenant_id,
-            spec=spec,
-            repo_path=row.repo_url,
-            base_commit=row.base_commit,
-            mock=row.mock,
-        )
-        pairs: list[SearchAttributePair[Any]] = [
-            SearchAttributePair(SA_STATE, "submitted"),
-            SearchAttributePair(SA_KIND, spec.kind.value),
-            SearchAttributePair(SA_TENANT, row.tenant_id),
-        ]
-        if row.repo_url:
-            pairs.append(SearchAttributePair(SA_REPO, row.repo_url[-250:]))
-        summary, details = workflow_summary(row, spec)
-        try:
-            await client.start_workflow(
-                WorkItemWorkflow.run,
-                inp,
-                id=row.workflow_id,
-                task_queue=self.settings.task_queue("control"),
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                search_attributes=TypedSearchAttributes(pairs) if self.settings_search_attributes else None,
-                static_summary=summary,
-                static_details=details,
-            )
-        except WorkflowAlreadyStartedError:
-            pass
+        if not self.settings.admit_at_submission:
+            await starts.start(client, self.settings, row, spec=spec)
+            return row
+        state = await starts.admit_and_start(self.store, client, self.settings, row, spec=spec)
+        return row if state == row.state else dataclasses.replace(row, state=state)
 
     @property
     def settings_search_attributes(self) -> bool:
@@ -255,9 +232,21 @@ class WorkItemService:
             msg = getattr(cause, "message", None) or str(cause or exc)
             raise ReviewRejected(msg) from exc
         except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND and row.state in starts.WAITING | {"admitted"}:
+                # Queued with no workflow yet (crewwork/starts.py): what the workflow's own validator says.
+                raise ReviewRejected(f"this work item is not awaiting review (state: {row.state})") from exc
             raise ReviewRejected(f"the work item's workflow is not running: {exc.message}") from exc
 
     async def cancel(self, row: StoredWorkItem) -> None:
+        try:
+            await self.handle(row).cancel()
+            return
+        except RPCError as exc:
+            if exc.status != RPCStatusCode.NOT_FOUND or row.state not in starts.WAITING | {"admitted"}:
+                raise WorkflowUnavailable(f"could not cancel: {exc.message}") from exc
+        # Queued with no workflow yet (crewwork/starts.py), or admitted with its start still on the way: start it
+        # (it finds itself queued, or admitted) and cancel it, so the workflow records the cancellation as always.
+        await starts.start(self._client(), self.settings, row)
         try:
             await self.handle(row).cancel()
         except RPCError as exc:
@@ -304,27 +293,4 @@ def submission_hash(spec: WorkItemSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-SUMMARY_MAX_CHARS = 200
-"""Temporal's UI shows the summary as one line; it accepts up to 400 bytes."""
-
-
-def workflow_summary(row: StoredWorkItem, spec: WorkItemSpec) -> tuple[str, str]:
-    """The workflow's summary and details in Temporal's Web UI, so a run reads without opening its payloads: the
-    kind and the instruction's first line (or the agent, for a task), then kind, repository, agent and tenant."""
-    first = (spec.instruction or "").strip().splitlines()[0].strip() if (spec.instruction or "").strip() else ""
-    what = first or f"{spec.agent.name} agent"
-    summary = f"{spec.kind.value}: {what}"
-    if len(summary) > SUMMARY_MAX_CHARS:
-        summary = summary[: SUMMARY_MAX_CHARS - 1] + "…"
-    lines = [
-        f"**work item** `{row.id}`",
-        f"**kind** {spec.kind.value}",
-        f"**tenant** `{row.tenant_id}`",
-        f"**agent** {spec.agent.name}",
-    ]
-    if row.repo_url:
-        ref = spec.repo.ref if spec.repo is not None else ""
-        lines.append(f"**repository** `{row.repo_url}` @ `{ref}` ({(row.base_commit or '')[:12]})")
-    if first:
-        lines.append(f"**instruction** {first[:500]}")
-    return summary, "\n\n".join(lines)
+workflow_summary = starts.workflow_summary

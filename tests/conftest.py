@@ -235,11 +235,12 @@ class Crew:
 
     async def result(self, work_item_id: str, timeout_s: float = 120) -> Any:
         from crewwork.models import WorkItemResult
+        from crewwork.starts import workflow_result
 
         row = await self.store.get_work_item(work_item_id)
         assert row is not None
-        handle = self.client.get_workflow_handle(row.workflow_id, result_type=WorkItemResult)
-        return await asyncio.wait_for(handle.result(), timeout_s)
+        # A queued item's workflow starts when its place comes (crewwork/starts.py).
+        return await asyncio.wait_for(workflow_result(self.client, row.workflow_id, WorkItemResult), timeout_s)
 
     async def wait_attempts(self, work_item_id: str, count: int, timeout_s: float = 120) -> None:
         """Until at least `count` attempts are recorded (states can pass too quickly to be seen by polling)."""

@@ -193,6 +193,13 @@ class Settings(BaseSettings):
         description="Work items one tenant may have admitted at once (running, validating, landing); more wait "
         "in `queued`, first come first served.",
     )
+    admit_at_submission: bool = Field(
+        default=True,
+        description="The API decides admission in the submission's request: an admitted item's workflow starts "
+        "admitted, and a queued item's workflow starts only when a freed place is handed to it (queued items are in "
+        "the API and the console, not in the Temporal Web UI, until then). false: every workflow starts at once and "
+        "runs its own admission (queued workflows wait in Temporal), as before 2026-12-04.",
+    )
     reconcile_interval_s: float = Field(
         default=60.0,
         ge=0,

@@ -374,6 +374,15 @@ class WorkItemSpec(Strict):
 # ---------------------------------------------------------------- workflow and activity values
 
 
+class AdmissionTerms(BaseModel):
+    """An admission decided before the workflow started (crewwork/starts.py: at submission, or when a freed place
+    was handed to a queued item): the item is admitted in the store already and runs under these terms."""
+
+    budget: BudgetSpec
+    """Its own budget capped by the operator's ceilings (crewwork.limits.effective_budget)."""
+    review_timeout_s: float | None = None
+
+
 class WorkItemInput(BaseModel):
     """What the workflow starts with. The spec is already validated and resolved (base commit pinned)."""
 
@@ -387,6 +396,10 @@ class WorkItemInput(BaseModel):
     the results of attempts that ran."""
     # Carried over by continue-as-new in long repair loops.
     carry: LoopCarry | None = None
+    admission: AdmissionTerms | None = None
+    """Set when the item was admitted before its workflow started: its first run asks for no admission. Unset (a
+    start from before admission at submission, a continued run, CREWWORK_ADMIT_AT_SUBMISSION=false): the workflow's
+    own admit step decides, as before."""
 
 
 class LoopCarry(BaseModel):

@@ -274,13 +274,13 @@ class StepCalls:
         self._status.detail = detail
         if attempt is not None:
             self._status.attempt = attempt
-        if not upsert or state.value == self._sa_state or not _search_attributes_enabled():
+        if not upsert or state.value == self._sa_state or not search_attributes_enabled():
             return
         self._sa_state = state.value
         workflow.upsert_search_attributes([SA_STATE.value_set(state.value)])
 
 
-def _search_attributes_enabled() -> bool:
+def search_attributes_enabled() -> bool:
     # Upserting an attribute the namespace does not know fails the workflow task; only do it when the typed
     # attributes are present (registered at start by the API/dev server).
     return SA_STATE.name in {p.key.name for p in workflow.info().typed_search_attributes}

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from temporalio.common import SearchAttributeKey
+# Defined below the workflow package (crewwork/models/search.py), for the code that starts workflows.
+from crewwork.models.search import SA_KIND as SA_KIND
+from crewwork.models.search import SA_REPO as SA_REPO
+from crewwork.models.search import SA_STATE as SA_STATE
+from crewwork.models.search import SA_TENANT as SA_TENANT
 
 QUEUE_POLL = timedelta(seconds=20)
 QUEUE_POLL_MAX = timedelta(seconds=120)
@@ -22,8 +26,3 @@ REVIEW_RENEW_EVERY = timedelta(minutes=20)
 may take (30 days by default) in a few thousand history events."""
 ATTEMPTS_PER_RUN = 20
 """Attempts per workflow run before continue-as-new (Temporal may suggest it sooner)."""
-
-SA_STATE = SearchAttributeKey.for_keyword("CrewworkState")
-SA_KIND = SearchAttributeKey.for_keyword("CrewworkKind")
-SA_TENANT = SearchAttributeKey.for_keyword("CrewworkTenant")
-SA_REPO = SearchAttributeKey.for_keyword("CrewworkRepo")

@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from crewwork.steps.state import SET_STATE, SetStateInput
     from crewwork.steps.step import Dead, Failed
     from crewwork.steps.workspace import RENEW_WORKSPACE, ReleaseInput
-    from crewwork.workflows.calls import StepCalls
+    from crewwork.workflows.calls import StepCalls, search_attributes_enabled
     from crewwork.workflows.loop import (
         RepairLoop,
         Workspace,
@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         QUEUE_POLL_MAX,
         REVIEW_LEASE_TTL_S,
         REVIEW_RENEW_EVERY,
+        SA_STATE,
     )
 
 
@@ -83,7 +84,11 @@ class WorkItemWorkflow(StepCalls):
         self._slot_freed = False
         self._handed_off = False
         self._continuing = False
-        self._sa_state: str | None = None
+        # The state attribute it was started with (crewwork/starts.py: an admitted task starts as `running`), so the
+        # first state change to the same value costs no upsert.
+        self._sa_state: str | None = (
+            workflow.info().typed_search_attributes.get(SA_STATE) if search_attributes_enabled() else None
+        )
 
     # ------------------------------------------------------------------ interface
 
@@ -123,7 +128,14 @@ class WorkItemWorkflow(StepCalls):
     async def run(self, inp: WorkItemInput) -> WorkItemResult:
         workspace: Workspace | None = None
         try:
-            admitted = await self._admission()
+            if inp.admission is not None and inp.carry is None:
+                # Admitted before it started (crewwork/starts.py): in the store already, under these terms.
+                admitted = AdmitResult(
+                    admitted=True, budget=inp.admission.budget, review_timeout_s=inp.admission.review_timeout_s
+                )
+                self._set(WorkItemState.admitted, "admitted", upsert=False)
+            else:
+                admitted = await self._admission()
             if not admitted.admitted:
                 return await self._finish(WorkItemState.failed, f"not admitted: {admitted.reason}")
             if inp.spec.kind == WorkItemKind.task:

@@ -1,15 +1,15 @@
-"""An ending item hands its place to the first queued item in its own write and tells only that one: on a real
-Temporal dev server and real PostgreSQL. The queued item goes on without a second admission (before, each woken item
-re-ran admission: a workflow task and an admission transaction more; waking more than there were places made the
-extra ones re-run it only to be queued again)."""
+"""An ending item hands its place to the first queued item in its own write and starts only that one's workflow,
+admitted: on a real Temporal dev server and real PostgreSQL. Admission is decided at submission, so a queued item has
+no workflow while it waits and its workflow asks for no admission when it starts (before, each queued workflow asked,
+waited on a timer and took a signal and a workflow task more; earlier still, each woken item re-ran admission)."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError, RPCStatusCode
 
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_settings, running_crew
@@ -27,20 +27,19 @@ async def test_one_free_place_wakes_one_queued_item_first_come_first_served(
             "input": {},
             "agent": {"name": "scripted", "config": {"output": {"ok": True}, "delay_s": 0.5}},
         }
-        ids = []
-        for _ in range(5):
-            # Each item asks for admission before the next is submitted: two back-to-back submissions may otherwise
-            # reach admission in either order (their first workflow tasks race), and the queue is first come first
-            # served among the items that asked.
-            ids.append(await crew.submit(spec))
-            for _poll in range(200):
-                if any(e.type == "state_changed" for e in await crew.store.list_events(ids[-1])):
-                    break
-                await asyncio.sleep(0.05)
+        ids = [await crew.submit(spec) for _ in range(5)]
+        # Admission is decided in the submission's request (crewwork/starts.py): the first is admitted and its
+        # workflow started; the others are queued, first come first served, and have no workflow yet.
+        first = await crew.store.get_work_item(ids[0])
+        assert first is not None and first.state in ("admitted", "running", "succeeded"), first.state
+        last = await crew.store.get_work_item(ids[-1])
+        assert last is not None and last.state == "queued", last.state
+        with pytest.raises(RPCError) as err:
+            await crew.client.get_workflow_handle(last.workflow_id).describe()
+        assert err.value.status == RPCStatusCode.NOT_FOUND
         for wid in ids:
             assert (await crew.result(wid)).state == "succeeded"
         started: list[tuple[float, int]] = []
-        timed_out = 0
         for n, wid in enumerate(ids):
             row = await crew.store.get_work_item(wid)
             assert row is not None
@@ -56,16 +55,17 @@ async def test_one_free_place_wakes_one_queued_item_first_come_first_served(
                     markers += 1
                 if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED:
                     timers += 1
-            # admit and finish, each a local activity: a queued item is not admitted a second time, except by its
-            # fallback timer (20 s; only a very slow machine gets there while four items run before it).
-            assert markers == 2 + timers, f"item {n}: {markers} local activities, {timers} timers fired"
-            timed_out += timers
-            if n > 0 and timers == 0:
-                # Its place was handed on by the item before it, which told it once (the old code signalled and it
-                # re-admitted; before that, an ending item woke up to three).
-                events = await crew.store.list_events(wid)
-                handed = [e for e in events if e.data.get("state") == "admitted"]
-                assert len(handed) == 1 and handed[0].data["writer"].startswith("hand_off from "), handed
+            # Started admitted: no admit step (only finish, a local activity), no queue timer.
+            assert (markers, timers) == (1, 0), f"item {n}: {markers} local activities, {timers} timers fired"
+            events = await crew.store.list_events(wid)
+            admissions = [e for e in events if e.data.get("state") == "admitted"]
+            assert len(admissions) == 1, admissions
+            if n == 0:
+                assert admissions[0].data["writer"] == "admission" and signals == [], (admissions, signals)
+            else:
+                # Its place was handed on by the item before it, in that item's write, which started its workflow
+                # with the `admitted` signal (signal-with-start) once.
+                assert next(e.data["state"] for e in events if e.type == "state_changed") == "queued"
+                assert admissions[0].data["writer"].startswith("hand_off from "), admissions
                 assert signals == ["admitted"], signals
-        assert timed_out <= 1, f"{timed_out} fallback timers fired: the hand-off did not reach the queued items"
         assert [n for _t, n in sorted(started)] == list(range(len(ids))), "admitted out of submission order"

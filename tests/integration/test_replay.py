@@ -99,8 +99,26 @@ async def _record_queued(settings: Settings) -> None:  # pragma: no cover - a to
         await _save(crew, second, "task_handed_off")
 
 
+async def _record_started_admitted(settings: Settings) -> None:  # pragma: no cover - a tool, not a check
+    # Admission decided before the workflow starts (crewwork/starts.py): a task admitted at submission, and one
+    # queued at submission (no workflow) whose workflow a hand-off started admitted, with the `admitted` signal.
+    own = {"tenant_max_in_flight": 1, "task_queue_prefix": settings.task_queue_prefix + "a"}
+    async with running_crew(settings.model_copy(update=own)) as crew:
+        first = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"delay_s": 2}}})
+        await crew.wait_state(first, "running")
+        second = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"output": {"a": 2}}}})
+        await crew.wait_state(second, "queued")
+        await crew.result(second)
+        await _save(crew, first, "task_admitted_at_submission")
+        await _save(crew, second, "task_started_by_hand_off")
+
+
 if os.environ.get("CREWWORK_RECORD_HISTORY"):  # defined only on request, so normal runs skip nothing
 
     async def test_record_histories(crew: Crew, calc_repo: Path) -> None:
         await _record_histories(crew, calc_repo)
         await _record_queued(crew.settings)
+
+    async def test_record_started_admitted(crew: Crew) -> None:
+        # Alone: `-k record_started_admitted` (the histories above stay as they were recorded).
+        await _record_started_admitted(crew.settings)

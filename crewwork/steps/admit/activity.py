@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from crewwork.limits import check_within_ceilings, effective_budget
+from crewwork.limits import check_within_ceilings
+from crewwork.starts import terms
 from crewwork.steps.admit import AdmitInput, AdmitResult
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.errors import bad_input
@@ -35,12 +36,10 @@ async def admit(ports: Ports, inp: AdmitInput) -> AdmitResult:
     if res.value is None:
         raise w.stale(res, "admit")
     adm = res.value
-    review = inp.spec.review.timeout_s
-    ceiling = settings.max_review_timeout_s_ceiling
     # What the item runs under, also when it is queued: a queued item that a freed place is handed to
     # (`hand_off` in crewwork/store/fencing_python.py) goes on with these, without asking again.
-    budget = effective_budget(inp.spec.budget, ceilings)
-    review_timeout_s = min(review, ceiling) if review is not None else ceiling
+    agreed = terms(inp.spec, settings)
+    budget, review_timeout_s = agreed.budget, agreed.review_timeout_s
     if not adm.admitted:
         return AdmitResult(
             admitted=False,

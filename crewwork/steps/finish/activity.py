@@ -31,6 +31,6 @@ async def finish(ports: Ports, inp: FinishInput) -> WriteOutcome:
         max_in_flight=ports.settings.tenant_max_in_flight,
         hand_off_cap=HAND_OFF_CAP,
     )
-    await tell_admitted(ports.client, res.value)
+    await tell_admitted(ports.client, res.value, ports.store, ports.settings)
     # Already terminal (a retried finish whose first write landed): nothing left to do.
     return WriteOutcome(ok=res.ok or res.closed, stale=not (res.ok or res.closed))

@@ -19,5 +19,5 @@ async def set_state(ports: Ports, inp: SetStateInput) -> WriteOutcome:
         max_in_flight=ports.settings.tenant_max_in_flight,
         hand_off_cap=HAND_OFF_CAP,
     )
-    await tell_admitted(ports.client, res.value)
+    await tell_admitted(ports.client, res.value, ports.store, ports.settings)
     return WriteOutcome(ok=res.ok, stale=res.stale)
