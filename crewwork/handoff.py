@@ -32,7 +32,7 @@ async def tell_admitted(client: Any, handed: list[HandedOff] | None, store: Stor
         return
     for item in handed:
         try:
-            row = await store.get_work_item(item.work_item_id)
+            row = await store.start_row(item.work_item_id)
             if row is None:
                 continue
             spec = WorkItemSpec.model_validate(row.spec)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from temporalio.client import Client
 from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
@@ -55,6 +55,26 @@ which the fence accepts; once the workflow has written, it is refused as stale."
 WORKFLOW = "WorkItemWorkflow"
 """Started by name: this module sits below the workflow package (crewwork/workflows/work_item.py defines it)."""
 
+
+class Startable(Protocol):
+    """What a start reads of the item's row (a `StoredWorkItem`, or the hand-off's lean `StartRow`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def tenant_id(self) -> str: ...
+    @property
+    def workflow_id(self) -> str: ...
+    @property
+    def spec(self) -> dict[str, Any]: ...
+    @property
+    def repo_url(self) -> str | None: ...
+    @property
+    def base_commit(self) -> str | None: ...
+    @property
+    def mock(self) -> bool: ...
+
+
 WAITING = frozenset({WorkItemState.submitted.value, WorkItemState.queued.value})
 SUMMARY_MAX_CHARS = 200
 
@@ -70,7 +90,7 @@ def terms(spec: WorkItemSpec, settings: Settings) -> AdmissionTerms:
     )
 
 
-def workflow_summary(row: StoredWorkItem, spec: WorkItemSpec) -> tuple[str, str]:
+def workflow_summary(row: Startable, spec: WorkItemSpec) -> tuple[str, str]:
     """The workflow's summary and details in Temporal's Web UI, so a run reads without opening its payloads: the
     kind and the instruction's first line (or the agent, for a task), then kind, repository, agent and tenant."""
     first = (spec.instruction or "").strip().splitlines()[0].strip() if (spec.instruction or "").strip() else ""
@@ -95,7 +115,7 @@ def workflow_summary(row: StoredWorkItem, spec: WorkItemSpec) -> tuple[str, str]
 async def start(
     client: Client,
     settings: Settings,
-    row: StoredWorkItem,
+    row: Startable,
     *,
     spec: WorkItemSpec | None = None,
     admission: AdmissionTerms | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, Float, Table, bindparam, cast, func, insert, literal_column, or_, select, tuple_
@@ -15,6 +16,20 @@ from crewwork.store.engine import Database, StoreError
 from crewwork.store.fencing import SUBMISSION
 from crewwork.store.tables import Event, WorkItem
 from crewwork.store.views import StoredWorkItem, first_view, select_view, view_of, views_of
+
+
+@dataclass(frozen=True, slots=True)
+class StartRow:
+    """The columns a workflow start needs (crewwork/starts.py)."""
+
+    id: str
+    tenant_id: str
+    workflow_id: str
+    spec: dict[str, Any]
+    repo_url: str | None
+    base_commit: str | None
+    mock: bool
+    state: str
 
 
 class IdempotencyConflict(StoreError):
@@ -162,6 +177,26 @@ class WorkItemStore(Database):
             if tenant_id is not None:
                 q = q.where(WorkItem.tenant_id == tenant_id)
             return await first_view(StoredWorkItem, s.execute(q))
+
+    async def start_row(self, work_item_id: str) -> StartRow | None:
+        """What starting the item's workflow needs (crewwork/starts.py), in one round trip outside a transaction:
+        the hand-off starts the workflow of every queued item it admits, and the full row's read (an ORM session,
+        every column made a view) was a third of that start's CPU in the control pool (py-spy, bench/trace.py)."""
+        stmt = self.__dict__.get("_start_row_stmt")
+        if stmt is None:
+            t = WorkItem
+            stmt = select(t.id, t.tenant_id, t.workflow_id, t.spec, t.repo_url, t.base_commit, t.mock, t.state).where(
+                t.id == bindparam("wid")
+            )
+            self.__dict__["_start_row_stmt"] = stmt
+        if self.is_sqlite:
+            async with self.session() as s:
+                r = (await s.execute(stmt, {"wid": work_item_id})).first()
+        else:
+            r = await self.autocommit_first(stmt, {"wid": work_item_id})
+        if r is None:
+            return None
+        return StartRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7])
 
     async def list_work_items(
         self,
