@@ -14,11 +14,41 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy import event, select, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+PING_AFTER_IDLE_S = 1.0
+"""`pre_ping`: a pooled connection is tested before use only when it was last returned this long ago."""
+
+
+def _ping_when_idle(engine: AsyncEngine) -> None:
+    """SQLAlchemy's `pool_pre_ping`, but only for a connection idle for `PING_AFTER_IDLE_S` or more. The stock one
+    tests every checkout, and asyncpg's test is a transaction of its own (BEGIN, a statement, ROLLBACK: three round
+    trips) before every statement, the API's one-round-trip autocommit statements included: that was a quarter of the
+    API's busy samples under load (py-spy, bench/trace.py --profile api). A connection back in the pool less than a
+    second ago is very likely alive; if the database died in that second, the autocommit statements and the
+    transactions that had not begun run once more on a fresh connection (`Database.transaction`, `_autocommit`),
+    and another read fails as any call does while the store is unreachable (the API answers 503)."""
+    pool = engine.sync_engine.pool
+
+    @event.listens_for(pool, "checkin")
+    def _returned(_dbapi: Any, record: Any) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    @event.listens_for(pool, "checkout")
+    def _checked_out(dbapi: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get("returned_at")
+        if returned is not None and time.monotonic() - returned < PING_AFTER_IDLE_S:
+            return
+        try:
+            dbapi.ping()
+        except Exception as exc:
+            # The pool discards this connection and checks out another (a fresh one if needs be).
+            raise DisconnectionError(f"pooled connection failed its test: {exc}") from exc
 
 
 _UNAVAILABLE_ERRORS = frozenset({"CannotConnectNowError", "ConnectionDoesNotExistError", "AdminShutdownError"})
@@ -95,8 +125,10 @@ class Database:
             # started, a handshake and every statement prepared again: 35 connections per 100 task items in
             # bench/overhead.py. Connections are opened lazily up to `pool_size` and then kept; the most a process
             # holds (20 by default) is what pool_size + overflow allowed before.
-            kwargs.update(pool_size=pool_size, max_overflow=0, pool_pre_ping=pre_ping, pool_recycle=1800)
+            kwargs.update(pool_size=pool_size, max_overflow=0, pool_pre_ping=False, pool_recycle=1800)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
+        if pre_ping and not self.is_sqlite:
+            _ping_when_idle(self.engine)
         if self.is_sqlite:
             _configure_sqlite(self.engine)
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
