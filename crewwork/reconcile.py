@@ -201,7 +201,8 @@ class Reconciler:
         insert and its admission; or a place is free that no write handed on: the operator raised the limit), and
         start it if admitted; still queued, it is left as it is. True when the item was dealt with."""
         stored = await self.store.get_work_item(row.id)
-        if stored is None:
+        if stored is None or stored.fence_rank > starts.ADMISSION.encode():
+            # A workflow wrote it once (it ran, and Temporal no longer knows it): not an item whose start was lost.
             return False
         if row.state == WorkItemState.admitted.value:
             spec = WorkItemSpec.model_validate(stored.spec)

@@ -179,7 +179,7 @@ class WorkItemService:
             if found is not None:
                 if found.submission_hash and found.submission_hash != digest:
                     raise IdempotencyConflict(found)
-                found = await self._start(found, WorkItemSpec.model_validate(found.spec))
+                found = await self._restart(found)
                 return Submitted(row=found, created=False)
         spec, repo, commit = await self.check(spec, tenant_id, policy)
         row, created = await self.store.create_work_item(
@@ -191,9 +191,26 @@ class WorkItemService:
             # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
             mock=agent_check(spec.agent.name, plugins=self.settings.agent_plugins).mock,
         )
-        # Admit and start (or re-start, for an idempotent retry whose first start failed) the workflow.
-        row = await self._start(row, spec)
+        # Admit and start the workflow (or, for a concurrent retry that found the item, what `_restart` does).
+        row = await self._start(row, spec) if created else await self._restart(row)
         return Submitted(row=row, created=created)
+
+    async def _restart(self, row: StoredWorkItem) -> StoredWorkItem:
+        """A repeated submission (same idempotency key and submission) of an item whose first request may have
+        stopped half way: admit and start it if it was never admitted, start it if it was admitted before its
+        workflow's start (crewwork/starts.py); anything further on (queued: its place starts it; its workflow wrote
+        it) is left as it is, with no write (an admission now would only be refused as stale)."""
+        spec = WorkItemSpec.model_validate(row.spec)
+        if not self.settings.admit_at_submission:
+            await starts.start(self._client(), self.settings, row, spec=spec)
+            return row
+        if row.state == "submitted":
+            return await self._start(row, spec)
+        if row.state == "admitted" and row.fence_rank <= starts.ADMISSION.encode():
+            await starts.start(
+                self._client(), self.settings, row, spec=spec, admission=starts.terms(spec, self.settings)
+            )
+        return row
 
     async def _start(self, row: StoredWorkItem, spec: WorkItemSpec) -> StoredWorkItem:
         """Admit the item and start its workflow admitted, or leave it queued with no workflow yet

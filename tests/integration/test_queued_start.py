@@ -62,3 +62,55 @@ async def test_a_queued_item_waits_without_a_workflow_and_can_be_cancelled(
         handed = [e for e in await crew.store.list_events(second) if e.data.get("state") == "admitted"]
         assert [e.data["writer"] for e in handed] == [f"hand_off from {holder}"], handed
         (await check_invariants(crew.store, [holder, *behind])).assert_ok()
+
+
+async def test_a_repeated_submission_starts_what_a_broken_first_request_left_and_writes_nothing_else(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    """The same idempotency key and submission again: an item the first request stored but never admitted (it died
+    after the insert) is admitted and started; one admitted but never started is started; one that runs or waits
+    in the queue is left alone, with no write (an admission at (0, 1) would only be refused as stale)."""
+    settings = make_settings(tmp_path, temporal_server, pg_url, tenant_max_in_flight=1)
+    async with running_crew(settings, pools=("control", "agent")) as crew:
+        from crewwork.models import WorkItemSpec
+        from crewwork.service import submission_hash
+
+        async def stored_only(key: str, delay_s: float) -> tuple[str, WorkItemSpec]:
+            # What a first request that died right after its insert leaves: the row, no admission, no workflow.
+            spec = (await crew.service.policy(crew.tenant_id)).with_defaults(
+                WorkItemSpec.model_validate({**_task(delay_s), "idempotency_key": key})
+            )
+            row, created = await crew.store.create_work_item(
+                tenant_id=crew.tenant_id,
+                spec=spec,
+                base_commit=None,
+                repo_path=None,
+                submission_hash=submission_hash(spec),
+            )
+            assert created
+            return row.id, spec
+
+        running_id, spec = await stored_only("first", 3.0)
+        again = await crew.service.submit(crew.tenant_id, spec)
+        assert (again.row.id, again.created, again.row.state) == (running_id, False, "admitted")
+        await crew.wait_state(running_id, "running")
+        # It runs now: a third request writes nothing.
+        before = len(await crew.store.list_events(running_id))
+        third = await crew.service.submit(crew.tenant_id, spec)
+        assert (third.row.id, third.created) == (running_id, False)
+        events = await crew.store.list_events(running_id)
+        assert not [e for e in events if e.type.endswith("_rejected")], [e.type for e in events]
+        assert len(events) >= before
+
+        # Behind it, a stored-only item is admitted by the repeat... into the queue (the tenant is at its limit).
+        queued_id, queued_spec = await stored_only("second", 0.0)
+        rep = await crew.service.submit(crew.tenant_id, queued_spec)
+        assert (rep.row.id, rep.row.state) == (queued_id, "queued")
+        rep2 = await crew.service.submit(crew.tenant_id, queued_spec)
+        assert rep2.row.state == "queued"
+        for wid in (running_id, queued_id):
+            assert (await crew.result(wid, timeout_s=60)).state == "succeeded"
+        for wid in (running_id, queued_id):
+            events = await crew.store.list_events(wid)
+            assert not [e for e in events if e.type.endswith("_rejected")], [e.type for e in events]
+        (await check_invariants(crew.store, [running_id, queued_id])).assert_ok()
