@@ -9,6 +9,7 @@
    pool's warm child (no Temporal), and end to end through the pools with `agent_isolation` process vs inline.
 
     .venv/bin/python bench/flood.py [--b-items 10] [--a-rounds 5] [--flood-s 30] [--cancels 4] [--tasks 200]
+    .venv/bin/python bench/flood.py --flood-only [--max-in-flight 1000] [--fairness]   # the queue vs fairness keys
 
 Real Temporal dev server and PostgreSQL; CREWWORK_TEST_FAULTS=1 is set (the fault keys are a test switch).
 """
@@ -130,8 +131,16 @@ async def end_to_end(tmp: Path, temporal: Any, db: str, n: int) -> dict[str, lis
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as d, pg_database("crewwork_flood") as (db, _name):
         tmp = Path(d)
-        with dev_server(tmp / "temporal") as temporal:
-            settings = bench_settings(tmp / "flood", temporal, db, agent_concurrency=3, tenant_max_in_flight=2)
+        fairness = {"matching.enableFairness": "true"} if args.fairness else None
+        with dev_server(tmp / "temporal", dynamic_config=fairness) as temporal:
+            settings = bench_settings(
+                tmp / "flood",
+                temporal,
+                db,
+                agent_concurrency=3,
+                tenant_max_in_flight=args.max_in_flight,
+                fairness_keys=args.fairness,
+            )
             async with in_process_pools(settings) as (service, store, _tenant):
                 figures = await run_flood(
                     SimpleNamespace(service=service, store=store),
@@ -167,6 +176,9 @@ async def main(args: argparse.Namespace) -> None:
                 f"\nA: {s['a_submitted']} items, {s['a_cancelled']} cancelled while holding a slot; "
                 f"A's items ended {s['a_states']}. B's p95 under flood / alone: {ratio:.1f}x"
             )
+            if args.flood_only:
+                print(f"\nconfiguration: tenant_max_in_flight {args.max_in_flight}, fairness keys {args.fairness}")
+                return
             slots = await slot_freeing(tmp, temporal, db, args.cancels)
             print("\nSlot freeing with one agent slot: seconds from the cancel\n")
             print(table(["agent code", "to cancelled (median)", "max", "to next item running (median)", "max"], slots))
@@ -233,4 +245,11 @@ if __name__ == "__main__":
     p.add_argument("--cancels", type=int, default=4)
     p.add_argument("--tasks", type=int, default=200)
     p.add_argument("--e2e", type=int, default=30)
+    p.add_argument("--max-in-flight", type=int, default=2, help="tenant_max_in_flight of the flood (3 agent slots)")
+    p.add_argument(
+        "--fairness",
+        action="store_true",
+        help="task-queue fairness keys by tenant (CREWWORK_FAIRNESS_KEYS; the server with matching.enableFairness)",
+    )
+    p.add_argument("--flood-only", action="store_true", help="the flood part only (no results file written)")
     asyncio.run(main(p.parse_args()))

@@ -80,12 +80,16 @@ class InMemoryDevServer(DevServer):
 
 
 @contextlib.contextmanager
-def dev_server(data_dir: Path, memory: bool | None = None) -> Iterator[DevServer]:
+def dev_server(
+    data_dir: Path, memory: bool | None = None, dynamic_config: dict[str, str] | None = None
+) -> Iterator[DevServer]:
     """The Temporal dev server. With a persistent file by default (as `crewwork dev` runs it); in memory with
-    `memory=True` or CREWWORK_BENCH_TEMPORAL_MEMORY=1."""
+    `memory=True` or CREWWORK_BENCH_TEMPORAL_MEMORY=1. `dynamic_config`: server dynamic config values."""
     if memory is None:
         memory = os.environ.get("CREWWORK_BENCH_TEMPORAL_MEMORY", "") in ("1", "true")
-    server = (InMemoryDevServer if memory else DevServer)(data_dir, port=free_port(), ui=False)
+    server = (InMemoryDevServer if memory else DevServer)(
+        data_dir, port=free_port(), ui=False, dynamic_config=dynamic_config
+    )
     server.start()
     try:
         yield server

@@ -32,7 +32,7 @@ import logging
 from typing import Any, Protocol, TypeVar
 
 from temporalio.client import Client
-from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
+from temporalio.common import Priority, SearchAttributePair, TypedSearchAttributes, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -157,6 +157,8 @@ async def start(
             static_summary=summary,
             static_details=details,
             start_signal=signal,
+            # Task-queue fairness by tenant (a key is at most 64 bytes; tenant ids are short), when asked for.
+            priority=Priority(fairness_key=row.tenant_id[:64]) if settings.fairness_keys else Priority.default,
         )
     except WorkflowAlreadyStartedError:
         return False

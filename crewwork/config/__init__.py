@@ -200,6 +200,14 @@ class Settings(BaseSettings):
         "the API and the console, not in the Temporal Web UI, until then). false: every workflow starts at once and "
         "runs its own admission (queued workflows wait in Temporal), as before 2026-12-04.",
     )
+    fairness_keys: bool = Field(
+        default=False,
+        description="Start each work item's workflow with Temporal's task-queue fairness key set to its tenant "
+        "(Priority(fairness_key=tenant)), inherited by its activities: a tenant's backlog on a shared task queue is "
+        "dispatched round-robin with the others' instead of first come first served. Needs the server's "
+        "`matching.enableFairness` dynamic config; the in-flight limit still applies. Measured in bench/flood.py "
+        "--fairness (docs/performance.md).",
+    )
     reconcile_interval_s: float = Field(
         default=60.0,
         ge=0,

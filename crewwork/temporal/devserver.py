@@ -66,8 +66,12 @@ class DevServer:
         ui_port: int | None = None,
         host: str = "127.0.0.1",
         ui: bool = True,
+        dynamic_config: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.dynamic_config = dict(dynamic_config or {})
+        """Server dynamic config values (`--dynamic-config-value KEY=VALUE`), e.g. `matching.enableFairness: true`
+        for task-queue fairness (CREWWORK_FAIRNESS_KEYS)."""
         self.port = port
         self.ui_port = ui_port if ui_port is not None else port + 1000
         self.host = host
@@ -110,6 +114,8 @@ class DevServer:
             cmd += ["--headless"]
         for name, kind in SEARCH_ATTRIBUTES.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
+        for key, value in self.dynamic_config.items():
+            cmd += ["--dynamic-config-value", f"{key}={value}"]
         return cmd
 
     def start(self, timeout_s: float = 60.0) -> None:

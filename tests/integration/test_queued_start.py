@@ -114,3 +114,20 @@ async def test_a_repeated_submission_starts_what_a_broken_first_request_left_and
             events = await crew.store.list_events(wid)
             assert not [e for e in events if e.type.endswith("_rejected")], [e.type for e in events]
         (await check_invariants(crew.store, [running_id, queued_id])).assert_ok()
+
+
+async def test_fairness_keys_put_the_tenant_on_the_workflow(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    """CREWWORK_FAIRNESS_KEYS: the workflow starts with Temporal's fairness key set to its tenant (its activities
+    inherit it: Temporal's rule, not asserted here); off (the default), no key."""
+    for fair in (True, False):
+        settings = make_settings(tmp_path / str(fair), temporal_server, pg_url, fairness_keys=fair)
+        async with running_crew(settings, pools=("control", "agent")) as crew:
+            wid = await crew.submit(_task(0.0))
+            assert (await crew.result(wid)).state == "succeeded"
+            row = await crew.store.get_work_item(wid)
+            assert row is not None
+            handle = crew.client.get_workflow_handle(row.workflow_id)
+            info = (await handle.describe()).raw_description.workflow_execution_info
+            assert info.priority.fairness_key == (crew.tenant_id if fair else ""), info.priority
