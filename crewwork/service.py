@@ -224,10 +224,6 @@ class WorkItemService:
         state = await starts.admit_and_start(self.store, client, self.settings, row, spec=spec)
         return row if state == row.state else dataclasses.replace(row, state=state)
 
-    @property
-    def settings_search_attributes(self) -> bool:
-        return self.settings.search_attributes
-
     def handle(self, row: StoredWorkItem) -> WorkflowHandle[Any, Any]:
         return self._client().get_workflow_handle(row.workflow_id)
 
@@ -308,6 +304,3 @@ def submission_hash(spec: WorkItemSpec) -> str:
         allow_nan=False,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-workflow_summary = starts.workflow_summary

@@ -77,6 +77,7 @@ class Startable(Protocol):
 
 WAITING = frozenset({WorkItemState.submitted.value, WorkItemState.queued.value})
 SUMMARY_MAX_CHARS = 200
+"""Temporal's UI shows the summary as one line; it accepts up to 400 bytes."""
 
 
 def terms(spec: WorkItemSpec, settings: Settings) -> AdmissionTerms:

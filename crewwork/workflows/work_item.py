@@ -1,6 +1,7 @@
 """WorkItemWorkflow: the lifecycle of one work item, and the single authority on its progress.
 
-    admission (queued while the tenant is at its in-flight limit)
+    admission (decided before the workflow starts, crewwork/starts.py: then the input carries its terms; else
+              the admit step, queued while the tenant is at its in-flight limit)
       -> task:        agent attempts until one returns its output, then finish
       -> code change: workspace lease -> repair until pass [agent -> validate -> record] -> review gate -> land
                       -> finish -> release the workspace and clean up
