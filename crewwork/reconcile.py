@@ -126,13 +126,25 @@ class Reconciler:
             if res.cycle_done:
                 return total
 
-    async def run_once(self, *, batch: int | None = None, min_age_s: float | None = None) -> Pass:
+    async def run_once(
+        self, *, batch: int | None = None, min_age_s: float | None = None, unstarted_after_s: float | None = None
+    ) -> Pass:
         """One pass over the next `batch` open items of the current cycle (from where the previous pass stopped;
-        after the cycle's last one the next pass starts a new cycle at the oldest)."""
+        after the cycle's last one the next pass starts a new cycle at the oldest). First, the items admitted more
+        than `unstarted_after_s` (UNSTARTED_AFTER_S) ago that no workflow has written: a start lost after an
+        admission is made within a pass or two, not after the minimum age."""
         batch = batch or self.settings.reconcile_batch
         min_age_s = self.settings.reconcile_min_age_s if min_age_s is None else min_age_s
-        rows = await self._next_open(batch, min_age_s)
         res = Pass()
+        after = UNSTARTED_AFTER_S if unstarted_after_s is None else unstarted_after_s
+        before = await self.store.db_now() - after
+        for row in await self.store.admitted_unstarted(before, starts.ADMISSION.encode(), batch):
+            try:
+                await self._check(row, res, count_running=False)
+            except Exception as exc:
+                res.errors += 1
+                log.warning("reconciler: %s: %s: %s", row.id, type(exc).__name__, exc)
+        rows = await self._next_open(batch, min_age_s)
         if len(rows) < batch:
             self._after = self._horizon = None  # the end of the cycle: the next pass starts over
             res.cycle_done = True
@@ -152,7 +164,7 @@ class Reconciler:
             self._horizon = await self.store.db_now() - min_age_s
         return await self.store.open_items(self._horizon, self._after, batch)
 
-    async def _check(self, row: OpenItem, res: Pass) -> None:
+    async def _check(self, row: OpenItem, res: Pass, *, count_running: bool = True) -> None:
         handle = self.client.get_workflow_handle(row.workflow_id)
         try:
             desc = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
@@ -166,7 +178,7 @@ class Reconciler:
             raise
         status = desc.status
         if status in (None, WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW):
-            res.running += 1
+            res.running += int(count_running)
             return
         state, reason, returned = await self._ending(handle, desc.run_id, status)
         result = returned or WorkItemResult(work_item_id=row.id, state=state, reason=reason)
@@ -269,6 +281,11 @@ class Reconciler:
             return ""
         return " ".join(text.split())[:REASON_MAX_CHARS]
 
+
+UNSTARTED_AFTER_S = 30.0
+"""An item admitted this long ago that no workflow has written is checked by every pass (its workflow may never have
+been started: the process died between the admission's write and the start). A code change waiting for its
+workspace lease is one too, until it gets it: one describe per pass each."""
 
 STARTABLE = frozenset({WorkItemState.admitted.value, *starts.WAITING})
 """The states of an item whose workflow may not be started yet (crewwork/starts.py)."""

@@ -47,3 +47,18 @@ class OpenItemStore(Database):
         async with self.session() as s:
             rows = (await s.execute(open_items_query(horizon, after, batch))).all()
         return [OpenItem(r.id, r.tenant_id, r.workflow_id, r.state, r.created_at, bool(r.mock)) for r in rows]
+
+    async def admitted_unstarted(self, before: float, max_rank: int, limit: int) -> list[OpenItem]:
+        """Items admitted before their workflow started (crewwork/starts.py: state `admitted`, fence mark at most
+        `max_rank`, so no workflow wrote them) whose admission was written before `before` (database clock), oldest
+        first: the reconciler's check for a start that was lost, without waiting for its minimum age."""
+        t = WorkItem
+        q = (
+            select(t.id, t.tenant_id, t.workflow_id, t.state, t.created_at, t.mock)
+            .where(text(OPEN_ITEMS), t.state == "admitted", t.fence_rank <= max_rank, t.updated_at <= before)
+            .order_by(t.updated_at, t.id)
+            .limit(limit)
+        )
+        async with self.session() as s:
+            rows = (await s.execute(q)).all()
+        return [OpenItem(r.id, r.tenant_id, r.workflow_id, r.state, r.created_at, bool(r.mock)) for r in rows]

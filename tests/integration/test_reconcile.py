@@ -259,3 +259,35 @@ async def test_a_stream_of_new_items_does_not_keep_a_cycle_from_ending(
                 break
         else:
             raise AssertionError("the cycle never ended: the first item was not looked at a second time")
+
+
+async def test_a_lost_start_after_an_admission_is_made_before_the_minimum_age(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    """An item admitted (by its submission or a hand-off) whose workflow start never came holds one of its tenant's
+    places: every pass checks such items once they are UNSTARTED_AFTER_S old, without waiting for the cycle's
+    minimum age (300 s by default)."""
+    settings = make_settings(tmp_path, temporal_server, pg_url, reconcile_interval_s=0)
+    async with running_crew(settings, pools=("control", "agent")) as crew:
+        spec = WorkItemSpec.model_validate(_task(0))
+        row, _ = await crew.store.create_work_item(
+            tenant_id=crew.tenant_id, spec=spec, base_commit=None, repo_path=None
+        )
+        adm = await crew.store.admit(
+            work_item_id=row.id,
+            tenant_id=crew.tenant_id,
+            rank=ADMISSION,
+            writer="admission",
+            max_in_flight=20,
+            fingerprints=_none,
+        )
+        assert adm.ok and adm.value is not None and adm.value.admitted, adm
+        rec = Reconciler(crew.store, crew.client, settings)
+        # Younger than the check's age, and than the cycle's: left alone.
+        young = await rec.run_once(min_age_s=3600, unstarted_after_s=3600)
+        assert row.id not in young.started + young.unknown, young
+        res = await rec.run_once(min_age_s=3600, unstarted_after_s=0)
+        assert row.id in res.started, res
+        assert (await crew.result(row.id, timeout_s=60)).state == "succeeded"
+        again = await rec.run_once(min_age_s=3600, unstarted_after_s=0)
+        assert row.id not in again.started, again
