@@ -122,6 +122,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             "running": res.running,
             "closed": res.closed,
             "unknown": res.unknown,
+            "started": res.started,
+            "queued": res.queued,
             "errors": res.errors,
         }
 
@@ -129,6 +131,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     human = (
         f"checked {out['checked']} open item(s): {out['running']} running, {len(out['closed'])} closed"
         + "".join(f"\n  closed {i}" for i in out["closed"])
+        + "".join(f"\n  started {i} (admitted, its workflow's start had been lost)" for i in out["started"])
+        + (f"\n{out['queued']} queued with no workflow yet (their tenant is at its limit)" if out["queued"] else "")
         + (f"\n{len(out['unknown'])} with no workflow in Temporal (left alone)" if out["unknown"] else "")
         + (f"\n{out['errors']} could not be checked (see the log)" if out["errors"] else "")
     )
