@@ -242,14 +242,3 @@ class WorkItemStore(Database):
         q = q.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit)
         async with self.session() as s:
             return await views_of(StoredWorkItem, s.execute(q))
-
-    async def queued_work_items(self, tenant_id: str, limit: int) -> list[StoredWorkItem]:
-        """The tenant's queued items, oldest first (the next to admit when a place frees)."""
-        async with self.session() as s:
-            q = (
-                select_view(StoredWorkItem, WorkItem)
-                .where(WorkItem.tenant_id == tenant_id, WorkItem.state == WorkItemState.queued.value)
-                .order_by(WorkItem.created_at, WorkItem.id)
-                .limit(limit)
-            )
-            return await views_of(StoredWorkItem, s.execute(q))
