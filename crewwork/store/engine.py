@@ -105,7 +105,8 @@ class Database:
         unavailable_wait_s: float = 0.0,
         server_writes: bool = True,
     ) -> None:
-        """`pre_ping=False` (the worker pools) skips the round trip that tests each pooled connection before use; a
+        """`pre_ping` (the API) tests a pooled connection before use when it sat idle a second or more
+        (`_ping_when_idle`); `pre_ping=False` (the worker pools) never tests it; a
         transaction whose first statement finds its connection dead is then run once more on a fresh connection
         (`transaction`), and other calls fail into their activity's retry policy.
 
