@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from crewwork.demo import RIGHT, WRONG
+from crewwork.temporal.devserver import DevServer
 from tests.api.conftest import Stack
+from tests.conftest import ApiServer, make_settings, running_crew
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal, pytest.mark.browser]
 
@@ -139,3 +141,45 @@ async def test_console_shows_live_progress_and_approving_from_the_page_lands_the
         images.mkdir(parents=True, exist_ok=True)
         for name in ("console-list.png", "console-detail-review.png", "console-workers.png"):
             shutil.copy(ARTIFACTS / name, images / name)
+
+
+async def test_a_queued_items_page_says_its_workflow_has_not_started_yet(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, chromium_path: str
+) -> None:
+    """A queued item has no workflow until its place comes (crewwork/starts.py): its page says so beside the
+    Temporal UI link (which finds nothing yet); a running item's page does not."""
+    from playwright.async_api import async_playwright, expect
+
+    settings = make_settings(tmp_path, temporal_server, pg_url, tenant_max_in_flight=1)
+    task = {"kind": "task", "input": {}, "agent": {"name": "scripted", "config": {"output": {}, "delay_s": 20}}}
+    async with running_crew(settings, pools=("control", "agent")) as crew:
+        _kid, key = await crew.store.create_api_key("console-queue")
+        async with ApiServer(settings) as api, api.client(key) as c:
+            running = (await c.post("/v1/work-items", json=task)).json()["id"]
+            queued = (await c.post("/v1/work-items", json=task)).json()
+            assert queued["state"] == "queued", queued
+            await crew.wait_state(running, "running")
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+                page = await browser.new_page(viewport={"width": 1366, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                try:
+                    await page.goto(f"{api.url}/console")
+                    await page.get_by_label("API key").fill(key)
+                    await page.keyboard.press("Enter")
+                    await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
+                    await page.goto(f"{api.url}/console#/items/{queued['id']}")
+                    await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "queued")
+                    await expect(page.locator("#workflow-not-started")).to_be_visible()
+                    await page.goto(f"{api.url}/console#/items/{running}")
+                    await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "running")
+                    await expect(page.locator("#temporal-workflow-link")).to_be_visible()
+                    await expect(page.locator("#workflow-not-started")).to_have_count(0)
+                finally:
+                    await browser.close()
+                assert not errors, errors
+            for wid in (running, queued["id"]):
+                await c.post(f"/v1/work-items/{wid}/cancel")
+            for wid in (running, queued["id"]):
+                await crew.wait_state(wid, "cancelled", timeout_s=60)

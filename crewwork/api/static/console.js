@@ -372,7 +372,11 @@ async function renderItem(signal, id) {
         h("dt", { text: "Labels" }), h("dd", { text: Object.entries(cur.labels || {}).map(([k, v]) => `${k}=${v}`).join(" ") }),
         h("dt", { text: "Delivery branch" }), h("dd", { class: "mono", text: cur.delivery_branch ? `${cur.delivery_branch} ${cur.landed_commit ? "(" + cur.landed_commit.slice(0, 12) + ")" : ""}` : "" }),
         h("dt", { text: "Pull request" }), h("dd", {}, prLink(cur.pull_request_url)),
-        h("dt", { text: "Workflow" }), h("dd", {}, h("a", { href: cur.links.temporal_ui, target: "_blank", rel: "noopener", id: "temporal-workflow-link", text: `${cur.workflow_id} in the Temporal UI` })),
+        h("dt", { text: "Workflow" }), h("dd", {},
+          h("a", { href: cur.links.temporal_ui, target: "_blank", rel: "noopener", id: "temporal-workflow-link", text: `${cur.workflow_id} in the Temporal UI` }),
+          // A queued item's workflow starts when a place is handed to it (docs/operations.md): until then the link
+          // finds nothing. (A queued item sent back by reviewers has a running workflow, which answers the live query.)
+          cur.state === "queued" && !cur.live ? h("span", { class: "muted", id: "workflow-not-started", text: " (not started yet: it starts when its place in the queue comes)" }) : null),
         h("dt", { text: "Created / updated" }), h("dd", { text: `${fmtTime(cur.created_at)} / ${fmtTime(cur.updated_at)}` })));
     renderReview(cur);
     const fresh = await api(`/v1/work-items/${id}/evidence`);
