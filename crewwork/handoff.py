@@ -12,7 +12,6 @@ from typing import Any
 
 from crewwork import starts
 from crewwork.config import Settings
-from crewwork.models import WorkItemSpec
 from crewwork.store.fencing import HandedOff
 from crewwork.store.store import Store
 
@@ -35,9 +34,6 @@ async def tell_admitted(client: Any, handed: list[HandedOff] | None, store: Stor
             row = await store.start_row(item.work_item_id)
             if row is None:
                 continue
-            spec = WorkItemSpec.model_validate(row.spec)
-            await starts.start(
-                client, settings, row, spec=spec, admission=starts.terms(spec, settings), signal="admitted"
-            )
+            await starts.start_admitted(client, settings, row, signal="admitted")
         except Exception as exc:
             log.warning("hand-off: could not start or tell %s: %s: %s", item.work_item_id, type(exc).__name__, exc)

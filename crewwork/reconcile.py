@@ -40,7 +40,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from crewwork import starts
 from crewwork.config import Settings
 from crewwork.handoff import HAND_OFF_CAP, tell_admitted
-from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
+from crewwork.models import WorkItemResult, WorkItemState
 from crewwork.store.fencing import Rank
 from crewwork.store.open_items import OpenItem
 from crewwork.store.store import Store
@@ -170,7 +170,7 @@ class Reconciler:
             desc = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
-                if row.state in STARTABLE and await self._start_missing(row, res):
+                if row.state in starts.UNSTARTED and await self._start_missing(row, res):
                     return
                 res.unknown.append(row.id)
                 log.info("reconciler: %s: Temporal has no workflow %s; left as %s", row.id, row.workflow_id, row.state)
@@ -217,10 +217,7 @@ class Reconciler:
             # A workflow wrote it once (it ran, and Temporal no longer knows it): not an item whose start was lost.
             return False
         if row.state == WorkItemState.admitted.value:
-            spec = WorkItemSpec.model_validate(stored.spec)
-            if await starts.start(
-                self.client, self.settings, stored, spec=spec, admission=starts.terms(spec, self.settings)
-            ):
+            if await starts.start_admitted(self.client, self.settings, stored):
                 res.started.append(row.id)
                 log.warning("reconciler: %s: admitted with no workflow; started it", row.id)
             return True
@@ -286,9 +283,6 @@ UNSTARTED_AFTER_S = 30.0
 """An item admitted this long ago that no workflow has written is checked by every pass (its workflow may never have
 been started: the process died between the admission's write and the start). A code change waiting for its
 workspace lease is one too, until it gets it: one describe per pass each."""
-
-STARTABLE = frozenset({WorkItemState.admitted.value, *starts.WAITING})
-"""The states of an item whose workflow may not be started yet (crewwork/starts.py)."""
 
 REASON_MAX_CHARS = 500
 """How much of a termination reason or failure message the item's reason keeps (an operator typed it, or it is an

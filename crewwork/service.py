@@ -27,6 +27,7 @@ from crewwork.models import (
     ReviewDecision,
     WorkItemKind,
     WorkItemSpec,
+    WorkItemState,
     WorkItemStatus,
 )
 from crewwork.policy import Policy, PolicyViolation
@@ -204,12 +205,10 @@ class WorkItemService:
         if not self.settings.admit_at_submission:
             await starts.start(self._client(), self.settings, row, spec=spec)
             return row
-        if row.state == "submitted":
+        if row.state == WorkItemState.submitted.value:
             return await self._start(row, spec)
-        if row.state == "admitted" and row.fence_rank <= starts.ADMISSION.encode():
-            await starts.start(
-                self._client(), self.settings, row, spec=spec, admission=starts.terms(spec, self.settings)
-            )
+        if row.state == WorkItemState.admitted.value and row.fence_rank <= starts.ADMISSION.encode():
+            await starts.start_admitted(self._client(), self.settings, row, spec=spec)
         return row
 
     async def _start(self, row: StoredWorkItem, spec: WorkItemSpec) -> StoredWorkItem:
@@ -245,7 +244,7 @@ class WorkItemService:
             msg = getattr(cause, "message", None) or str(cause or exc)
             raise ReviewRejected(msg) from exc
         except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND and row.state in starts.WAITING | {"admitted"}:
+            if exc.status == RPCStatusCode.NOT_FOUND and row.state in starts.UNSTARTED:
                 # Queued with no workflow yet (crewwork/starts.py): what the workflow's own validator says.
                 raise ReviewRejected(f"this work item is not awaiting review (state: {row.state})") from exc
             raise ReviewRejected(f"the work item's workflow is not running: {exc.message}") from exc
@@ -255,7 +254,7 @@ class WorkItemService:
             await self.handle(row).cancel()
             return
         except RPCError as exc:
-            if exc.status != RPCStatusCode.NOT_FOUND or row.state not in starts.WAITING | {"admitted"}:
+            if exc.status != RPCStatusCode.NOT_FOUND or row.state not in starts.UNSTARTED:
                 raise WorkflowUnavailable(f"could not cancel: {exc.message}") from exc
         # Queued with no workflow yet (crewwork/starts.py), or admitted with its start still on the way: start it
         # (it finds itself queued, or admitted) and cancel it, so the workflow records the cancellation as always.

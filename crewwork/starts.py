@@ -76,6 +76,9 @@ class Startable(Protocol):
 
 
 WAITING = frozenset({WorkItemState.submitted.value, WorkItemState.queued.value})
+UNSTARTED = WAITING | {WorkItemState.admitted.value}
+"""The states of an item whose workflow may not have been started yet (queued, or admitted with its start on the
+way): Temporal not knowing its workflow is no error for these."""
 SUMMARY_MAX_CHARS = 200
 """Temporal's UI shows the summary as one line; it accepts up to 400 bytes."""
 
@@ -166,6 +169,15 @@ async def start(
     return True
 
 
+async def start_admitted(
+    client: Client, settings: Settings, row: Startable, *, spec: WorkItemSpec | None = None, signal: str | None = None
+) -> bool:
+    """`start` for an item admitted already (by the submission's request, a hand-off or the reconciler), under the
+    terms `terms` gives it."""
+    spec = spec or WorkItemSpec.model_validate(row.spec)
+    return await start(client, settings, row, spec=spec, admission=terms(spec, settings), signal=signal)
+
+
 async def admit_and_start(
     store: Store, client: Client, settings: Settings, row: StoredWorkItem, *, spec: WorkItemSpec | None = None
 ) -> str:
@@ -187,9 +199,7 @@ async def admit_and_start(
         return res.state or row.state
     if not res.value.admitted:
         return WorkItemState.queued.value
-    await start(
-        client, settings, row, spec=spec, admission=terms(spec or WorkItemSpec.model_validate(row.spec), settings)
-    )
+    await start_admitted(client, settings, row, spec=spec)
     return WorkItemState.admitted.value if res.state in WAITING else (res.state or row.state)
 
 

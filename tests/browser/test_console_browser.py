@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +39,23 @@ VALIDATION = {
 }
 
 
+@asynccontextmanager
+async def chromium_page(executable_path: str) -> AsyncIterator[Any]:
+    """A page of a fresh headless Chromium, closed afterwards; the test fails if a script of the page raised."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=executable_path, args=CHROMIUM_ARGS)
+        page = await browser.new_page(viewport={"width": 1366, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            yield page
+        finally:
+            await browser.close()
+        assert not errors, errors
+
+
 @pytest.fixture(scope="module")
 def chromium_path() -> str:
     if not Path(CHROMIUM).exists():
@@ -50,7 +70,7 @@ def chromium_path() -> str:
 async def test_console_shows_live_progress_and_approving_from_the_page_lands_the_change(
     stack: Stack, calc_repo: Path, chromium_path: str
 ) -> None:
-    from playwright.async_api import async_playwright, expect
+    from playwright.async_api import expect
 
     ARTIFACTS.mkdir(exist_ok=True)
     spec = {
@@ -74,63 +94,55 @@ async def test_console_shows_live_progress_and_approving_from_the_page_lands_the
         for n in range(2):  # some history in the list
             await c.post("/v1/work-items", json={"kind": "task", "input": {"n": n}, "labels": {"team": "search"}})
 
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
-        page = await browser.new_page(viewport={"width": 1366, "height": 900})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
-            await page.goto(f"{stack.api.url}/console")
-            await page.screenshot(path=str(ARTIFACTS / "console-login.png"))
-            await page.get_by_label("API key").fill(stack.alpha.key)
-            await page.keyboard.press("Enter")
-            await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
-            await expect(page.locator("#live-status")).to_have_text("● live", timeout=15_000)
+    async with chromium_page(chromium_path) as page:
+        await page.goto(f"{stack.api.url}/console")
+        await page.screenshot(path=str(ARTIFACTS / "console-login.png"))
+        await page.get_by_label("API key").fill(stack.alpha.key)
+        await page.keyboard.press("Enter")
+        await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
+        await expect(page.locator("#live-status")).to_have_text("● live", timeout=15_000)
 
-            # Submitted while the list is open: it appears and moves through its states live.
-            async with stack.client() as c:
-                wid = (await c.post("/v1/work-items", json=spec)).json()["id"]
-            row = page.locator(f'tr[data-id="{wid}"]')
-            await expect(row).to_be_visible(timeout=15_000)
-            await expect(row.locator('[data-state="awaiting_review"]')).to_be_visible(timeout=120_000)
-            await page.screenshot(path=str(ARTIFACTS / "console-list.png"), full_page=True)
+        # Submitted while the list is open: it appears and moves through its states live.
+        async with stack.client() as c:
+            wid = (await c.post("/v1/work-items", json=spec)).json()["id"]
+        row = page.locator(f'tr[data-id="{wid}"]')
+        await expect(row).to_be_visible(timeout=15_000)
+        await expect(row.locator('[data-state="awaiting_review"]')).to_be_visible(timeout=120_000)
+        await page.screenshot(path=str(ARTIFACTS / "console-list.png"), full_page=True)
 
-            # Keyboard: "/" focuses the search box.
-            await page.keyboard.press("/")
-            await expect(page.locator("#f-search")).to_be_focused()
+        # Keyboard: "/" focuses the search box.
+        await page.keyboard.press("/")
+        await expect(page.locator("#f-search")).to_be_focused()
 
-            await row.get_by_role("link", name=wid).click()
-            await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "awaiting_review")
-            await expect(page.locator(".diff .add").first).to_be_visible(timeout=15_000)
-            await expect(page.locator(".timeline button")).to_have_count(2)
-            await expect(page.locator(".log")).to_contain_text("passed", timeout=15_000)
-            await expect(page.locator(".events li").first).to_be_visible(timeout=15_000)
-            href = await page.locator("#temporal-workflow-link").get_attribute("href")
-            assert href and href.endswith(f"/workflows/work-item-{wid}")
-            await page.screenshot(path=str(ARTIFACTS / "console-detail-review.png"), full_page=True)
+        await row.get_by_role("link", name=wid).click()
+        await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "awaiting_review")
+        await expect(page.locator(".diff .add").first).to_be_visible(timeout=15_000)
+        await expect(page.locator(".timeline button")).to_have_count(2)
+        await expect(page.locator(".log")).to_contain_text("passed", timeout=15_000)
+        await expect(page.locator(".events li").first).to_be_visible(timeout=15_000)
+        href = await page.locator("#temporal-workflow-link").get_attribute("href")
+        assert href and href.endswith(f"/workflows/work-item-{wid}")
+        await page.screenshot(path=str(ARTIFACTS / "console-detail-review.png"), full_page=True)
 
-            # Evidence of the failed first attempt is one keypress away.
-            await page.locator('.timeline button[data-n="1"]').focus()
-            await page.keyboard.press("Enter")
-            await expect(page.locator("#evidence-1")).to_contain_text("test_failure")
-            await page.screenshot(path=str(ARTIFACTS / "console-attempt-evidence.png"), full_page=True)
+        # Evidence of the failed first attempt is one keypress away.
+        await page.locator('.timeline button[data-n="1"]').focus()
+        await page.keyboard.press("Enter")
+        await expect(page.locator("#evidence-1")).to_contain_text("test_failure")
+        await page.screenshot(path=str(ARTIFACTS / "console-attempt-evidence.png"), full_page=True)
 
-            await page.get_by_role("button", name="Approve").click()
-            await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "succeeded", timeout=60_000)
-            await expect(page.locator(".events")).to_contain_text("succeeded")
-            await page.screenshot(path=str(ARTIFACTS / "console-detail-succeeded.png"), full_page=True)
+        await page.get_by_role("button", name="Approve").click()
+        await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "succeeded", timeout=60_000)
+        await expect(page.locator(".events")).to_contain_text("succeeded")
+        await page.screenshot(path=str(ARTIFACTS / "console-detail-succeeded.png"), full_page=True)
 
-            # The workers view needs the admin scope.
-            await page.goto(f"{stack.api.url}/console#/workers")
-            await expect(page.get_by_text("admin scope")).to_be_visible()
-            await page.evaluate("k => sessionStorage.setItem('crewwork.apiKey', k)", stack.admin.key)
-            await page.reload()
-            await expect(page.get_by_role("table", name="Task queues")).to_be_visible(timeout=15_000)
-            await expect(page.locator("td", has_text="control").first).to_be_visible()
-            await page.screenshot(path=str(ARTIFACTS / "console-workers.png"), full_page=True)
-        finally:
-            await browser.close()
-        assert not errors, errors
+        # The workers view needs the admin scope.
+        await page.goto(f"{stack.api.url}/console#/workers")
+        await expect(page.get_by_text("admin scope")).to_be_visible()
+        await page.evaluate("k => sessionStorage.setItem('crewwork.apiKey', k)", stack.admin.key)
+        await page.reload()
+        await expect(page.get_by_role("table", name="Task queues")).to_be_visible(timeout=15_000)
+        await expect(page.locator("td", has_text="control").first).to_be_visible()
+        await page.screenshot(path=str(ARTIFACTS / "console-workers.png"), full_page=True)
 
     async with stack.client() as c:
         item = (await c.get(f"/v1/work-items/{wid}")).json()
@@ -148,7 +160,7 @@ async def test_a_queued_items_page_says_its_workflow_has_not_started_yet(
 ) -> None:
     """A queued item has no workflow until its place comes (crewwork/starts.py): its page says so beside the
     Temporal UI link (which finds nothing yet); a running item's page does not."""
-    from playwright.async_api import async_playwright, expect
+    from playwright.async_api import expect
 
     settings = make_settings(tmp_path, temporal_server, pg_url, tenant_max_in_flight=1)
     task = {"kind": "task", "input": {}, "agent": {"name": "scripted", "config": {"output": {}, "delay_s": 20}}}
@@ -159,26 +171,18 @@ async def test_a_queued_items_page_says_its_workflow_has_not_started_yet(
             queued = (await c.post("/v1/work-items", json=task)).json()
             assert queued["state"] == "queued", queued
             await crew.wait_state(running, "running")
-            async with async_playwright() as pw:
-                browser = await pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
-                page = await browser.new_page(viewport={"width": 1366, "height": 900})
-                errors: list[str] = []
-                page.on("pageerror", lambda e: errors.append(str(e)))
-                try:
-                    await page.goto(f"{api.url}/console")
-                    await page.get_by_label("API key").fill(key)
-                    await page.keyboard.press("Enter")
-                    await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
-                    await page.goto(f"{api.url}/console#/items/{queued['id']}")
-                    await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "queued")
-                    await expect(page.locator("#workflow-not-started")).to_be_visible()
-                    await page.goto(f"{api.url}/console#/items/{running}")
-                    await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "running")
-                    await expect(page.locator("#temporal-workflow-link")).to_be_visible()
-                    await expect(page.locator("#workflow-not-started")).to_have_count(0)
-                finally:
-                    await browser.close()
-                assert not errors, errors
+            async with chromium_page(chromium_path) as page:
+                await page.goto(f"{api.url}/console")
+                await page.get_by_label("API key").fill(key)
+                await page.keyboard.press("Enter")
+                await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
+                await page.goto(f"{api.url}/console#/items/{queued['id']}")
+                await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "queued")
+                await expect(page.locator("#workflow-not-started")).to_be_visible()
+                await page.goto(f"{api.url}/console#/items/{running}")
+                await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "running")
+                await expect(page.locator("#temporal-workflow-link")).to_be_visible()
+                await expect(page.locator("#workflow-not-started")).to_have_count(0)
             for wid in (running, queued["id"]):
                 await c.post(f"/v1/work-items/{wid}/cancel")
             for wid in (running, queued["id"]):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.api.conftest import Stack, wait_state
-from tests.browser.test_console_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from tests.browser.test_console_browser import ARTIFACTS, CHROMIUM, chromium_page
 from tests.conftest import make_repo
 from tests.preview.test_repair import INDEX, JS, JS_FIXED, PYTEST, SITE_TEST
 
@@ -52,7 +52,7 @@ async def test_a_bad_preview_is_a_422_naming_the_field(stack: Stack, tmp_path: P
 
 
 async def test_the_console_shows_the_probe_evidence_next_to_the_tests(stack: Stack, tmp_path: Path) -> None:
-    from playwright.async_api import async_playwright, expect
+    from playwright.async_api import expect
 
     ARTIFACTS.mkdir(exist_ok=True)
     repo = make_repo(tmp_path / "site", {"index.html": INDEX, "app.js": JS, "tests/test_site.py": SITE_TEST})
@@ -72,36 +72,28 @@ async def test_the_console_shows_the_probe_evidence_next_to_the_tests(stack: Sta
         wid = r.json()["id"]
         await wait_state(c, wid, {"awaiting_review"}, timeout_s=300)
 
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = await browser.new_page(viewport={"width": 1366, "height": 900})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
-            await page.goto(f"{stack.api.url}/console")
-            await page.evaluate("k => sessionStorage.setItem('crewwork.apiKey', k)", stack.alpha.key)
-            await page.goto(f"{stack.api.url}/console#/items/{wid}")
-            await page.locator('.timeline button[data-n="1"]').click()
-            probes = page.get_by_role("region", name="Acceptance probes of attempt 1")
-            await expect(probes).to_contain_text("probe_failure", timeout=15_000)
-            await expect(probes).to_contain_text("preview::browser::add-one")
-            await expect(probes).to_contain_text("expected: text visible 'Count: 1'")
-            await expect(probes).to_contain_text("Cannot set properties of null")
-            await expect(probes.locator("figure img")).to_have_attribute(
-                "src", re.compile("^data:image/png"), timeout=15_000
-            )
-            await page.wait_for_function("() => document.querySelector('figure img').naturalWidth > 0")
-            width = await probes.locator("figure img").evaluate("img => img.naturalWidth")
-            assert width == 1280, "the flow's screenshot is shown"
-            await probes.scroll_into_view_if_needed()
-            await page.wait_for_function("() => document.querySelector('figure img').naturalWidth > 0")
-            await page.screenshot(path=str(ARTIFACTS / "console-probe-page.png"), full_page=True)
-            await page.locator("#evidence-1").screenshot(path=str(ARTIFACTS / "console-probe-evidence.png"))
-            await page.locator('.timeline button[data-n="2"]').click()
-            await expect(page.get_by_role("region", name="Acceptance probes of attempt 2")).to_contain_text("passed")
-            await page.screenshot(path=str(ARTIFACTS / "console-probe-passed.png"), full_page=True)
-        finally:
-            await browser.close()
-        assert not errors, errors
+    async with chromium_page(CHROMIUM) as page:
+        await page.goto(f"{stack.api.url}/console")
+        await page.evaluate("k => sessionStorage.setItem('crewwork.apiKey', k)", stack.alpha.key)
+        await page.goto(f"{stack.api.url}/console#/items/{wid}")
+        await page.locator('.timeline button[data-n="1"]').click()
+        probes = page.get_by_role("region", name="Acceptance probes of attempt 1")
+        await expect(probes).to_contain_text("probe_failure", timeout=15_000)
+        await expect(probes).to_contain_text("preview::browser::add-one")
+        await expect(probes).to_contain_text("expected: text visible 'Count: 1'")
+        await expect(probes).to_contain_text("Cannot set properties of null")
+        await expect(probes.locator("figure img")).to_have_attribute(
+            "src", re.compile("^data:image/png"), timeout=15_000
+        )
+        await page.wait_for_function("() => document.querySelector('figure img').naturalWidth > 0")
+        width = await probes.locator("figure img").evaluate("img => img.naturalWidth")
+        assert width == 1280, "the flow's screenshot is shown"
+        await probes.scroll_into_view_if_needed()
+        await page.wait_for_function("() => document.querySelector('figure img').naturalWidth > 0")
+        await page.screenshot(path=str(ARTIFACTS / "console-probe-page.png"), full_page=True)
+        await page.locator("#evidence-1").screenshot(path=str(ARTIFACTS / "console-probe-evidence.png"))
+        await page.locator('.timeline button[data-n="2"]').click()
+        await expect(page.get_by_role("region", name="Acceptance probes of attempt 2")).to_contain_text("passed")
+        await page.screenshot(path=str(ARTIFACTS / "console-probe-passed.png"), full_page=True)
     if os.environ.get("CREWWORK_UPDATE_DOC_IMAGES"):
         shutil.copy(ARTIFACTS / "console-probe-evidence.png", Path(__file__).resolve().parents[2] / "docs" / "images")

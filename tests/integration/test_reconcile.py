@@ -117,15 +117,7 @@ async def test_items_admitted_before_their_workflow_are_started_when_their_start
 
         submitted = await row()
         admitted = await row()
-        adm = await crew.store.admit(
-            work_item_id=admitted,
-            tenant_id=crew.tenant_id,
-            rank=ADMISSION,
-            writer="admission",
-            max_in_flight=2,
-            fingerprints=_none,
-        )
-        assert adm.ok and adm.value is not None and adm.value.admitted, adm
+        await _admitted_unstarted(crew, admitted)
         res = await rec.run_cycle(min_age_s=0)
         assert {submitted, admitted} <= set(res.started), res
         for wid in (submitted, admitted):
@@ -150,8 +142,22 @@ async def test_items_admitted_before_their_workflow_are_started_when_their_start
         (await check_invariants(crew.store, [submitted, admitted, waiting, *holders])).assert_ok()
 
 
-async def _none(_s: object, _wid: str) -> list[str | None]:
-    return []
+async def _admitted_unstarted(crew: Crew, work_item_id: str) -> None:
+    """What a process that died between an admission (crewwork/starts.py) and its workflow's start leaves: the item
+    admitted at rank ADMISSION, and no workflow."""
+
+    async def no_fingerprints(_s: object, _wid: str) -> list[str | None]:
+        return []
+
+    adm = await crew.store.admit(
+        work_item_id=work_item_id,
+        tenant_id=crew.tenant_id,
+        rank=ADMISSION,
+        writer="admission",
+        max_in_flight=crew.settings.tenant_max_in_flight,
+        fingerprints=no_fingerprints,
+    )
+    assert adm.ok and adm.value is not None and adm.value.admitted, adm
 
 
 def _reconciled(events: list[Event]) -> int:
@@ -273,15 +279,7 @@ async def test_a_lost_start_after_an_admission_is_made_before_the_minimum_age(
         row, _ = await crew.store.create_work_item(
             tenant_id=crew.tenant_id, spec=spec, base_commit=None, repo_path=None
         )
-        adm = await crew.store.admit(
-            work_item_id=row.id,
-            tenant_id=crew.tenant_id,
-            rank=ADMISSION,
-            writer="admission",
-            max_in_flight=20,
-            fingerprints=_none,
-        )
-        assert adm.ok and adm.value is not None and adm.value.admitted, adm
+        await _admitted_unstarted(crew, row.id)
         rec = Reconciler(crew.store, crew.client, settings)
         # Younger than the check's age, and than the cycle's: left alone.
         young = await rec.run_once(min_age_s=3600, unstarted_after_s=3600)

@@ -85,40 +85,37 @@ async def _record_histories(crew: Crew, calc_repo: Path) -> None:  # pragma: no 
     await _save(crew, wid, "task_cancelled")
 
 
-async def _record_queued(settings: Settings) -> None:  # pragma: no cover - a tool, not a check
-    # A task that waits in `queued` behind its tenant's in-flight limit of 1, then runs: the ending item hands it its
-    # place and signals `admitted` (task_handed_off). task_queued_v1.json was recorded before the hand-off: it was
-    # woken by `slot_freed` and re-ran admission; it stays, since such executions may be in flight at an upgrade.
-    own = {"tenant_max_in_flight": 1, "task_queue_prefix": settings.task_queue_prefix + "q"}
+async def _record_queued(settings: Settings, *, admit_at_submission: bool) -> None:  # pragma: no cover - a tool
+    """A task that waits in `queued` behind its tenant's in-flight limit of 1, then runs: the ending item hands it its
+    place. `admit_at_submission=False` (task_handed_off): its workflow started at once, queued itself and got the
+    `admitted` signal. True (crewwork/starts.py): the first task is admitted at submission
+    (task_admitted_at_submission), and the second has no workflow until the hand-off starts it admitted, with the
+    signal (task_started_by_hand_off). task_queued_v1.json was recorded before the hand-off: it was woken by
+    `slot_freed` and re-ran admission; it stays, since such executions may be in flight at an upgrade."""
+    own = {
+        "tenant_max_in_flight": 1,
+        "task_queue_prefix": settings.task_queue_prefix + ("a" if admit_at_submission else "q"),
+        "admit_at_submission": admit_at_submission,
+    }
     async with running_crew(settings.model_copy(update=own)) as crew:
         first = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"delay_s": 2}}})
         await crew.wait_state(first, "running")
         second = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"output": {"a": 2}}}})
         await crew.wait_state(second, "queued")
         await crew.result(second)
-        await _save(crew, second, "task_handed_off")
-
-
-async def _record_started_admitted(settings: Settings) -> None:  # pragma: no cover - a tool, not a check
-    # Admission decided before the workflow starts (crewwork/starts.py): a task admitted at submission, and one
-    # queued at submission (no workflow) whose workflow a hand-off started admitted, with the `admitted` signal.
-    own = {"tenant_max_in_flight": 1, "task_queue_prefix": settings.task_queue_prefix + "a"}
-    async with running_crew(settings.model_copy(update=own)) as crew:
-        first = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"delay_s": 2}}})
-        await crew.wait_state(first, "running")
-        second = await crew.submit({"kind": "task", "input": {}, "agent": {"config": {"output": {"a": 2}}}})
-        await crew.wait_state(second, "queued")
-        await crew.result(second)
-        await _save(crew, first, "task_admitted_at_submission")
-        await _save(crew, second, "task_started_by_hand_off")
+        if admit_at_submission:
+            await _save(crew, first, "task_admitted_at_submission")
+            await _save(crew, second, "task_started_by_hand_off")
+        else:
+            await _save(crew, second, "task_handed_off")
 
 
 if os.environ.get("CREWWORK_RECORD_HISTORY"):  # defined only on request, so normal runs skip nothing
 
     async def test_record_histories(crew: Crew, calc_repo: Path) -> None:
         await _record_histories(crew, calc_repo)
-        await _record_queued(crew.settings)
+        await _record_queued(crew.settings, admit_at_submission=False)
 
     async def test_record_started_admitted(crew: Crew) -> None:
         # Alone: `-k record_started_admitted` (the histories above stay as they were recorded).
-        await _record_started_admitted(crew.settings)
+        await _record_queued(crew.settings, admit_at_submission=True)
