@@ -36,6 +36,15 @@ EXECUTION_RETRY = RetryPolicy(
 )
 """Agent runs and validations: a few tries, for infrastructure faults (a killed pool, a sandbox that failed)."""
 EXECUTION_HEARTBEAT = timedelta(seconds=10)
+"""How long an agent run or validation may go unheard before Temporal times the attempt out and schedules another."""
+HEARTBEAT_THROTTLE = timedelta(seconds=3)
+"""The longest a worker holds back an attempt's heartbeats (Worker's `max_heartbeat_throttle_interval`).
+
+The SDK otherwise sends at most one heartbeat per 0.8 x the heartbeat timeout: with 10 s, Temporal heard a live attempt
+every 8 s and timed it out if one heartbeat was 2 s late, which a loaded host does (a validation retried while it was
+still running, CI of 2026-12-04). Measured with a dev server (heartbeat every 2 s, timeout 10 s): gaps of 8 s by
+default, 3 s with this cap, so a late heartbeat has 7 s of slack. The price is one heartbeat RPC per running attempt
+every 3 s instead of 8."""
 
 Pool = Literal["control", "agent", "validate"]
 I = TypeVar("I", bound=BaseModel)  # noqa: E741

@@ -39,6 +39,7 @@ from crewwork.observability import activity_interceptors, start_pool_observabili
 from crewwork.reconcile import Reconciler
 from crewwork.steps.ports import Ports
 from crewwork.steps.registry import activities
+from crewwork.steps.step import HEARTBEAT_THROTTLE
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
 from crewwork.workers.slots import SlotInterceptor, agent_done, poll_ahead_tuner
@@ -110,6 +111,7 @@ def build_worker(
         **workflows,
         **tuning,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         interceptors=[*own, *activity_interceptors(), *extra_interceptors],
     )
 

@@ -91,7 +91,11 @@ async def validate(crew: Crew, tenant_id: str, url: str, secrets: list[str], set
     result = await crew.result(wid)
     assert result.state == "succeeded", result.reason
     events = await crew.store.list_events(wid)
-    [prepared] = [e.data for e in events if e.type == "environment_prepared"]
+    # At least once: a validation Temporal timed out and retried prepares again (then warm, from its own build).
+    # The first preparation says whether the item reused anything; every one names the same environment.
+    prepared_all = [e.data for e in events if e.type == "environment_prepared"]
+    assert prepared_all and len({p["key"] for p in prepared_all}) == 1, prepared_all
+    prepared = {**prepared_all[-1], "cold": prepared_all[0]["cold"]}
     attempt = (await crew.store.list_attempts(wid))[0]
     log_id = attempt.validation["log_ref"]["id"]  # type: ignore[index]
     log = (await crew.store.artifact_content(log_id) or b"").decode()
