@@ -10,9 +10,9 @@ submission's insert, below every step a workflow schedules, so anything the work
   task when a place was handed to it (bench/trace.py: ~11 ms of CPU per queued item, 20% of the throughput at 8
   slots with one tenant at its limit);
 - when a freed place is handed to a queued item (the ending item's write admits it: `hand_off`,
-  crewwork/store/fencing_python.py): `tell_admitted` (crewwork/handoff.py) starts its workflow admitted, with
-  signal-with-start, which only signals a workflow already running (one started before this, or an item reviewers
-  sent back, waiting for a place inside its workflow);
+  crewwork/store/fencing_python.py): `tell_admitted` (crewwork/handoff.py) starts its workflow admitted, or signals
+  a workflow already running (one started before this, or an item reviewers sent back, waiting for a place inside
+  its workflow);
 - by the reconciler (crewwork/reconcile.py), for an open item whose workflow Temporal does not know: the start
   above was lost (the process died between the write and the start) or is due (a queued item whose place was freed
   without a hand-off: the operator raised the limit).
@@ -123,11 +123,9 @@ async def start(
     *,
     spec: WorkItemSpec | None = None,
     admission: AdmissionTerms | None = None,
-    signal: str | None = None,
 ) -> bool:
     """Start the item's workflow (`admission`: admitted already, with these terms; None: it runs its own admission).
-    `signal`: signal-with-start, so a workflow already running gets the signal instead. False when Temporal has a
-    workflow with this id already (running, or closed: never started again)."""
+    False when Temporal has a workflow with this id already (running, or closed: never started again)."""
     spec = spec or WorkItemSpec.model_validate(row.spec)
     inp = WorkItemInput(
         work_item_id=row.id,
@@ -160,7 +158,6 @@ async def start(
             search_attributes=TypedSearchAttributes(pairs) if settings.search_attributes else None,
             static_summary=summary,
             static_details=details,
-            start_signal=signal,
             # Task-queue fairness by tenant (a key is at most 64 bytes; tenant ids are short), when asked for.
             priority=Priority(fairness_key=row.tenant_id[:64]) if settings.fairness_keys else Priority.default,
         )
@@ -170,12 +167,12 @@ async def start(
 
 
 async def start_admitted(
-    client: Client, settings: Settings, row: Startable, *, spec: WorkItemSpec | None = None, signal: str | None = None
+    client: Client, settings: Settings, row: Startable, *, spec: WorkItemSpec | None = None
 ) -> bool:
     """`start` for an item admitted already (by the submission's request, a hand-off or the reconciler), under the
     terms `terms` gives it."""
     spec = spec or WorkItemSpec.model_validate(row.spec)
-    return await start(client, settings, row, spec=spec, admission=terms(spec, settings), signal=signal)
+    return await start(client, settings, row, spec=spec, admission=terms(spec, settings))
 
 
 async def admit_and_start(
