@@ -18,15 +18,20 @@ from crewwork.store.store import Principal, Store
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer cw_...`")
 
 
-def get_store(request: Request) -> Store:
+# `async def`, though nothing in them awaits: FastAPI runs a plain `def` dependency in a worker thread, and these run
+# on nearly every request (a thread hop each, ~10% of the API's busy samples under load; bench/trace.py --profile api).
+# A dependency must not block: none of these does.
+
+
+async def get_store(request: Request) -> Store:
     return request.app.state.store  # type: ignore[no-any-return]
 
 
-def get_outbox(request: Request) -> OutboxStore:
+async def get_outbox(request: Request) -> OutboxStore:
     return request.app.state.outbox  # type: ignore[no-any-return]
 
 
-def get_service(request: Request) -> WorkItemService:
+async def get_service(request: Request) -> WorkItemService:
     return request.app.state.service  # type: ignore[no-any-return]
 
 
