@@ -120,6 +120,10 @@ async def sandbox_costs(root: Path, n: int) -> dict[str, Any]:
 
     limits = SandboxLimits(memory_mb=256, pids=64, cpus=1.0, timeout_s=60)
     out: dict[str, Any] = {}
+    # A directory of its own: a sandbox hands its workspace to the sandbox user, and the temporary root handed so
+    # kept the later load phase's repositories from crewwork's confined git ("repo.ref 'HEAD' does not exist").
+    root = root / "sandbox-workspace"
+    root.mkdir()
     for name, cls in SANDBOXES.items():
         ok, why = cls.available()
         if not ok:

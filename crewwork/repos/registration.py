@@ -149,6 +149,11 @@ class RepositoryChecks:
         finally:
             confined.close()
         sha = res.out.strip()
+        if res.code != 0 and res.err.strip():
+            # `--quiet` makes a missing ref silent: anything on stderr is git (or the confinement around it) failing
+            # to read the repository, which is not the tenant's ref being wrong (a directory on the way that only
+            # another user may enter made this read "repo.ref 'HEAD' does not exist").
+            raise RepoPolicyError(f"repository {url.url} could not be read: {res.err.strip().splitlines()[-1][:300]}")
         if res.code != 0 or len(sha) not in (40, 64):
             raise RepoPolicyError(f"repo.ref {ref!r} does not exist in {url.url}")
         return sha
