@@ -193,5 +193,10 @@ if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "worker":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         asyncio.run(_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
+        # As `crewwork` does (crewwork/cli/__init__.py run): the Temporal SDK's native threads outlive the interpreter
+        # and abort its finalization ("Fatal Python error: PyGILState_Release", temporalio/sdk-python#300).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     else:
         sys.exit("usage: python -m bench.bare_load worker control|agent ADDRESS PREFIX SLOTS")
