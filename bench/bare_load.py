@@ -86,7 +86,7 @@ async def _worker(role: str, address: str, prefix: str, slots: int) -> None:
 def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, Any]]]:
     """Yields `run(slots)`: a fresh dev server and two worker processes (control, agent of `slots`), the load, and
     its figures in bench/load.py's shape."""
-    from bench.harness import proc_cpu_s, summary
+    from bench.harness import postgres_cpu_s, proc_cpu_s, summary
     from crewwork.temporal.devserver import DevServer, free_port
 
     root = Path(__file__).resolve().parents[1]
@@ -115,6 +115,7 @@ def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, 
 
         cpu0 = [proc_cpu_s(p.pid) for p in procs]
         t_cpu0 = proc_cpu_s(server_pid)
+        pg_cpu0 = postgres_cpu_s()  # bare Temporal uses none: what the host's PostgreSQL does meanwhile
         start = time.time()
         await asyncio.gather(*(client_loop() for _ in range(clients)))
         closed: dict[str, float] = {}
@@ -130,6 +131,7 @@ def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, 
                     waits.append(ev.event_time.ToDatetime().timestamp() - submitted[wid])
                     break
         cpu = sum(proc_cpu_s(p.pid) for p in procs) - sum(cpu0)
+        pg_cpu = postgres_cpu_s() - pg_cpu0
         end = max(closed.values())
         return {
             "system": "bare temporal",
@@ -139,7 +141,7 @@ def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, 
             "submit_to_result_s": summary([closed[w] - submitted[w] for w in closed]),
             "queue_wait_s": summary(waits),
             "states": {"succeeded": len(closed)},
-            "cpu_s": {"workers": cpu, "temporal": proc_cpu_s(server_pid) - t_cpu0},
+            "cpu_s": {"workers": cpu, "temporal": proc_cpu_s(server_pid) - t_cpu0, "postgres": pg_cpu},
             "worker_cpu_ms_per_item": 1000 * cpu / items,
             "loadavg": os.getloadavg()[0],
         }

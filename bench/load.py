@@ -43,7 +43,7 @@ import httpx
 from sqlalchemy import select
 
 from bench.bare_load import bare_runner
-from bench.harness import pg_database, proc_cpu_s, rss_mb, summary, table, task_spec, write_results
+from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, rss_mb, summary, table, task_spec, write_results
 from crewwork.models import WorkItemState
 from crewwork.stack import Stack
 from crewwork.store.store import Store
@@ -175,12 +175,15 @@ def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> d
             cpu_before = {p.name: proc_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
             tserver = stack.temporal.proc.pid if stack.temporal and stack.temporal.proc else 0
             cpu_before["temporal"] = proc_cpu_s(tserver)
+            cpu_before["postgres"] = postgres_cpu_s()
             out = asyncio.run(drive(stack, url, items, clients, 300))
             # CPU seconds each process spent on the run: where the time goes.
             out["cpu_s"] = {
                 p.name: proc_cpu_s(p.proc.pid) - cpu_before.get(p.name, 0.0) for p in stack.processes if p.proc
             }
             out["cpu_s"]["temporal"] = proc_cpu_s(tserver) - cpu_before["temporal"]
+            # Every PostgreSQL server process on the host (the driver's own polling of the store included).
+            out["cpu_s"]["postgres"] = postgres_cpu_s() - cpu_before["postgres"]
             out["worker_cpu_ms_per_item"] = (
                 1000 * sum(v for k, v in out["cpu_s"].items() if k.startswith(("agent", "control"))) / items
             )

@@ -49,7 +49,7 @@ from sqlalchemy import select
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench.harness import pg_database, proc_cpu_s, summary, table
+from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, summary, table
 from bench.load import drive, load_stack
 from crewwork.store.store import Store
 from crewwork.store.tables import Artifact, Event, WorkItem
@@ -277,6 +277,7 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
             cpu0 = {p.name: proc_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
             tpid = stack.temporal.proc.pid if stack.temporal and stack.temporal.proc else 0
             cpu0["temporal"] = proc_cpu_s(tpid)
+            cpu0["postgres"] = postgres_cpu_s()
             spy = None
             if args.profile and spy_bin is not None:
                 pid = next(p.proc.pid for p in stack.processes if p.name == args.profile and p.proc)
@@ -289,6 +290,7 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
                 spy.wait(30)
             cpu = {p.name: proc_cpu_s(p.proc.pid) - cpu0[p.name] for p in stack.processes if p.proc}
             cpu["temporal"] = proc_cpu_s(tpid) - cpu0["temporal"]
+            cpu["postgres"] = postgres_cpu_s() - cpu0["postgres"]  # every server process on the host
             assert stack.temporal is not None
             warm = asyncio.run(histories(stack.temporal.address, url))
         finally:
