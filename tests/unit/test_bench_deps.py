@@ -32,3 +32,15 @@ def test_the_peer_benchmarks_check_before_they_start() -> None:
         res = subprocess.run([sys.executable, *script], cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, (script, res.stdout[-500:], res.stderr[-500:])
         assert "missing" in res.stderr and "pip install" in res.stderr and res.stdout == ""
+
+
+def test_the_report_renders_every_committed_result() -> None:
+    # docs/performance.md's tables are rendered from bench/results by bench/report.py: a benchmark that changes the
+    # shape of its results must keep the report working (it once failed on chaos.json's p95).
+    res = subprocess.run(
+        [sys.executable, "bench/report.py"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    for name in ("overhead", "load", "peers", "components", "scaling", "chaos"):
+        if (ROOT / "bench" / "results" / f"{name}.json").exists():
+            assert f"### {name}" in res.stdout, name
