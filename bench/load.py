@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -333,6 +334,45 @@ def equal_table(runs: list[dict[str, Any]]) -> str:
     )
 
 
+def floor_table(runs: list[dict[str, Any]], items: int) -> str:
+    """crewwork against bare Temporal (the floor of the shape) in the same round: throughput, submit-to-result p50
+    and CPU per item over every process each uses (crewwork: API, pools, Temporal server, PostgreSQL; bare: its two
+    worker processes, the server, and PostgreSQL's background), per round and the median over rounds."""
+    by = {(r.get("system", "crewwork"), r["agent_slots_per_process"], r.get("round", 0)): r for r in runs}
+    per_slots: dict[int, list[tuple[float, float, float]]] = {}
+    rows = []
+    for (system, slots, rnd), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        bare = by.get(("bare temporal", slots, rnd))
+        if system != "crewwork" or bare is None:
+            continue
+        cpu_c = 1000 * sum(r["cpu_s"].values()) / items
+        cpu_b = 1000 * sum(bare["cpu_s"].values()) / items
+        ratios = (
+            r["tasks_per_s"] / bare["tasks_per_s"],
+            r["submit_to_result_s"]["p50"] / bare["submit_to_result_s"]["p50"],
+            cpu_c / cpu_b if cpu_b else float("nan"),
+        )
+        per_slots.setdefault(slots, []).append(ratios)
+        rows.append(
+            [slots, rnd + 1, f"{ratios[0]:.2f}", f"{ratios[1]:.2f}", f"{cpu_c:.1f}", f"{cpu_b:.1f}", f"{ratios[2]:.2f}"]
+        )
+    for slots, rs in sorted(per_slots.items()):
+        med = [statistics.median(x[i] for x in rs) for i in range(3)]
+        rows.append([slots, "median", f"**{med[0]:.2f}**", f"**{med[1]:.2f}**", "", "", f"**{med[2]:.2f}**"])
+    return table(
+        [
+            "slots",
+            "round",
+            "tasks/s vs bare",
+            "s2r p50 vs bare",
+            "CPU ms/item crewwork",
+            "CPU ms/item bare",
+            "CPU vs bare",
+        ],
+        rows,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="40 items")
@@ -436,6 +476,12 @@ def main() -> None:
             "processes (bare temporal), CPU time per item. bare temporal: one 100 ms activity per workflow with "
             "crewwork's pool tuning and nothing else (no API, store, fencing): the floor of the Temporal shape"
         )
+        if any(r.get("system") == "bare temporal" for r in runs):
+            print(
+                "\nagainst the floor (issue 31's targets: tasks/s >= 0.95 / 0.9 / 0.85 at 1 / 2 / 8 slots, s2r p50 <= 1.1,"
+            )
+            print("CPU <= 1.2, every process counted):")
+            print(floor_table(runs, args.items))
     print(render({"runs": runs, "reference": REFERENCE}))
     print("reference: SKIP LOCKED platform, 8 tasks/s (1 worker) and 14 (2), submit-to-result p50 4.6 s / 2.4 s")
     write_results("load", {"runs": runs, "reference": REFERENCE})
