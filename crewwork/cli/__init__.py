@@ -87,6 +87,19 @@ def _port(text: str) -> int:
     return n
 
 
+def _pools(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",")]
+    known = ("control", "agent", "validate")
+    bad = [p for p in names if p not in known]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown pool {', '.join(repr(b) for b in bad)}: pools are {', '.join(known)} (several: control,agent)"
+        )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a pool is named twice in {text!r}")
+    return names
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -255,8 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
         "isolation) instead of stopping with what to install",
     )
 
-    d = add("worker", "run one worker pool (--json: JSON log lines)", cmd_worker)
-    d.add_argument("--pool", required=True, choices=["control", "agent", "validate"])
+    d = add("worker", "run one worker pool, or several in one process (--json: JSON log lines)", cmd_worker)
+    d.add_argument(
+        "--pool",
+        required=True,
+        type=_pools,
+        help="control, agent or validate; several, comma-separated (control,agent), run in this one process",
+    )
 
     d = add("api", "run the HTTP API (--json: JSON log lines)", cmd_api)
     d.add_argument("--host")

@@ -34,12 +34,12 @@ def require_store(s: Settings, command: str) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     import asyncio
 
-    from crewwork.workers.pools import run_pool
+    from crewwork.workers.pools import run_pools
 
     s = _settings_for(args)
     require_store(s, "worker")
     setup_logging(s)
-    asyncio.run(run_pool(args.pool, s))
+    asyncio.run(run_pools(args.pool, s))
     return EXIT_OK
 
 

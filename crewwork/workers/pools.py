@@ -150,6 +150,22 @@ def _cache_workflow_bytecode() -> None:
 
 
 async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequence[Interceptor] = ()) -> None:
+    await run_pools([pool], settings, extra_interceptors=extra_interceptors)
+
+
+async def run_pools(
+    pools: Sequence[str], settings: Settings, *, extra_interceptors: Sequence[Interceptor] = ()
+) -> None:
+    """Run one or several pools in this process (`crewwork worker --pool control,agent`): one Temporal client, one
+    store connection pool and one event loop for all of them, each pool its own Worker on its own task queue.
+
+    Several pools in one process cost less CPU per item than the same pools as separate processes (one SDK runtime,
+    one event loop woken instead of two: docs/performance.md, "Pools in one process"), at the price of the
+    separation: a pool that wedges or is killed takes the others in its process with it, and they scale together."""
+    unknown = [p for p in pools if p not in POOLS]
+    if unknown or not pools or len(set(pools)) != len(pools):
+        raise ValueError(f"pools must be distinct names among {', '.join(POOLS)}, not {', '.join(pools) or 'none'}")
+    name = "+".join(pools)
     # Observability first: JSON logs and the Temporal SDK metrics runtime must be in place before connecting.
     # No pre-ping in the pools: fenced writes retry a dead pooled connection themselves (Store._transaction).
     store = Store(
@@ -159,40 +175,53 @@ async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequenc
         unavailable_wait_s=settings.store_unavailable_wait_s,
         server_writes=settings.store_server_writes,
     )
-    metrics_server = start_pool_observability(
-        pool,
-        settings.task_queue(pool),
-        metrics_port=settings.metrics_port,
-        temporal_metrics_port=settings.temporal_metrics_port,
-    )
-    tracing.configure(settings, f"crewwork-worker-{pool}")  # before connect: the client carries the interceptor
+    metrics_server = None
+    for i, pool in enumerate(pools):
+        # One metrics server and one SDK metrics runtime per process; each pool's identity on the first.
+        server = start_pool_observability(
+            pool,
+            settings.task_queue(pool),
+            metrics_port=settings.metrics_port if i == 0 else None,
+            temporal_metrics_port=settings.temporal_metrics_port if i == 0 else None,
+        )
+        metrics_server = metrics_server or server
+    tracing.configure(settings, f"crewwork-worker-{name}")  # before connect: the client carries the interceptor
     client = await connect(settings)
-    worker = build_worker(pool, client, store, settings, extra_interceptors=extra_interceptors)
+    workers = [build_worker(pool, client, store, settings, extra_interceptors=extra_interceptors) for pool in pools]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("pool %s polling task queue %s", pool, settings.task_queue(pool))
-    print(f"crewwork worker: pool {pool} polling {settings.task_queue(pool)}", flush=True)
-    alive = asyncio.create_task(_report_alive(pool, stop))
+    for pool in pools:
+        log.info("pool %s polling task queue %s", pool, settings.task_queue(pool))
+        print(f"crewwork worker: pool {pool} polling {settings.task_queue(pool)}", flush=True)
+    alive = [asyncio.create_task(_report_alive(pool, stop)) for pool in pools]
     reconciler = None
-    if pool == "control" and settings.reconcile_interval_s > 0:
+    if "control" in pools and settings.reconcile_interval_s > 0:
         reconciler = asyncio.create_task(Reconciler(store, client, settings).run(stop))
-    async with worker:
+    async with contextlib.AsyncExitStack() as running:
+        for worker in workers:
+            await running.enter_async_context(worker)
         await stop.wait()
         if reconciler is not None:
             # Cut short, not waited for: each item's end is one fenced write, and the next pool's pass takes over.
             reconciler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reconciler
-        log.info("pool %s draining (grace %ss)", pool, GRACEFUL_SHUTDOWN.total_seconds())
-        print(f"crewwork worker: pool {pool} draining", flush=True)
-    await alive
+        log.info("pool %s draining (grace %ss)", name, GRACEFUL_SHUTDOWN.total_seconds())
+        for pool in pools:
+            print(f"crewwork worker: pool {pool} draining", flush=True)
+        # Drained side by side, not one after the other (each may take its whole grace period); leaving the
+        # block asks each again, which returns at once.
+        await asyncio.gather(*(worker.shutdown() for worker in workers))
+    for task in alive:
+        await task
     if metrics_server is not None:
         metrics_server.close()
     await store.close()
     tracing.shutdown()
-    print(f"crewwork worker: pool {pool} drained", flush=True)
+    for pool in pools:
+        print(f"crewwork worker: pool {pool} drained", flush=True)
 
 
 async def _report_alive(pool: str, stop: asyncio.Event) -> None:

@@ -227,3 +227,14 @@ def test_a_signing_key_put_where_its_variables_name_goes_is_never_echoed(tmp_pat
     masked = mask_secrets(f"key: {pem} and json {pem!r}")
     assert seed_b64[-20:] not in masked and masked.count("-----BEGIN PRIVATE KEY-----***") == 2, masked
     assert _bare(tmp_path, "config", CREWWORK_EVIDENCE_SIGNING_KEY_ENV="EVIDENCE_KEY_2026").returncode == 0
+
+
+def test_worker_pools_are_checked_before_anything_starts() -> None:
+    for value, said in (
+        ("nope", "unknown pool 'nope'"),
+        ("control,nope", "unknown pool 'nope'"),
+        ("control,control", "named twice"),
+        ("", "unknown pool ''"),
+    ):
+        line = one_line_usage_error(crewwork("worker", "--pool", value))
+        assert said in line, (value, line)
