@@ -46,7 +46,7 @@ from sqlalchemy import select
 from bench.bare_load import bare_runner
 from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, rss_mb, summary, table, task_spec, write_results
 from crewwork.models import WorkItemState
-from crewwork.stack import Stack
+from crewwork.stack import Stack, crewwork_argv
 from crewwork.store.store import Store
 from crewwork.store.tables import Event, WorkItem
 from crewwork.temporal.devserver import free_port
@@ -140,10 +140,31 @@ async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: flo
 
 
 def load_stack(
-    data_dir: Path, url: str, agents: int, slots: int, control: int = 1, env: dict[str, str] | None = None
+    data_dir: Path,
+    url: str,
+    agents: int,
+    slots: int,
+    control: int = 1,
+    env: dict[str, str] | None = None,
+    one_process: bool = False,
 ) -> Stack:
     """The load test's stack: the API, `control` control processes and `agents` agent processes of `slots` each, on a
-    throwaway Temporal dev server and the given database (`env`: more settings for every process)."""
+    throwaway Temporal dev server and the given database (`env`: more settings for every process). `one_process`:
+    the control and agent pools in one process (`crewwork worker --pool control,agent`), named control-0."""
+    if one_process:
+        if (control, agents) != (1, 1):
+            raise SystemExit("bench: --one-process runs one process of the control and agent pools together")
+        return Stack(
+            data_dir,
+            temporal_port=free_port(),
+            ui_port=free_port(),
+            api_port=free_port(),
+            database_url=url,
+            pool_counts={"control": 1, "agent": 0, "validate": 0},
+            ui=False,
+            extra_env=_load_env(slots, env),
+            worker_argv=lambda _pool: crewwork_argv("worker", "--pool", "control,agent"),
+        )
     return Stack(
         data_dir,
         temporal_port=free_port(),
@@ -152,21 +173,27 @@ def load_stack(
         database_url=url,
         pool_counts={"control": control, "agent": agents, "validate": 0},
         ui=False,
-        extra_env={
-            "CREWWORK_TASK_QUEUE_PREFIX": f"load{uuid.uuid4().hex[:6]}",
-            "CREWWORK_AGENT_CONCURRENCY": str(slots),
-            # The reference had no rate limit: 100 submits from one key must not be throttled.
-            "CREWWORK_API_RATE_PER_S": "10000",
-            "CREWWORK_API_RATE_BURST": "10000",
-            "CREWWORK_LOG_LEVEL": "WARNING",
-            **(env or {}),
-        },
+        extra_env=_load_env(slots, env),
     )
 
 
-def run_config(url: str, agents: int, slots: int, items: int, clients: int) -> dict[str, Any]:
+def _load_env(slots: int, env: dict[str, str] | None) -> dict[str, str]:
+    return {
+        "CREWWORK_TASK_QUEUE_PREFIX": f"load{uuid.uuid4().hex[:6]}",
+        "CREWWORK_AGENT_CONCURRENCY": str(slots),
+        # The reference had no rate limit: 100 submits from one key must not be throttled.
+        "CREWWORK_API_RATE_PER_S": "10000",
+        "CREWWORK_API_RATE_BURST": "10000",
+        "CREWWORK_LOG_LEVEL": "WARNING",
+        **(env or {}),
+    }
+
+
+def run_config(
+    url: str, agents: int, slots: int, items: int, clients: int, one_process: bool = False
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="crewwork-load-") as tmp:
-        stack = load_stack(Path(tmp), url, agents, slots)
+        stack = load_stack(Path(tmp), url, agents, slots, one_process=one_process)
         stack.start()
         try:
             time.sleep(2.0)  # pools connect and start polling
@@ -394,6 +421,11 @@ def main() -> None:
         help="skip the same-run bare-Temporal floor (bench/bare_load.py) in the equal-concurrency comparison",
     )
     ap.add_argument(
+        "--one-process",
+        action="store_true",
+        help="crewwork's control and agent pools in one process (crewwork worker --pool control,agent)",
+    )
+    ap.add_argument(
         "--peer-concurrency",
         default="1",
         help="grid: Procrastinate jobs per worker process to run (1 = the reference setup), comma-separated",
@@ -411,7 +443,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
 
     def crewwork(agents: int, slots: int) -> dict[str, Any]:
-        r = run_config(url, agents, slots, args.items, args.clients)
+        r = run_config(url, agents, slots, args.items, args.clients, one_process=args.one_process)
         print(
             f"crewwork agents={agents} slots={slots}: {r['tasks_per_s']:.1f} tasks/s "
             f"(slot efficiency {efficiency(r):.2f}), submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s "

@@ -269,7 +269,9 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
     prof = Path(f"/tmp/prof-{args.profile}.txt")
     load0 = os.getloadavg()[0]
     with pg_database("crewwork_trace") as (url, _db), tempfile.TemporaryDirectory(prefix="crewwork-trace-") as tmp:
-        stack = load_stack(Path(tmp), url, args.agents, args.slots, control=args.control, env=env)
+        stack = load_stack(
+            Path(tmp), url, args.agents, args.slots, control=args.control, env=env, one_process=args.one_process
+        )
         stack.start()
         try:
             time.sleep(2.0)
@@ -394,6 +396,11 @@ def main() -> None:
         "variant is one space-separated list of KEY=VALUE; rounds alternate the variants)",
     )
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--one-process",
+        action="store_true",
+        help="the control and agent pools in one process (crewwork worker --pool control,agent), named control-0",
+    )
     args = ap.parse_args()
     spy_bin = py_spy()
     if args.profile and spy_bin is None:
