@@ -27,6 +27,9 @@ from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits, SandboxRunResul
 LOG_DIR = ".crewwork/preview"
 LOG_FILE = f"{LOG_DIR}/app.log"
 LOG_CAP = 4 * 1024 * 1024
+LOG_QUIET_S = 0.25
+LOG_SETTLE_MAX_S = 2.0
+"""After the probes, the log is read once it has not grown for LOG_QUIET_S, waiting at most LOG_SETTLE_MAX_S."""
 TUNNEL_INSIDE = "/crewwork/preview"
 READY_STATUSES = (*range(200, 400), 400, 401, 402, 403)
 POLL_S = 0.25
@@ -105,6 +108,21 @@ class AppPreview:
                     break
                 self._log += chunk
         return bytes(self._log)
+
+    async def settled_log(self, quiet_s: float = LOG_QUIET_S, max_s: float = LOG_SETTLE_MAX_S) -> bytes:
+        """The log once the app's output has stopped arriving. The relay copies the app's output into the log from a
+        thread of its own, so what the app wrote before it answered the last probe (the traceback of a 500) can reach
+        the log after the answer has reached us: on a loaded host the log was read without it (a flaky
+        tests/preview/test_repair.py). Waits until the log has not grown for `quiet_s`, at most `max_s`."""
+        deadline = time.monotonic() + max_s
+        size = len(self.log())
+        while time.monotonic() < deadline:
+            await asyncio.sleep(quiet_s)
+            now = len(self.log())
+            if now == size:
+                break
+            size = now
+        return self.log()
 
     @property
     def alive(self) -> bool:

@@ -211,10 +211,11 @@ async def _run(
                             timings.setdefault("first_probe_s", time.monotonic() - started)
                             flows.append(record)
                             shots[flow.name] = (shot, trace)
-                # A moment for a crash the last probe caused to show as one.
+            # What the app wrote while answering the probes, and a moment for a crash the last probe caused to
+            # show as one.
+            log = await app.settled_log() if (http or flows) else app.log()
             await asyncio.sleep(0)
             run = app.run_record()
-            log = app.log()
         finally:
             await app.stop()
     tail = log[-MAX_LOG_TAIL:].decode("utf-8", "replace")

@@ -177,7 +177,8 @@ async def run_pools(
     )
     metrics_server = None
     for i, pool in enumerate(pools):
-        # One metrics server and one SDK metrics runtime per process; each pool's identity on the first.
+        # One metrics server and one SDK metrics runtime per process (the ports are the first pool's to open);
+        # every pool's identity (POOL_INFO) is on it.
         server = start_pool_observability(
             pool,
             settings.task_queue(pool),
