@@ -151,42 +151,27 @@ def load_stack(
     """The load test's stack: the API, `control` control processes and `agents` agent processes of `slots` each, on a
     throwaway Temporal dev server and the given database (`env`: more settings for every process). `one_process`:
     the control and agent pools in one process (`crewwork worker --pool control,agent`), named control-0."""
-    if one_process:
-        if (control, agents) != (1, 1):
-            raise SystemExit("bench: --one-process runs one process of the control and agent pools together")
-        return Stack(
-            data_dir,
-            temporal_port=free_port(),
-            ui_port=free_port(),
-            api_port=free_port(),
-            database_url=url,
-            pool_counts={"control": 1, "agent": 0, "validate": 0},
-            ui=False,
-            extra_env=_load_env(slots, env),
-            worker_argv=lambda _pool: crewwork_argv("worker", "--pool", "control,agent"),
-        )
+    if one_process and (control, agents) != (1, 1):
+        raise SystemExit("bench: --one-process runs one process of the control and agent pools together")
     return Stack(
         data_dir,
         temporal_port=free_port(),
         ui_port=free_port(),
         api_port=free_port(),
         database_url=url,
-        pool_counts={"control": control, "agent": agents, "validate": 0},
+        pool_counts={"control": control, "agent": 0 if one_process else agents, "validate": 0},
         ui=False,
-        extra_env=_load_env(slots, env),
+        extra_env={
+            "CREWWORK_TASK_QUEUE_PREFIX": f"load{uuid.uuid4().hex[:6]}",
+            "CREWWORK_AGENT_CONCURRENCY": str(slots),
+            # The reference had no rate limit: 100 submits from one key must not be throttled.
+            "CREWWORK_API_RATE_PER_S": "10000",
+            "CREWWORK_API_RATE_BURST": "10000",
+            "CREWWORK_LOG_LEVEL": "WARNING",
+            **(env or {}),
+        },
+        worker_argv=(lambda _pool: crewwork_argv("worker", "--pool", "control,agent")) if one_process else None,
     )
-
-
-def _load_env(slots: int, env: dict[str, str] | None) -> dict[str, str]:
-    return {
-        "CREWWORK_TASK_QUEUE_PREFIX": f"load{uuid.uuid4().hex[:6]}",
-        "CREWWORK_AGENT_CONCURRENCY": str(slots),
-        # The reference had no rate limit: 100 submits from one key must not be throttled.
-        "CREWWORK_API_RATE_PER_S": "10000",
-        "CREWWORK_API_RATE_BURST": "10000",
-        "CREWWORK_LOG_LEVEL": "WARNING",
-        **(env or {}),
-    }
 
 
 def run_config(
