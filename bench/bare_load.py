@@ -2,7 +2,8 @@
 
 A workflow per task on a control queue, served by one workflow worker process, runs one 100 ms activity on an agent
 queue, served by one activity worker process of N slots. The workers are tuned exactly like crewwork's control and
-agent pools (`crewwork.workers.pools.worker_tuning`: the same pollers, and the same poll-ahead slot supplier), on the
+agent pools (`crewwork.workers.pools.worker_tuning`: the same pollers, and the same poll-ahead slot supplier; the
+same event loop, `CREWWORK_EVENT_LOOP`), on the
 same Temporal dev server with the same flags. What bare Temporal leaves out is everything crewwork adds: the HTTP API,
 the store, fencing, admission, evidence, the agent's child process. So it is the floor any design in this shape has
 on this machine: what one slot can do at most when Temporal carries each task.
@@ -194,7 +195,11 @@ async def _warm(address: str, prefix: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "worker":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        asyncio.run(_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
+        from crewwork import eventloop
+        from crewwork.config import Settings
+
+        # The event loop crewwork's pools run on (CREWWORK_EVENT_LOOP, uvloop by default): part of their tuning.
+        eventloop.run(_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])), Settings())
         # As `crewwork` does (crewwork/cli/__init__.py run): the Temporal SDK's native threads outlive the interpreter
         # and abort its finalization ("Fatal Python error: PyGILState_Release", temporalio/sdk-python#300).
         sys.stdout.flush()

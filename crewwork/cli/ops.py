@@ -32,21 +32,20 @@ def require_store(s: Settings, command: str) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from crewwork import eventloop
     from crewwork.workers.pools import run_pools
 
     s = _settings_for(args)
     require_store(s, "worker")
     setup_logging(s)
-    asyncio.run(run_pools(args.pool, s))
+    eventloop.run(run_pools(args.pool, s), s)
     return EXIT_OK
 
 
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from crewwork import tracing
+    from crewwork import eventloop, tracing
     from crewwork.serve import api_app
 
     s = _settings_for(args)
@@ -56,6 +55,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     )
     setup_logging(s)
     tracing.configure(s, "crewwork-api")
+    loop, http = eventloop.uvicorn_options(s)
     try:
         uvicorn.run(
             api_app(s),
@@ -63,6 +63,8 @@ def cmd_api(args: argparse.Namespace) -> int:
             port=args.port or s.api_port,
             log_level=s.log_level.lower(),
             access_log=False,
+            loop=loop,
+            http=http,
             log_config=None,  # uvicorn's loggers go through crewwork's formatter (setup_logging)
         )
     finally:

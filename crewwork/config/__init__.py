@@ -265,6 +265,12 @@ class Settings(BaseSettings):
         "empty none, else comma-separated names. Install plugins on the API and the agent pool.",
     )
     log_level: str = Field(default="INFO", description="Python log level.")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        default="auto",
+        description="The event loop of the API and the pools: `uvloop` (libuv, with the httptools HTTP parser in the "
+        "API), `asyncio` (the standard library's loop and the pure-Python h11 parser), `auto` uvloop where it is "
+        "installed (it is a dependency on Linux and macOS). See docs/performance.md for what it saves.",
+    )
     search_attributes: bool = Field(
         default=True,
         description="Set crewwork's custom search attributes on work-item workflows (register them first: "
