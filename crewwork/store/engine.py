@@ -25,14 +25,20 @@ PING_AFTER_IDLE_S = 1.0
 """`pre_ping`: a pooled connection is tested before use only when it was last returned this long ago."""
 
 
-def _ping_when_idle(engine: AsyncEngine) -> None:
-    """SQLAlchemy's `pool_pre_ping`, but only for a connection idle for `PING_AFTER_IDLE_S` or more. The stock one
-    tests every checkout, and asyncpg's test is a transaction of its own (BEGIN, a statement, ROLLBACK: three round
-    trips) before every statement, the API's one-round-trip autocommit statements included: that was a quarter of the
-    API's busy samples under load (py-spy, bench/trace.py --profile api). A connection back in the pool less than a
-    second ago is very likely alive; if the database died in that second, the autocommit statements and the
-    transactions that had not begun run once more on a fresh connection (`Database.transaction`, `_autocommit`),
-    and another read fails as any call does while the store is unreachable (the API answers 503)."""
+def _test_on_checkout(engine: AsyncEngine, *, ping: bool) -> None:
+    """Every pooled PostgreSQL connection is looked at before use: one the driver already knows is closed (the server
+    ended it: a restart, a failover, `pg_terminate_backend`) is discarded and another checked out, at no cost (a flag
+    in the driver, no round trip). Without this, a read that drew it failed ("connection is closed") whenever it had
+    been returned less than `PING_AFTER_IDLE_S` ago (tests/reliability/test_faults.py, under load).
+
+    `ping` (the API): SQLAlchemy's `pool_pre_ping`, but only for a connection idle for `PING_AFTER_IDLE_S` or more.
+    The stock one tests every checkout, and asyncpg's test is a transaction of its own (BEGIN, a statement, ROLLBACK:
+    three round trips) before every statement, the API's one-round-trip autocommit statements included: that was a
+    quarter of the API's busy samples under load (py-spy, bench/trace.py --profile api). A connection back in the
+    pool less than a second ago, and not known closed, is very likely alive; if the database died in that second,
+    the autocommit statements and the transactions that had not begun run once more on a fresh connection
+    (`Database.transaction`, `_autocommit`), and another read fails as any call does while the store is unreachable
+    (the API answers 503)."""
     pool = engine.sync_engine.pool
 
     @event.listens_for(pool, "checkin")
@@ -41,13 +47,15 @@ def _ping_when_idle(engine: AsyncEngine) -> None:
 
     @event.listens_for(pool, "checkout")
     def _checked_out(dbapi: Any, record: Any, _proxy: Any) -> None:
+        if dbapi.driver_connection.is_closed():
+            # The pool discards this connection and checks out another (a fresh one if needs be).
+            raise DisconnectionError("pooled connection was closed by the server")
         returned = record.info.get("returned_at")
-        if returned is not None and time.monotonic() - returned < PING_AFTER_IDLE_S:
+        if not ping or (returned is not None and time.monotonic() - returned < PING_AFTER_IDLE_S):
             return
         try:
             dbapi.ping()
         except Exception as exc:
-            # The pool discards this connection and checks out another (a fresh one if needs be).
             raise DisconnectionError(f"pooled connection failed its test: {exc}") from exc
 
 
@@ -106,7 +114,7 @@ class Database:
         server_writes: bool = True,
     ) -> None:
         """`pre_ping` (the API) tests a pooled connection before use when it sat idle a second or more
-        (`_ping_when_idle`); `pre_ping=False` (the worker pools) never tests it; a
+        (`_test_on_checkout`); `pre_ping=False` (the worker pools) only discards one the driver knows is closed; a
         transaction whose first statement finds its connection dead is then run once more on a fresh connection
         (`transaction`), and other calls fail into their activity's retry policy.
 
@@ -128,8 +136,8 @@ class Database:
             # holds (20 by default) is what pool_size + overflow allowed before.
             kwargs.update(pool_size=pool_size, max_overflow=0, pool_pre_ping=False, pool_recycle=1800)
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
-        if pre_ping and not self.is_sqlite:
-            _ping_when_idle(self.engine)
+        if not self.is_sqlite:
+            _test_on_checkout(self.engine, ping=pre_ping)
         if self.is_sqlite:
             _configure_sqlite(self.engine)
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)

@@ -329,6 +329,30 @@ async def test_a_fenced_write_survives_its_pooled_connection_being_killed_withou
         await store.close()
 
 
+@pytest.mark.parametrize("pre_ping", [True, False], ids=["api", "pools"])
+async def test_a_read_never_draws_a_pooled_connection_the_server_has_just_closed(pg_url: str, pre_ping: bool) -> None:
+    """A connection returned to the pool a moment ago (too recently to be pinged) and then ended by the server (a
+    restart, a failover, pg_terminate_backend) is known closed to the driver: the next read gets another one instead
+    of failing with "connection is closed" (seen in tests/reliability/test_faults.py under load)."""
+    import asyncpg
+
+    store = Store(pg_url, pool_size=1, pre_ping=pre_ping)
+    try:
+        _tid, wid = await _item(store)
+        async with store.session() as s:
+            pid = (await (await s.connection()).exec_driver_sql("SELECT pg_backend_pid()")).scalar_one()
+        admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg", "postgresql"))
+        try:
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.2)  # the driver sees the socket close; still well inside PING_AFTER_IDLE_S
+        events = await store.list_events(wid)  # a read in a session: not retried by the store
+        assert [e.type for e in events][:1] == ["submitted"]
+    finally:
+        await store.close()
+
+
 async def test_concurrent_writers_of_one_item_never_accept_a_lower_rank_after_a_higher_one(pg_url: str) -> None:
     """Many attempts race on PostgreSQL: whatever order they commit in, accepted ranks only rise."""
     store = Store(pg_url, pool_size=10)
