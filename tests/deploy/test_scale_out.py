@@ -64,6 +64,21 @@ async def busy_process(
     raise AssertionError(f"{pool}: processes seen running {activity}: {seen} of {set(members)}")
 
 
+async def control_with_history(crew: Crew, procs: PoolProcesses, workflows: list[str]) -> Any:
+    """Once both control processes have handled workflow tasks (their identities are in the histories), the first
+    of them: killing one that never had work would leave nothing to assert about its share."""
+    members = {procs.identity(p): p for p in procs.of("control")}
+    seen: set[str] = set()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for wf in workflows:
+            seen |= {ident for _a, ident in (await activity_identities(crew.client, wf))["workflow_task"]}
+        if set(members) <= seen:
+            return members[sorted(members)[0]]
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"control: processes seen handling workflow tasks: {seen & set(members)} of {set(members)}")
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
@@ -91,7 +106,7 @@ async def test_pools_as_separate_processes_share_the_work_and_survive_losing_one
                 victim = await busy_process(crew, procs, pool, workflows, activity, seen[pool])
                 procs.kill(victim, signal.SIGKILL)
                 killed[pool] = procs.identity(victim)
-            victim = procs.of("control")[0]
+            victim = await control_with_history(crew, procs, workflows)
             procs.kill(victim, signal.SIGKILL)
             killed["control"] = procs.identity(victim)
 
