@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crewwork import childio
 from crewwork.models import DiffStats
 from crewwork.paths import PLATFORM_DIR as PLATFORM_DIR
 
@@ -123,18 +124,14 @@ async def run_git(
     async def write() -> None:
         assert proc.stdin is not None
         try:
-            if input_bytes is not None:
-                proc.stdin.write(input_bytes)
-                await proc.stdin.drain()
+            if input_bytes is not None and not await childio.feed_all(proc.stdin, input_bytes):
+                return
             if input_chunks is not None:
                 async for chunk in input_chunks:
-                    proc.stdin.write(chunk)
-                    await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+                    if not await childio.feed_all(proc.stdin, chunk):
+                        return
         finally:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.close()
+            childio.close(proc.stdin)
 
     async def read_out() -> None:
         assert proc.stdout is not None
@@ -383,10 +380,10 @@ class PrivateGit:
             assert proc.stdin is not None
             try:
                 for sha in shas:
-                    proc.stdin.write(sha.encode() + b"\n")
-                    await proc.stdin.drain()
+                    if not await childio.feed_all(proc.stdin, sha.encode() + b"\n"):
+                        return
             finally:
-                proc.stdin.close()
+                childio.close(proc.stdin)
 
         writer = asyncio.ensure_future(ask())
         try:

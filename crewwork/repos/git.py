@@ -13,6 +13,7 @@ git never discovers a repository from a directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import tempfile
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from crewwork import childio
 from crewwork.repos.credentials import GitAuth
 from crewwork.urls import RepoURL, redact_url
 
@@ -182,8 +184,14 @@ async def run_git(
         start_new_session=True,
         pass_fds=tuple(pass_fds),
     )
+    feeding: asyncio.Future[bool] | None = None
+    if input_bytes is not None:
+        assert proc.stdin is not None
+        # Fed here, beside `communicate` (which then only reads and waits), not by it: it writes without looking, and
+        # on uvloop a child gone already made that a RuntimeError (crewwork/childio.py).
+        feeding = asyncio.ensure_future(childio.feed_and_close(proc.stdin, input_bytes))
     try:
-        out, err = await asyncio.wait_for(proc.communicate(input_bytes), timeout_s)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
         _kill(proc)
         await proc.wait()
@@ -192,6 +200,12 @@ async def run_git(
         _kill(proc)
         await proc.wait()
         raise
+    finally:
+        if feeding is not None and not feeding.done():
+            # The child has exited (or was killed): nothing is left to feed.
+            feeding.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *childio.CLOSED_PIPE):
+                await feeding
     redact = auth.redact if auth is not None else redact_url
     return GitOutput(proc.returncode or 0, redact(out.decode(errors="replace")), redact(err.decode(errors="replace")))
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from crewwork import childio
 from crewwork.gitops import HARDENED_CONFIG, WORKSPACE_CONFIG, GitOutputTooLarge, run_git
 from crewwork.paths import PathRefused, RelPath, is_dotgit
 from crewwork.repos.git import git_env
@@ -426,13 +427,10 @@ async def read_blobs(git_dir: Path, shas: Iterable[str], *, timeout_s: float) ->
         assert proc.stdin is not None
         try:
             for sha in wanted:
-                proc.stdin.write(sha.encode() + b"\n")
-                await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+                if not await childio.feed_all(proc.stdin, sha.encode() + b"\n"):
+                    return
         finally:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                proc.stdin.close()
+            childio.close(proc.stdin)
 
     writer = asyncio.ensure_future(ask())
     try:
@@ -501,10 +499,8 @@ async def run_bounded(git_dir: Path, *args: str, max_bytes: int, timeout_s: floa
     out = bytearray()
     result = Bounded(b"")
     try:
-        proc.stdin.write(stdin)
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            await proc.stdin.drain()
-        proc.stdin.close()
+        await childio.feed_all(proc.stdin, stdin)
+        childio.close(proc.stdin)
         deadline = time.monotonic() + timeout_s
         while True:
             left_s = deadline - time.monotonic()
