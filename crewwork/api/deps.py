@@ -52,7 +52,6 @@ def _rate_limited(detail: str, wait_s: float) -> ProblemError:
 async def get_principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    store: Annotated[Store, Depends(get_store)],
 ) -> Principal:
     limits: ApiRateLimits = request.app.state.rate_limits
     address = request.client.host if request.client else "unknown"
@@ -62,13 +61,12 @@ async def get_principal(
         raise _rate_limited("too many failed authentications from this address", blocked)
     if creds is None or not creds.credentials:
         raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
-    principal = await store.authenticate(creds.credentials) if len(creds.credentials) <= 200 else None
+    principal, wait = (await limits.authenticate(creds.credentials)) if len(creds.credentials) <= 200 else (None, 0.0)
     if principal is None:
         wait = await limits.charge_auth_failure(address)
         if wait > 0:
             raise _rate_limited("too many failed authentications from this address", wait)
         raise _unauthorized("invalid or revoked API key")
-    wait = await limits.charge_key(principal.key_id)
     if wait > 0:
         raise _rate_limited(
             f"too many requests for this API key: at most {limits.key_rate_per_s:g}/s "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 
+from crewwork.store.auth import Principal
 from crewwork.store.ratelimits import RateLimitStore
 
 MAX_BLOCKED_ADDRESSES = 100_000
@@ -37,6 +38,14 @@ class ApiRateLimits:
         self.auth_failure_rate_per_s = auth_failure_rate_per_s
         self.auth_failure_burst = float(auth_failure_burst)
         self._blocked: dict[str, float] = {}
+
+    async def authenticate(self, plain: str) -> tuple[Principal | None, float]:
+        """The principal of API key `plain` (None: unknown or revoked) and, for a live key, its request charged:
+        the seconds to wait (0 when allowed). The lookup and the charge are one statement on PostgreSQL."""
+        principal, charge = await self.store.authenticate_and_charge(
+            plain, rate_per_s=self.key_rate_per_s, burst=self.key_burst
+        )
+        return principal, charge.retry_after_s if charge is not None else 0.0
 
     async def charge_key(self, key_id: str) -> float:
         """Charge one request to an API key. Returns 0 when allowed, else the seconds to wait."""

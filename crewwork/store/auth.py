@@ -34,6 +34,23 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def key_lookup(digest: Any) -> Any:
+    """The API key row whose hash is `digest` (a value or a bound parameter): (id, tenant_id, key_hash, scopes,
+    revoked_at)."""
+    return select(ApiKey.id, ApiKey.tenant_id, ApiKey.key_hash, ApiKey.scopes, ApiKey.revoked_at).where(
+        ApiKey.key_hash == digest
+    )
+
+
+def principal_of(
+    key_id: str, tenant_id: str, key_hash: str, scopes: str, revoked_at: float | None, *, digest: str
+) -> Principal | None:
+    """The principal of a looked-up key row, or None for a revoked one."""
+    if revoked_at is not None or not hmac.compare_digest(key_hash, digest):
+        return None
+    return Principal(tenant_id=tenant_id, key_id=key_id, scopes=frozenset(x for x in scopes.split(",") if x))
+
+
 class AuthStore(Database):
     async def ensure_tenant(self, name: str) -> str:
         """The id of the tenant called `name`, created if there is none. `name` may also be a tenant's id (as
@@ -102,18 +119,7 @@ class AuthStore(Database):
 
     async def authenticate(self, plain: str) -> Principal | None:
         digest = hash_api_key(plain)
-        # Once per API request: one statement outside a transaction (a read needs none), one round trip.
-        key = await self.autocommit_first(
-            select(ApiKey.id, ApiKey.tenant_id, ApiKey.key_hash, ApiKey.scopes, ApiKey.revoked_at).where(
-                ApiKey.key_hash == digest
-            )
-        )
-        if key is None or key.revoked_at is not None:
-            return None
-        if not hmac.compare_digest(key.key_hash, digest):
-            return None
-        return Principal(
-            tenant_id=key.tenant_id,
-            key_id=key.id,
-            scopes=frozenset(x for x in key.scopes.split(",") if x),
-        )
+        # Once per API request: one statement outside a transaction (a read needs none), one round trip. (The REST
+        # API looks the key up and charges its rate limit in one statement: RateLimitStore.authenticate_and_charge.)
+        key = await self.autocommit_first(key_lookup(digest))
+        return None if key is None else principal_of(*key, digest=digest)

@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, String, bindparam, case, delete, func, literal_column, select, true
+from sqlalchemy import Float, String, bindparam, case, delete, func, literal, literal_column, select, true
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.elements import ColumnElement
 
+from crewwork.store.auth import Principal, hash_api_key, key_lookup, principal_of
 from crewwork.store.engine import Database
 from crewwork.store.tables import RateLimit
 
@@ -65,21 +66,71 @@ class RateLimitStore(Database):
                 ["key", "tat", "checked_at", "allowed"],
                 select(key, now + interval, now, true()).select_from(no_flush),
             )
-        # A bucket's clock never goes back: a charge whose statement started before the last charge of the row
-        # (PostgreSQL stamps a statement when it arrives, before it waits for the row's lock) acts at that charge's
-        # time. Otherwise it could be refused where the later-stamped charge just after it is allowed, and be told
-        # to retry in the moment between their stamps instead of the interval.
-        greatest = func.max if self.is_sqlite else func.greatest
-        t = greatest(ins.excluded.checked_at, RateLimit.checked_at)
-        start = greatest(RateLimit.tat, t)
-        # The slack absorbs float rounding at epoch magnitudes (a full bucket sits exactly on the boundary).
-        allowed = start + interval - t <= burst * interval + EPSILON_S
-        stmt = ins.on_conflict_do_update(
-            index_elements=[RateLimit.key],
-            set_={"tat": case((allowed, start + interval), else_=RateLimit.tat), "checked_at": t, "allowed": allowed},
-        ).returning(RateLimit.tat, RateLimit.checked_at, RateLimit.allowed)
+        stmt = _upserted(ins, interval, burst, sqlite_dialect=self.is_sqlite)
         self.__dict__["_charge_stmt"] = stmt
         return stmt
+
+    def _key_charge_statement(self) -> Any:
+        """PostgreSQL: an API key's lookup by its hash and the charge of its bucket (`key:<id>`, only for a key that
+        is not revoked) as one statement: a data-modifying CTE, so one round trip per authenticated request instead
+        of two. Every value a bound parameter (`digest`, `interval`, `burst`); built once per store."""
+        cached = self.__dict__.get("_key_charge_stmt")
+        if cached is not None:
+            return cached
+        digest = bindparam("digest", type_=String)
+        interval = bindparam("interval", type_=Float)
+        burst = bindparam("burst", type_=Float)
+        now = self._statement_now()
+        key = key_lookup(digest).cte("api_key")
+        # As in `_charge_statement`: the charge's commit need not wait for the WAL flush.
+        no_flush = select(func.set_config("synchronous_commit", "off", True).label("no_flush")).subquery()
+        ins = postgresql.insert(RateLimit).from_select(
+            ["key", "tat", "checked_at", "allowed"],
+            select(literal("key:", String) + key.c.id, now + interval, now, true())
+            .select_from(key)
+            .join(no_flush, true())
+            .where(key.c.revoked_at.is_(None)),
+        )
+        charge = _upserted(ins, interval, burst, sqlite_dialect=False).cte("charge")
+        stmt = select(
+            key.c.id,
+            key.c.tenant_id,
+            key.c.key_hash,
+            key.c.scopes,
+            key.c.revoked_at,
+            charge.c.tat,
+            charge.c.checked_at,
+            charge.c.allowed,
+        ).select_from(key.outerjoin(charge, true()))
+        self.__dict__["_key_charge_stmt"] = stmt
+        return stmt
+
+    async def authenticate_and_charge(
+        self, plain: str, *, rate_per_s: float, burst: float
+    ) -> tuple[Principal | None, Charge | None]:
+        """The principal of API key `plain` (None: unknown or revoked) and, for a live key, one token taken from its
+        bucket `key:<key id>`. On PostgreSQL one statement (`_key_charge_statement`); on SQLite, which cannot put an
+        INSERT in a CTE, the lookup and then the charge."""
+        digest = hash_api_key(plain)
+        if self.is_sqlite:
+            key = await self.autocommit_first(key_lookup(digest))
+            principal = None if key is None else principal_of(*key, digest=digest)
+            if principal is None:
+                return None, None
+            return principal, await self.charge_rate_limit(
+                f"key:{principal.key_id}", rate_per_s=rate_per_s, burst=burst
+            )
+        interval = 1.0 / rate_per_s
+        row = await self.autocommit_first(
+            self._key_charge_statement(), {"digest": digest, "interval": interval, "burst": float(burst)}
+        )
+        if row is None:
+            return None, None
+        principal = principal_of(*row[:5], digest=digest)
+        if principal is None:
+            return None, None
+        tat, checked_at, ok = row[5:]
+        return principal, await self._charged(tat, checked_at, ok, interval, float(burst))
 
     async def charge_rate_limit(self, key: str, *, rate_per_s: float, burst: float) -> Charge:
         """Take one token from bucket `key` (created full on first use)."""
@@ -91,6 +142,10 @@ class RateLimitStore(Database):
                 tat, checked_at, ok = (await s.execute(stmt, params)).one()
         else:
             tat, checked_at, ok = await self.autocommit_first(stmt, params)
+        return await self._charged(tat, checked_at, ok, interval, float(burst))
+
+    async def _charged(self, tat: float, checked_at: float, ok: bool, interval: float, burst: float) -> Charge:
+        """A charge's answer from the bucket's row after it; every `PRUNE_EVERY` charges, full buckets are deleted."""
         RateLimitStore._charges += 1
         if RateLimitStore._charges % PRUNE_EVERY == 0:
             async with self.session() as s:
@@ -99,3 +154,21 @@ class RateLimitStore(Database):
             return Charge(True, 0.0)
         # Allowed again once max(tat, t) + interval - t <= burst * interval, i.e. after this wait:
         return Charge(False, max(0.001, float(tat) + interval - float(checked_at) - burst * interval))
+
+
+def _upserted(ins: Any, interval: Any, burst: Any, *, sqlite_dialect: bool) -> Any:
+    """The GCRA update of a bucket's row on `ins`, the charge's INSERT (a new bucket is created full, less one
+    token), returning the row after it."""
+    # A bucket's clock never goes back: a charge whose statement started before the last charge of the row
+    # (PostgreSQL stamps a statement when it arrives, before it waits for the row's lock) acts at that charge's
+    # time. Otherwise it could be refused where the later-stamped charge just after it is allowed, and be told
+    # to retry in the moment between their stamps instead of the interval.
+    greatest = func.max if sqlite_dialect else func.greatest
+    t = greatest(ins.excluded.checked_at, RateLimit.checked_at)
+    start = greatest(RateLimit.tat, t)
+    # The slack absorbs float rounding at epoch magnitudes (a full bucket sits exactly on the boundary).
+    allowed = start + interval - t <= burst * interval + EPSILON_S
+    return ins.on_conflict_do_update(
+        index_elements=[RateLimit.key],
+        set_={"tat": case((allowed, start + interval), else_=RateLimit.tat), "checked_at": t, "allowed": allowed},
+    ).returning(RateLimit.tat, RateLimit.checked_at, RateLimit.allowed)

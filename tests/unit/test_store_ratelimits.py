@@ -81,3 +81,44 @@ async def test_a_charge_skips_the_wal_flush_for_itself_only(pg_url: str) -> None
         assert (await store.autocommit_first(text("SELECT current_setting('synchronous_commit')")))[0] == "on"
     finally:
         await store.close()
+
+
+async def test_a_key_is_looked_up_and_charged_together_and_only_while_live(any_store: Store) -> None:
+    # The REST API's authentication: the key's principal and its request charged to its own bucket (`key:<id>`, the
+    # bucket charge_rate_limit and the MCP endpoint use too); nothing charged for an unknown or a revoked key.
+    tid = await any_store.ensure_tenant(f"t-{uuid.uuid4().hex[:8]}")
+    key_id, plain = await any_store.create_api_key(tid, scopes=["submit"])
+    principal, charge = await any_store.authenticate_and_charge(plain, rate_per_s=0.01, burst=2)
+    assert principal is not None and principal.key_id == key_id and principal.tenant_id == tid
+    assert principal.scopes == frozenset({"submit"}) and charge is not None and charge.allowed
+    # The second token of the burst went to a charge of the same bucket by name; the next request is refused.
+    assert (await any_store.charge_rate_limit(f"key:{key_id}", rate_per_s=0.01, burst=2)).allowed
+    principal, charge = await any_store.authenticate_and_charge(plain, rate_per_s=0.01, burst=2)
+    assert principal is not None and charge is not None and not charge.allowed and charge.retry_after_s > 90
+    assert await any_store.authenticate_and_charge(plain + "x", rate_per_s=0.01, burst=2) == (None, None)
+    await any_store.revoke_api_key(key_id)
+    assert await any_store.authenticate_and_charge(plain, rate_per_s=0.01, burst=2) == (None, None)
+
+
+async def test_on_postgresql_an_authenticated_request_costs_one_statement(pg_url: str) -> None:
+    from sqlalchemy import event
+
+    store = Store(pg_url, pool_size=1)
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, stmt: str, *_args: object) -> None:
+        statements.append(stmt)
+
+    try:
+        tid = await store.ensure_tenant(f"t-{uuid.uuid4().hex[:8]}")
+        _key_id, plain = await store.create_api_key(tid, scopes=["submit"])
+        await store.authenticate_and_charge(plain, rate_per_s=100, burst=10)  # the pool's connection exists
+        event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+        principal, charge = await store.authenticate_and_charge(plain, rate_per_s=100, burst=10)
+        assert principal is not None and charge is not None and charge.allowed
+        assert len(statements) == 1, statements
+        statements.clear()
+        assert await store.authenticate_and_charge("cw_nothing", rate_per_s=100, burst=10) == (None, None)
+        assert len(statements) == 1, statements
+    finally:
+        await store.close()
