@@ -22,6 +22,7 @@ from temporalio.exceptions import is_cancelled_exception
 from crewwork.demo import RIGHT
 from crewwork.invariants import check_invariants, completed_steps
 from crewwork.models import ReviewDecision, WorkItemResult
+from crewwork.store.engine import store_unreachable
 from crewwork.store.store import Rank, Store
 from crewwork.store.tables import Lease, LeaseHistory
 from crewwork.temporal.devserver import DevServer, free_port
@@ -78,7 +79,9 @@ async def until(what: str, probe: Any, timeout_s: float = 90, every_s: float = 0
 
 
 async def terminal(crew: Crew, wid: str, timeout_s: float = 120) -> Any:
-    """The work item's final row, once its workflow has closed (so release and cleanup have run too)."""
+    """The work item's final row, once its workflow has closed (so release and cleanup have run too). The test's own
+    reads go through the store the in-process pools use: a test that kills the database's connections kills them too,
+    mid-read; such a read is the observer's, not the system's, and is asked again (`until` does so for the probes)."""
 
     async def probe() -> Any:
         row = await crew.store.get_work_item(wid)
@@ -91,7 +94,22 @@ async def terminal(crew: Crew, wid: str, timeout_s: float = 120) -> Any:
         return True
 
     await until(f"{wid}'s workflow to close", closed, timeout_s=60)
-    return await crew.store.get_work_item(wid)
+    for _ in range(10):
+        row = await _observed(crew.store.get_work_item(wid))
+        if row is not None:
+            return row
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{wid}: its row could not be read")
+
+
+async def _observed(read: Any) -> Any:
+    """A read by the test itself; None when the database connection it ran on was ended under it."""
+    try:
+        return await read
+    except Exception as exc:
+        if store_unreachable(exc):
+            return None
+        raise
 
 
 async def lease_grants(store: Store, key: str) -> list[LeaseHistory]:
