@@ -58,14 +58,7 @@ class RateLimitStore(Database):
         if self.is_sqlite:
             ins = sqlite.insert(RateLimit).values(key=key, tat=now + interval, checked_at=now, allowed=True)
         else:
-            # A charge lost in a crash only forgives one request: no need to wait for the WAL flush. set_config(...,
-            # true) lasts until the end of the statement's own (implicit) transaction, so its commit does not wait,
-            # and the charge is one round trip (BEGIN, SET LOCAL, the upsert and COMMIT were four, on every request).
-            no_flush = select(func.set_config("synchronous_commit", "off", True).label("no_flush")).subquery()
-            ins = postgresql.insert(RateLimit).from_select(
-                ["key", "tat", "checked_at", "allowed"],
-                select(key, now + interval, now, true()).select_from(no_flush),
-            )
+            ins = _unflushed_insert(select(key, now + interval, now, true()))
         stmt = _upserted(ins, interval, burst, sqlite_dialect=self.is_sqlite)
         self.__dict__["_charge_stmt"] = stmt
         return stmt
@@ -82,14 +75,9 @@ class RateLimitStore(Database):
         burst = bindparam("burst", type_=Float)
         now = self._statement_now()
         key = key_lookup(digest).cte("api_key")
-        # As in `_charge_statement`: the charge's commit need not wait for the WAL flush.
-        no_flush = select(func.set_config("synchronous_commit", "off", True).label("no_flush")).subquery()
-        ins = postgresql.insert(RateLimit).from_select(
-            ["key", "tat", "checked_at", "allowed"],
-            select(literal("key:", String) + key.c.id, now + interval, now, true())
-            .select_from(key)
-            .join(no_flush, true())
-            .where(key.c.revoked_at.is_(None)),
+        ins = _unflushed_insert(
+            select(literal("key:", String) + key.c.id, now + interval, now, true()).where(key.c.revoked_at.is_(None)),
+            key,
         )
         charge = _upserted(ins, interval, burst, sqlite_dialect=False).cte("charge")
         stmt = select(
@@ -154,6 +142,18 @@ class RateLimitStore(Database):
             return Charge(True, 0.0)
         # Allowed again once max(tat, t) + interval - t <= burst * interval, i.e. after this wait:
         return Charge(False, max(0.001, float(tat) + interval - float(checked_at) - burst * interval))
+
+
+def _unflushed_insert(rows: Any, source: Any = None) -> Any:
+    """PostgreSQL: the charge's INSERT of `rows` (key, tat, checked_at, allowed; selected from `source` when given)
+    in a transaction that does not wait for the WAL flush. A charge lost in a crash only forgives one request. set_config(..., true) lasts until the end
+    of the statement's own (implicit) transaction, so its commit does not wait, and the charge is one round trip
+    (BEGIN, SET LOCAL, the upsert and COMMIT were four, on every request)."""
+    no_flush = select(func.set_config("synchronous_commit", "off", True).label("no_flush")).subquery()
+    return postgresql.insert(RateLimit).from_select(
+        ["key", "tat", "checked_at", "allowed"],
+        rows.select_from(no_flush) if source is None else rows.select_from(source).join(no_flush, true()),
+    )
 
 
 def _upserted(ins: Any, interval: Any, burst: Any, *, sqlite_dialect: bool) -> Any:
