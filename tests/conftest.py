@@ -165,6 +165,34 @@ async def pg_store(pg_url: str) -> AsyncIterator[Store]:
     await store.close()
 
 
+@contextlib.contextmanager
+def api_process(tmp_path: Path, **env_vars: str) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """`crewwork api` as a process of its own (its port, its log file) on a fresh SQLite store, with nothing at its
+    Temporal address (it starts and says so), plus `env_vars`; yields once uvicorn says it is running (or after 60 s),
+    and terminates it afterwards."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
+    env.update(
+        CREWWORK_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}",
+        CREWWORK_TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}",
+        **env_vars,
+    )
+    subprocess.run([sys.executable, "-m", "crewwork", "db", "upgrade"], env=env, check=True, capture_output=True)
+    log = tmp_path / "api.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "crewwork", "api", "--port", str(port)], env=env, stdout=f, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "Uvicorn running" not in log.read_text():
+            time.sleep(0.2)
+        yield proc, port, log
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 # ------------------------------------------------------------------------------------------------ temporal
 
 

@@ -4,10 +4,8 @@ it is what the process really loaded, not what a setting says."""
 
 from __future__ import annotations
 
-import os
-import subprocess
+import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,7 @@ import pytest
 from crewwork import eventloop
 from crewwork.config import Settings
 from crewwork.stack import ManagedProcess
-from crewwork.temporal.devserver import free_port
-from tests.conftest import make_settings
+from tests.conftest import api_process, make_settings
 from tests.deploy.procs import PoolProcesses, pool_env
 
 
@@ -75,33 +72,13 @@ def test_a_pool_process_runs_on_the_loop_it_is_told(tmp_path: Path, temporal_ser
 
 
 def test_the_api_process_parses_http_with_httptools_on_uvloop(tmp_path: Path) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
-    env.update(
-        CREWWORK_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}",
-        CREWWORK_TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}",  # nothing there: the API starts and says so
-    )
-    subprocess.run([sys.executable, "-m", "crewwork", "db", "upgrade"], env=env, check=True, capture_output=True)
-    log = tmp_path / "api.log"
-    with log.open("w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "crewwork", "api", "--port", str(port)], env=env, stdout=f, stderr=subprocess.STDOUT
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "Uvicorn running" not in log.read_text():
-            time.sleep(0.2)
+    with api_process(tmp_path) as (proc, port, log):
         # Requests go through the C parser: a plain one, and one it must refuse (a header with no name).
         r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
         assert r.status_code in (200, 503), r.text
         maps = _mapped(proc.pid)
         assert "uvloop" in maps and "httptools" in maps, "the API did not load uvloop and httptools"
-        import socket
-
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n: nameless\r\n\r\n")
             assert s.recv(200).startswith(b"HTTP/1.1 400"), "a malformed request was not refused"
         assert proc.poll() is None, log.read_text()
-    finally:
-        proc.terminate()
-        proc.wait(30)

@@ -5,14 +5,12 @@ bearer tokens and the common token prefixes."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from crewwork.observability import mask_secrets_in_text
-from crewwork.temporal.devserver import free_port
+from tests.conftest import api_process
 
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAx\nabc\n-----END RSA PRIVATE KEY-----"
 SECRETS = {
@@ -91,26 +89,8 @@ def test_masking_keeps_what_is_not_secret() -> None:
 
 
 def test_the_api_process_writes_uvicorns_lines_as_json(tmp_path: Path) -> None:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CREWWORK_")}
-    env.update(
-        CREWWORK_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}",
-        CREWWORK_TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}",  # nothing there: the API starts and says so
-        CREWWORK_LOG_FORMAT="json",
-    )
-    subprocess.run([sys.executable, "-m", "crewwork", "db", "upgrade"], env=env, check=True, capture_output=True)
-    log = tmp_path / "api.log"
-    with log.open("w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "crewwork", "api", "--port", str(port)], env=env, stdout=f, stderr=subprocess.STDOUT
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and "Uvicorn running" not in log.read_text():
-            time.sleep(0.2)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with api_process(tmp_path, CREWWORK_LOG_FORMAT="json") as (_proc, _port, log):
+        pass
     lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
     records = [json.loads(ln) for ln in lines]  # nothing but JSON lines, uvicorn's included
     assert any(r["logger"].startswith("uvicorn") and "Uvicorn running" in r["msg"] for r in records), lines[:5]
