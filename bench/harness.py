@@ -277,6 +277,31 @@ def proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and of every process below it, live or ended: for each process in the tree its own
+    user + system time and that of its children it has reaped (an ended child's time moves into its parent's, so
+    a difference over a run loses nothing that a process of the tree waited for). An agent pool's slots run agent
+    code in child processes forked by its zygote (crewwork.agents.isolation): their CPU is the pool's."""
+    by_parent: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            by_parent.setdefault(ppid, []).append(int(d.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            continue
+        todo.extend(by_parent.get(p, []))
+    return total
+
+
 def postgres_cpu_s() -> float:
     """CPU seconds used so far by every PostgreSQL server process on this host (backends come and go, so only a
     difference over a run where no backend exited is exact; pools keep their connections open)."""

@@ -44,7 +44,17 @@ import httpx
 from sqlalchemy import select
 
 from bench.bare_load import bare_runner
-from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, rss_mb, summary, table, task_spec, write_results
+from bench.harness import (
+    pg_database,
+    postgres_cpu_s,
+    proc_cpu_s,
+    rss_mb,
+    summary,
+    table,
+    task_spec,
+    tree_cpu_s,
+    write_results,
+)
 from crewwork.models import WorkItemState
 from crewwork.stack import Stack, crewwork_argv
 from crewwork.store.store import Store
@@ -59,7 +69,11 @@ MOCK_AGENT_S = 0.1
 TERMINAL = [s.value for s in WorkItemState if s.terminal]
 
 
-async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: float) -> dict[str, Any]:
+async def drive(
+    stack: Stack, url: str, items: int, clients: int, timeout_s: float, on_done: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Submit `items` tasks from `clients` HTTP clients and wait for every one to end. `on_done` is called once all
+    have ended, before the benchmark's own reads of their states and events: where a run's CPU reading ends."""
     headers = {"Authorization": f"Bearer {stack.api_key}"}
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(items):
@@ -103,6 +117,8 @@ async def drive(stack: Stack, url: str, items: int, clients: int, timeout_s: flo
         if len(rows) == len(submitted):
             break
         await asyncio.sleep(0.2)
+    if on_done is not None:
+        on_done()
     states: dict[str, int] = {}
     async with store.session() as s:
         all_rows = (await s.execute(select(WorkItem.id, WorkItem.state).where(WorkItem.id.in_(list(submitted))))).all()
@@ -185,18 +201,23 @@ def run_config(
             # Warm-up: a few items so imports, connections and first workflow tasks are out of the way.
             asyncio.run(drive(stack, url, 4, 4, 60))
             rss_before = {p.name: rss_mb(p.proc.pid) for p in stack.processes if p.proc}
-            cpu_before = {p.name: proc_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
+            cpu_before = {p.name: tree_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
             tserver = stack.temporal.proc.pid if stack.temporal and stack.temporal.proc else 0
             cpu_before["temporal"] = proc_cpu_s(tserver)
             cpu_before["postgres"] = postgres_cpu_s()
-            out = asyncio.run(drive(stack, url, items, clients, 300))
-            # CPU seconds each process spent on the run: where the time goes.
-            out["cpu_s"] = {
-                p.name: proc_cpu_s(p.proc.pid) - cpu_before.get(p.name, 0.0) for p in stack.processes if p.proc
-            }
-            out["cpu_s"]["temporal"] = proc_cpu_s(tserver) - cpu_before["temporal"]
-            # Every PostgreSQL server process on the host (the driver's own polling of the store included).
-            out["cpu_s"]["postgres"] = postgres_cpu_s() - cpu_before["postgres"]
+            used: dict[str, float] = {}
+
+            def cpu_at_end() -> None:
+                # CPU seconds each process spent on the run (a pool with its agents' child processes): where the
+                # time goes. PostgreSQL: every server process on the host (the driver's polling of the store too).
+                used.update(
+                    {p.name: tree_cpu_s(p.proc.pid) - cpu_before.get(p.name, 0.0) for p in stack.processes if p.proc}
+                )
+                used["temporal"] = proc_cpu_s(tserver) - cpu_before["temporal"]
+                used["postgres"] = postgres_cpu_s() - cpu_before["postgres"]
+
+            out = asyncio.run(drive(stack, url, items, clients, 300, on_done=cpu_at_end))
+            out["cpu_s"] = used
             out["worker_cpu_ms_per_item"] = (
                 1000 * sum(v for k, v in out["cpu_s"].items() if k.startswith(("agent", "control"))) / items
             )

@@ -49,7 +49,7 @@ from sqlalchemy import select
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, summary, table
+from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, summary, table, tree_cpu_s
 from bench.load import drive, load_stack
 from crewwork.store.store import Store
 from crewwork.store.tables import Artifact, Event, WorkItem
@@ -276,7 +276,7 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
         try:
             time.sleep(2.0)
             asyncio.run(drive(stack, url, 4, 4, 60))
-            cpu0 = {p.name: proc_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
+            cpu0 = {p.name: tree_cpu_s(p.proc.pid) for p in stack.processes if p.proc}
             tpid = stack.temporal.proc.pid if stack.temporal and stack.temporal.proc else 0
             cpu0["temporal"] = proc_cpu_s(tpid)
             cpu0["postgres"] = postgres_cpu_s()
@@ -286,13 +286,17 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
                 cmd = [str(spy_bin), "record", "-p", str(pid), "-f", "raw", "-r", "200", "-o", str(prof)]
                 spy = subprocess.Popen([*cmd, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
-            out = asyncio.run(drive(stack, url, args.items, args.clients, 300))
+            cpu: dict[str, float] = {}
+
+            def cpu_at_end() -> None:
+                cpu.update({p.name: tree_cpu_s(p.proc.pid) - cpu0[p.name] for p in stack.processes if p.proc})
+                cpu["temporal"] = proc_cpu_s(tpid) - cpu0["temporal"]
+                cpu["postgres"] = postgres_cpu_s() - cpu0["postgres"]  # every server process on the host
+
+            out = asyncio.run(drive(stack, url, args.items, args.clients, 300, on_done=cpu_at_end))
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
-            cpu = {p.name: proc_cpu_s(p.proc.pid) - cpu0[p.name] for p in stack.processes if p.proc}
-            cpu["temporal"] = proc_cpu_s(tpid) - cpu0["temporal"]
-            cpu["postgres"] = postgres_cpu_s() - cpu0["postgres"]  # every server process on the host
             assert stack.temporal is not None
             warm = asyncio.run(histories(stack.temporal.address, url))
         finally:
