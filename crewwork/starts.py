@@ -40,6 +40,7 @@ from crewwork.config import Settings
 from crewwork.limits import effective_budget
 from crewwork.models import AdmissionTerms, WorkItemInput, WorkItemKind, WorkItemSpec, WorkItemState
 from crewwork.models.search import SA_KIND, SA_REPO, SA_STATE, SA_TENANT
+from crewwork.observability.metrics import WORKFLOW_STARTS
 from crewwork.store.fencing import Rank
 from crewwork.store.store import Store
 from crewwork.store.views import StoredWorkItem
@@ -149,7 +150,7 @@ async def start(
         pairs.append(SearchAttributePair(SA_REPO, row.repo_url[-250:]))
     summary, details = workflow_summary(row, spec)
     try:
-        await client.start_workflow(
+        handle = await client.start_workflow(
             WORKFLOW,
             inp,
             id=row.workflow_id,
@@ -160,9 +161,17 @@ async def start(
             static_details=details,
             # Task-queue fairness by tenant (a key is at most 64 bytes; tenant ids are short), when asked for.
             priority=Priority(fairness_key=row.tenant_id[:64]) if settings.fairness_keys else Priority.default,
+            # Only a process that runs a control worker on this client gets the first workflow task back (a control
+            # pool's hand-off, reconciler or state step): no matching, no poll (docs/performance.md, "Eager
+            # workflow start"). The SDK asks for it only when such a worker has a free slot; else a plain start.
+            request_eager_start=settings.eager_start,
         )
     except WorkflowAlreadyStartedError:
+        WORKFLOW_STARTS.labels(how="duplicate").inc()
         return False
+    # The SDK marks the handle when the reply carried the first workflow task (the attribute its own tests read;
+    # were it renamed, every start would count as plain, and tests/integration/test_queued_start.py would say so).
+    WORKFLOW_STARTS.labels(how="eager" if getattr(handle, "__temporal_eagerly_started", False) else "plain").inc()
     return True
 
 

@@ -208,6 +208,14 @@ class Settings(BaseSettings):
         "`matching.enableFairness` dynamic config; the in-flight limit still applies. Measured in bench/flood.py "
         "--fairness (docs/performance.md).",
     )
+    eager_start: bool = Field(
+        default=True,
+        description="Start work-item workflows with Temporal's eager workflow start: when the starting process also "
+        "runs a worker on the control task queue with a free workflow-task slot (a control pool handing a freed place "
+        "to a queued item), the server returns the new workflow's first task in the start's reply, to that worker, "
+        "instead of through matching and a poll. Elsewhere (the API) it is a plain start. Needs the server's "
+        "`system.enableEagerWorkflowStart` (on in the dev server); a server without it starts the workflow as usual.",
+    )
     reconcile_interval_s: float = Field(
         default=60.0,
         ge=0,

@@ -58,6 +58,14 @@ ACTIVITY_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0),
     registry=REGISTRY,
 )
+WORKFLOW_STARTS = Counter(
+    "crewwork_workflow_starts",
+    "Work-item workflows this process started, by how: `eager` (the first workflow task came back in the start's "
+    "reply, to this process's control worker: CREWWORK_EAGER_START), `plain`, or `duplicate` (Temporal had the "
+    "workflow already: an idempotent retry).",
+    ("how",),
+    registry=REGISTRY,
+)
 POOL_INFO = Gauge(
     "crewwork_pool_info", "The pool this process runs (value 1).", ("pool", "task_queue"), registry=REGISTRY
 )

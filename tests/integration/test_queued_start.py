@@ -131,3 +131,37 @@ async def test_fairness_keys_put_the_tenant_on_the_workflow(
             handle = crew.client.get_workflow_handle(row.workflow_id)
             info = (await handle.describe()).raw_description.workflow_execution_info
             assert info.priority.fairness_key == (crew.tenant_id if fair else ""), info.priority
+
+
+def _starts(how: str) -> float:
+    from crewwork.observability.metrics import WORKFLOW_STARTS
+
+    return WORKFLOW_STARTS.labels(how=how)._value.get()
+
+
+async def test_a_control_pool_starts_the_items_it_hands_a_place_to_eagerly(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    """CREWWORK_EAGER_START (on by default): the control pool that frees a place starts the queued item's workflow
+    with Temporal's eager start, so the first workflow task comes back to it in the start's reply; off, every start
+    is a plain one. Counted by crewwork_workflow_starts_total{how}; the items run as usual either way."""
+    for eager in (True, False):
+        settings = make_settings(
+            tmp_path / str(eager), temporal_server, pg_url, tenant_max_in_flight=1, eager_start=eager
+        )
+        async with running_crew(settings, pools=("control", "agent")) as crew:
+            first = await crew.submit(_task(0.5))
+            before = {how: _starts(how) for how in ("eager", "plain")}
+            behind = [await crew.submit(_task(0.0)) for _ in range(2)]
+            for wid in behind:
+                assert (await crew.store.get_work_item(wid)).state == "queued"  # type: ignore[union-attr]
+            for wid in (first, *behind):
+                assert (await crew.result(wid, timeout_s=60)).state == "succeeded"
+            handed = [
+                e for wid in behind for e in await crew.store.list_events(wid) if e.data.get("state") == "admitted"
+            ]
+            assert [e.data["writer"] for e in handed] == [f"hand_off from {first}", f"hand_off from {behind[0]}"]
+            started = {how: _starts(how) - n for how, n in before.items()}
+            # The two hand-offs' starts, made by the control pool, whose worker serves the control queue.
+            assert started == ({"eager": 2, "plain": 0} if eager else {"eager": 0, "plain": 2}), started
+            (await check_invariants(crew.store, [first, *behind])).assert_ok()
