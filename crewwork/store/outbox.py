@@ -248,8 +248,24 @@ class OutboxStore:
             )
             return int(res.rowcount)  # type: ignore[attr-defined]
 
+    async def any_due(self) -> bool:
+        """Whether a row is due: one indexed read (ix_outbox_due) outside a transaction. Every API process polls the
+        outbox twice a second; with nothing to send (nearly always) the claim below, a transaction of three round
+        trips with a row lock, cost an idle API process ~7 ms of CPU a second (bench: py-spy of an idle API)."""
+        stmt = self.__dict__.get("_any_due_stmt")
+        if stmt is None:
+            t = OutboxMessage
+            stmt = select(t.id).where(t.status == "pending", t.next_attempt_at <= self.db.now_sql()).limit(1)
+            self.__dict__["_any_due_stmt"] = stmt
+        if self.db.is_sqlite:
+            async with self.db.session() as s:
+                return (await s.execute(stmt)).first() is not None
+        return await self.db.autocommit_first(stmt) is not None
+
     async def claim_due(self, limit: int, claim_s: float) -> list[Claimed]:
         """Take up to `limit` due rows, pushing their next attempt `claim_s` ahead so no one else takes them."""
+        if not await self.any_due():
+            return []
         async with self.db.session() as s:
             now = await self.db.now(s)
             q = (

@@ -1,0 +1,77 @@
+"""The webhook deliverer's idle poll (crewwork/store/outbox.py `any_due`): every API process polls the outbox twice
+a second, so with nothing due a poll is one indexed read outside a transaction; with a row due, the claim runs as
+before and takes exactly the due rows."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from sqlalchemy import event, update
+
+from crewwork.store.db import upgrade
+from crewwork.store.outbox import OutboxStore, enqueue
+from crewwork.store.store import Store
+from crewwork.store.tables import OutboxMessage
+
+
+async def test_an_idle_poll_claims_nothing_and_a_due_row_is_claimed_once(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'outbox.db'}"
+    await upgrade(url)
+    store = Store(url)
+    try:
+        tenant_id = await store.ensure_tenant("t-outbox")
+        outbox = OutboxStore(store)
+        await outbox.create_webhook(tenant_id, "https://hooks.example/a", [])
+        assert not await outbox.any_due()
+        assert await outbox.claim_due(10, 30) == []
+
+        async with store.session() as s:
+            await enqueue(
+                s,
+                tenant_id=tenant_id,
+                work_item_id="wi_1",
+                event_type="work_item.state_changed",
+                payload={"n": 1},
+                now=time.time() - 1,
+            )
+            await enqueue(
+                s,
+                tenant_id=tenant_id,
+                work_item_id="wi_2",
+                event_type="work_item.state_changed",
+                payload={"n": 2},
+                now=time.time() - 1,
+            )
+        # The second row falls due only in an hour: the poll sees the first, the claim takes only it.
+        async with store.session() as s:
+            await s.execute(
+                update(OutboxMessage)
+                .where(OutboxMessage.work_item_id == "wi_2")
+                .values(next_attempt_at=time.time() + 3600)
+            )
+        assert await outbox.any_due()
+        claimed = await outbox.claim_due(10, 30)
+        assert [c.payload for c in claimed] == [{"n": 1}]
+        # Claimed: pushed 30 s ahead, so it is not due again, and nothing else is.
+        assert not await outbox.any_due()
+        assert await outbox.claim_due(10, 30) == []
+    finally:
+        await store.close()
+
+
+async def test_on_postgresql_the_idle_probe_is_one_statement(pg_url: str) -> None:
+    store = Store(pg_url, pool_size=1)
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, stmt: str, *_args: object) -> None:
+        statements.append(stmt)
+
+    try:
+        outbox = OutboxStore(store)
+        await outbox.any_due()  # the pool's connection exists
+        event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+        await outbox.any_due()
+        assert len(statements) == 1 and "outbox" in statements[0].lower(), statements
+    finally:
+        await store.close()
