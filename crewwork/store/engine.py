@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -253,6 +253,15 @@ class Database:
             yield conn
         finally:
             await conn.close()
+
+    def built_once(self, key: Hashable, build: Callable[[], T]) -> T:
+        """What `build` returns (a statement), built on first use and kept for this store's life: for the statements
+        of the hot paths, building a SQLAlchemy statement and its cache key per call cost more CPU than the round
+        trips they save (py-spy, bench/trace.py)."""
+        built: dict[Hashable, Any] = self.__dict__.setdefault("_built_once", {})
+        if key not in built:
+            built[key] = build()
+        return built[key]  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ clock
 

@@ -47,9 +47,9 @@ class RateLimitStore(Database):
         """The charge as one statement, every value a bound parameter (`key`, `interval`, `burst`): built once per
         store. Built per call, its construction and cache key were most of the charge's CPU in the API (py-spy,
         bench/trace.py --profile api: 22% of the API's busy samples were this charge)."""
-        cached = self.__dict__.get("_charge_stmt")
-        if cached is not None:
-            return cached
+        return self.built_once("charge", self._build_charge_statement)
+
+    def _build_charge_statement(self) -> Any:
         key = bindparam("key", type_=String)
         interval = bindparam("interval", type_=Float)
         burst = bindparam("burst", type_=Float)
@@ -59,17 +59,15 @@ class RateLimitStore(Database):
             ins = sqlite.insert(RateLimit).values(key=key, tat=now + interval, checked_at=now, allowed=True)
         else:
             ins = _unflushed_insert(select(key, now + interval, now, true()))
-        stmt = _upserted(ins, interval, burst, sqlite_dialect=self.is_sqlite)
-        self.__dict__["_charge_stmt"] = stmt
-        return stmt
+        return _upserted(ins, interval, burst, sqlite_dialect=self.is_sqlite)
 
     def _key_charge_statement(self) -> Any:
         """PostgreSQL: an API key's lookup by its hash and the charge of its bucket (`key:<id>`, only for a key that
         is not revoked) as one statement: a data-modifying CTE, so one round trip per authenticated request instead
         of two. Every value a bound parameter (`digest`, `interval`, `burst`); built once per store."""
-        cached = self.__dict__.get("_key_charge_stmt")
-        if cached is not None:
-            return cached
+        return self.built_once("key_charge", self._build_key_charge_statement)
+
+    def _build_key_charge_statement(self) -> Any:
         digest = bindparam("digest", type_=String)
         interval = bindparam("interval", type_=Float)
         burst = bindparam("burst", type_=Float)
@@ -80,7 +78,7 @@ class RateLimitStore(Database):
             key,
         )
         charge = _upserted(ins, interval, burst, sqlite_dialect=False).cte("charge")
-        stmt = select(
+        return select(
             key.c.id,
             key.c.tenant_id,
             key.c.key_hash,
@@ -90,8 +88,6 @@ class RateLimitStore(Database):
             charge.c.checked_at,
             charge.c.allowed,
         ).select_from(key.outerjoin(charge, true()))
-        self.__dict__["_key_charge_stmt"] = stmt
-        return stmt
 
     async def authenticate_and_charge(
         self, plain: str, *, rate_per_s: float, burst: float

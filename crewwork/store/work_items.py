@@ -129,9 +129,9 @@ class WorkItemStore(Database):
         """PostgreSQL: the submitted row and its event in one statement at one reading of the database clock, every
         value a bound parameter (`v_<column>`, `ev_<column>`): built once (its construction and cache key cost
         more CPU than the round trips it saves when built per call)."""
-        cached = self.__dict__.get("_submission_stmt")
-        if cached is not None and cached[0] == keys:
-            return cached[1]
+        return self.built_once(("submission", keys), lambda: self._build_submission_statement(keys))
+
+    def _build_submission_statement(self, keys: tuple[str, ...]) -> Any:
         wi: Table = WorkItem.__table__  # type: ignore[assignment]
         ev_t: Table = Event.__table__  # type: ignore[assignment]
         clock = select(literal_column(self.now_sql().text, Float).label("now")).cte("clock")
@@ -149,7 +149,7 @@ class WorkItemStore(Database):
             )
             .cte("submitted_event")
         )
-        stmt = (
+        return (
             insert(wi)
             .values(
                 {
@@ -161,8 +161,6 @@ class WorkItemStore(Database):
             .returning(wi.c.created_at)
             .add_cte(ev)
         )
-        self.__dict__["_submission_stmt"] = (keys, stmt)
-        return stmt
 
     async def work_item_by_idempotency_key(self, tenant_id: str, key: str) -> StoredWorkItem | None:
         async with self.session() as s:
@@ -182,13 +180,13 @@ class WorkItemStore(Database):
         """What starting the item's workflow needs (crewwork/starts.py), in one round trip outside a transaction:
         the hand-off starts the workflow of every queued item it admits, and the full row's read (an ORM session,
         every column made a view) was a third of that start's CPU in the control pool (py-spy, bench/trace.py)."""
-        stmt = self.__dict__.get("_start_row_stmt")
-        if stmt is None:
-            t = WorkItem
-            stmt = select(t.id, t.tenant_id, t.workflow_id, t.spec, t.repo_url, t.base_commit, t.mock, t.state).where(
+        t = WorkItem
+        stmt = self.built_once(
+            "start_row",
+            lambda: select(t.id, t.tenant_id, t.workflow_id, t.spec, t.repo_url, t.base_commit, t.mock, t.state).where(
                 t.id == bindparam("wid")
-            )
-            self.__dict__["_start_row_stmt"] = stmt
+            ),
+        )
         if self.is_sqlite:
             async with self.session() as s:
                 r = (await s.execute(stmt, {"wid": work_item_id})).first()
