@@ -42,6 +42,25 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 _skipped: list[str] = []
 
 
+@contextlib.contextmanager
+def statements_sent(store: Store, *, containing: str = "") -> Iterator[list[str]]:
+    """The SQL statements `store` sends to its database while the block runs (those whose text contains
+    `containing`, lower-cased), in order: for the tests that count a hot path's round trips."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def on_execute(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if containing in statement.lower():
+            seen.append(statement)
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", on_execute)
+    try:
+        yield seen
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", on_execute)
+
+
 def run_sync(coro: Any) -> Any:
     """Run a coroutine to completion from sync code, even while an event loop runs in this thread."""
     import concurrent.futures

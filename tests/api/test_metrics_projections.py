@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from crewwork.observability.metrics import StoreProjections
 from crewwork.store.store import Store
+from tests.conftest import statements_sent
 
 
 class CountingStore(Store):
@@ -22,39 +22,28 @@ class CountingStore(Store):
         return await super().store_counts()
 
 
-def _count_selects(store: Store) -> list[str]:
-    seen: list[str] = []
-
-    @event.listens_for(store.engine.sync_engine, "before_cursor_execute")
-    def _on(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
-        if "count(" in statement.lower():
-            seen.append(statement)
-
-    return seen
-
-
 async def test_scrapes_within_the_refresh_interval_reuse_one_snapshot(any_store: Store) -> None:
-    queries = _count_selects(any_store)
-    projections = StoreProjections(any_store, refresh_s=3600)
-    registry = CollectorRegistry()
-    registry.register(projections)
-    for _ in range(30):
+    with statements_sent(any_store, containing="count(") as queries:
+        projections = StoreProjections(any_store, refresh_s=3600)
+        registry = CollectorRegistry()
+        registry.register(projections)
+        for _ in range(30):
+            await projections.refresh()
+            text = generate_latest(registry).decode()
+        per_snapshot = len(queries)
+        assert per_snapshot > 0
+        assert "# TYPE crewwork_work_items gauge" in text and "crewwork_model_tokens" in text
         await projections.refresh()
-        text = generate_latest(registry).decode()
-    per_snapshot = len(queries)
-    assert per_snapshot > 0
-    assert "# TYPE crewwork_work_items gauge" in text and "crewwork_model_tokens" in text
-    await projections.refresh()
-    assert len(queries) == per_snapshot, "a scrape inside the interval queried the store again"
+        assert len(queries) == per_snapshot, "a scrape inside the interval queried the store again"
 
 
 async def test_a_stale_snapshot_is_refreshed(any_store: Store) -> None:
-    queries = _count_selects(any_store)
-    projections = StoreProjections(any_store, refresh_s=0)
-    await projections.refresh()
-    first = len(queries)
-    await projections.refresh()
-    assert len(queries) == 2 * first
+    with statements_sent(any_store, containing="count(") as queries:
+        projections = StoreProjections(any_store, refresh_s=0)
+        await projections.refresh()
+        first = len(queries)
+        await projections.refresh()
+        assert len(queries) == 2 * first
 
 
 @pytest.mark.postgres

@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sqlalchemy import event, update
+from sqlalchemy import update
 
 from crewwork.store.db import upgrade
 from crewwork.store.outbox import OutboxStore, enqueue
 from crewwork.store.store import Store
 from crewwork.store.tables import OutboxMessage
+from tests.conftest import statements_sent
 
 
 async def test_an_idle_poll_claims_nothing_and_a_due_row_is_claimed_once(tmp_path: Path) -> None:
@@ -27,22 +28,15 @@ async def test_an_idle_poll_claims_nothing_and_a_due_row_is_claimed_once(tmp_pat
         assert await outbox.claim_due(10, 30) == []
 
         async with store.session() as s:
-            await enqueue(
-                s,
-                tenant_id=tenant_id,
-                work_item_id="wi_1",
-                event_type="work_item.state_changed",
-                payload={"n": 1},
-                now=time.time() - 1,
-            )
-            await enqueue(
-                s,
-                tenant_id=tenant_id,
-                work_item_id="wi_2",
-                event_type="work_item.state_changed",
-                payload={"n": 2},
-                now=time.time() - 1,
-            )
+            for n in (1, 2):
+                await enqueue(
+                    s,
+                    tenant_id=tenant_id,
+                    work_item_id=f"wi_{n}",
+                    event_type="work_item.state_changed",
+                    payload={"n": n},
+                    now=time.time() - 1,
+                )
         # The second row falls due only in an hour: the poll sees the first, the claim takes only it.
         async with store.session() as s:
             await s.execute(
@@ -62,16 +56,11 @@ async def test_an_idle_poll_claims_nothing_and_a_due_row_is_claimed_once(tmp_pat
 
 async def test_on_postgresql_the_idle_probe_is_one_statement(pg_url: str) -> None:
     store = Store(pg_url, pool_size=1)
-    statements: list[str] = []
-
-    def seen(_conn: object, _cursor: object, stmt: str, *_args: object) -> None:
-        statements.append(stmt)
-
     try:
         outbox = OutboxStore(store)
         await outbox.any_due()  # the pool's connection exists
-        event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
-        await outbox.any_due()
+        with statements_sent(store) as statements:
+            await outbox.any_due()
         assert len(statements) == 1 and "outbox" in statements[0].lower(), statements
     finally:
         await store.close()

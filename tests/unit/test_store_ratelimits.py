@@ -7,6 +7,7 @@ import time
 import uuid
 
 from crewwork.store.store import Store
+from tests.conftest import statements_sent
 
 
 async def test_concurrent_charges_from_two_engines_take_exactly_the_burst(any_store: Store) -> None:
@@ -101,24 +102,17 @@ async def test_a_key_is_looked_up_and_charged_together_and_only_while_live(any_s
 
 
 async def test_on_postgresql_an_authenticated_request_costs_one_statement(pg_url: str) -> None:
-    from sqlalchemy import event
-
     store = Store(pg_url, pool_size=1)
-    statements: list[str] = []
-
-    def seen(_conn: object, _cursor: object, stmt: str, *_args: object) -> None:
-        statements.append(stmt)
-
     try:
         tid = await store.ensure_tenant(f"t-{uuid.uuid4().hex[:8]}")
         _key_id, plain = await store.create_api_key(tid, scopes=["submit"])
         await store.authenticate_and_charge(plain, rate_per_s=100, burst=10)  # the pool's connection exists
-        event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
-        principal, charge = await store.authenticate_and_charge(plain, rate_per_s=100, burst=10)
+        with statements_sent(store) as statements:
+            principal, charge = await store.authenticate_and_charge(plain, rate_per_s=100, burst=10)
         assert principal is not None and charge is not None and charge.allowed
         assert len(statements) == 1, statements
-        statements.clear()
-        assert await store.authenticate_and_charge("cw_nothing", rate_per_s=100, burst=10) == (None, None)
+        with statements_sent(store) as statements:
+            assert await store.authenticate_and_charge("cw_nothing", rate_per_s=100, burst=10) == (None, None)
         assert len(statements) == 1, statements
     finally:
         await store.close()
