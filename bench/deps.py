@@ -44,3 +44,14 @@ def require(script: str, modules: Sequence[str], programs: Sequence[str] = (), h
         file=sys.stderr,
     )
     sys.exit(2)
+
+
+def stop_on_sigterm() -> None:
+    """Let SIGTERM (`timeout`, a CI runner's cancel, `kill`) end a benchmark as Ctrl-C does, through every `finally`
+    and `with` that stops what it started. Python's default for SIGTERM ends the process at once, and the stack a
+    benchmark had started (its PostgreSQL database, Temporal dev server and pools) kept running until killed by hand.
+    Call it first thing in an entry point; a process that set its own handler keeps it."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

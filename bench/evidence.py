@@ -360,4 +360,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from bench.deps import stop_on_sigterm
+
+    stop_on_sigterm()
     main()

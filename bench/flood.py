@@ -238,6 +238,9 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    from bench.deps import stop_on_sigterm
+
+    stop_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--b-items", type=int, default=10)
     p.add_argument("--a-rounds", type=int, default=5)

@@ -269,4 +269,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    from bench.deps import stop_on_sigterm
+
+    stop_on_sigterm()
     asyncio.run(main())

@@ -134,4 +134,8 @@ async def cold_warm(tmp: Path, backend: str, runs: int) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.deps import stop_on_sigterm
+
+    stop_on_sigterm()
     raise SystemExit(main())

@@ -292,6 +292,10 @@ if __name__ == "__main__":
         address, queue, role, concurrency = sys.argv[2:6]
         asyncio.run(bare_worker(address, queue, role, int(concurrency)))
         sys.exit(0)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.deps import stop_on_sigterm
+
+    stop_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--items", type=int, default=40, help="work items per run")
     p.add_argument("--agent-s", type=float, default=2.0, help="seconds one agent step takes")

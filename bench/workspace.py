@@ -94,4 +94,10 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.deps import stop_on_sigterm
+
+    stop_on_sigterm()
     asyncio.run(main())
