@@ -123,7 +123,7 @@ def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, 
         cpu0 = [proc_cpu_s(p.pid) for p in procs]
         t_cpu0 = proc_cpu_s(server_pid)
         pg_cpu0 = postgres_cpu_s()  # bare Temporal uses none: what the host's PostgreSQL does meanwhile
-        start = time.time()
+        start, driver_cpu0 = time.time(), time.process_time()
         await asyncio.gather(*(client_loop() for _ in range(clients)))
         closed: dict[str, float] = {}
         waits: list[float] = []
@@ -133,6 +133,7 @@ def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, 
         cpu = sum(proc_cpu_s(p.pid) for p in procs) - sum(cpu0)
         t_cpu = proc_cpu_s(server_pid) - t_cpu0
         pg_cpu = postgres_cpu_s() - pg_cpu0
+        driver_cpu_s = time.process_time() - driver_cpu0  # the load generator's own CPU, as bench/load.py's drive
         for wid in ids:
             handle = client.get_workflow_handle(wid)
             desc = await handle.describe()
@@ -153,6 +154,7 @@ def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, 
             "states": {"succeeded": len(closed)},
             "cpu_s": {"workers": cpu, "temporal": t_cpu, "postgres": pg_cpu},
             "worker_cpu_ms_per_item": 1000 * cpu / items,
+            "driver_cpu_ms_per_item": 1000 * driver_cpu_s / items,
             "loadavg": os.getloadavg()[0],
         }
 
