@@ -191,6 +191,7 @@ class WorkItemService:
             submission_hash=digest,
             # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
             mock=agent_check(spec.agent.name, plugins=self.settings.agent_plugins).mock,
+            max_waiting=self.settings.tenant_max_queued,
         )
         # Admit and start the workflow (or, for a concurrent retry that found the item, what `_restart` does).
         row = await self._start(row, spec) if created else await self._restart(row)

@@ -134,7 +134,9 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
         "Invalid request (invalid_request, invalid_work_item, invalid_repository, url_not_allowed, invalid_text, "
         "invalid_number, duplicate_key, too_deeply_nested)"
     ),
-    429: _problem("Rate limited (rate_limited); see Retry-After"),
+    429: _problem(
+        "Rate limited (rate_limited; see Retry-After), or, for a submission, the tenant's queue is full (queue_full)"
+    ),
     503: _problem("Temporal or the store unreachable (temporal_unavailable, store_unavailable); see Retry-After"),
 }
 

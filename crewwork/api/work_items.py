@@ -33,7 +33,7 @@ from crewwork.repos.tenancy import RepositoryNotFound
 from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavailable
 from crewwork.store.store import Principal, Store
 from crewwork.store.views import StoredArtifact, StoredAttempt, StoredWorkItem
-from crewwork.store.work_items import IdempotencyConflict
+from crewwork.store.work_items import IdempotencyConflict, QueueFull
 
 router = APIRouter(
     prefix="/v1/work-items", tags=["work items"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute
@@ -126,6 +126,9 @@ async def submit_spec(
             errors=[{"field": "idempotency_key", "message": "already used with a different submission"}],
             headers={"Location": item_url(exc.existing.id)},
         ) from exc
+    except QueueFull as exc:
+        # No Retry-After: when places free up depends on the tenant's own items, not on a clock this API keeps.
+        raise ProblemError(429, "queue_full", str(exc)) from exc
     except WorkflowUnavailable as exc:
         raise ProblemError(503, "temporal_unavailable", f"{exc}; retry with the same idempotency key") from exc
     if not res.created:
@@ -152,6 +155,10 @@ async def submit_spec(
     responses={
         200: {"model": SubmitResponse, "description": "Already submitted (same idempotency key and submission)"},
         409: {"description": "The idempotency key was used with a different submission (idempotency_conflict)"},
+        429: {
+            "description": "The tenant already has CREWWORK_TENANT_MAX_QUEUED items waiting for a place (queue_full; "
+            "nothing stored), or the key's rate limit (rate_limited, with Retry-After)"
+        },
     },
 )
 async def submit(

@@ -193,6 +193,13 @@ class Settings(BaseSettings):
         description="Work items one tenant may have admitted at once (running, validating, landing); more wait "
         "in `queued`, first come first served.",
     )
+    tenant_max_queued: int = Field(
+        default=1000,
+        ge=1,
+        description="Work items one tenant may have waiting for a place (`queued`, or stored and not yet admitted); a "
+        "submission past it is refused with 429 `queue_full` and nothing is stored. Submissions racing each other "
+        "may pass it by at most their number.",
+    )
     admit_at_submission: bool = Field(
         default=True,
         description="The API decides admission in the submission's request: an admitted item's workflow starts "

@@ -43,12 +43,37 @@ class IdempotencyConflict(StoreError):
         self.existing = existing
 
 
+class QueueFull(StoreError):
+    """The tenant already has its limit of items waiting for a place: nothing was stored."""
+
+    def __init__(self, max_waiting: int) -> None:
+        super().__init__(
+            f"the tenant already has {max_waiting} work items waiting for a place (CREWWORK_TENANT_MAX_QUEUED); "
+            "submit again once some of them have started"
+        )
+        self.max_waiting = max_waiting
+
+
+# A work item waits for a place in these states: `submitted` (stored, not yet admitted) and `queued`.
+WAITING_STATES = (WorkItemState.submitted.value, WorkItemState.queued.value)
+
+
 def _replay(found: StoredWorkItem, submission_hash: str | None) -> StoredWorkItem:
     """The earlier item for a repeated key, if the submission is the same (rows from before migration 0007 have no
     hash and are taken as the same)."""
     if found.submission_hash and submission_hash and found.submission_hash != submission_hash:
         raise IdempotencyConflict(found)
     return found
+
+
+# How many of a tenant's items wait for a place, counted up to `cap` (an index-only walk of the (tenant, state,
+# created_at, id) index that stops there, however long the queue).
+_WAITING = select(func.count()).select_from(
+    select(WorkItem.id)
+    .where(WorkItem.tenant_id == bindparam("tenant"), WorkItem.state.in_(WAITING_STATES))
+    .limit(bindparam("cap"))
+    .subquery()
+)
 
 
 class WorkItemStore(Database):
@@ -61,11 +86,15 @@ class WorkItemStore(Database):
         repo_path: str | None,
         submission_hash: str | None = None,
         mock: bool = False,
+        max_waiting: int | None = None,
     ) -> tuple[StoredWorkItem, bool]:
         """Insert a work item, or return the existing one for the same (tenant, idempotency key) if its
         `submission_hash` is the same (else `IdempotencyConflict`).
 
-        `mock`: the item's agent is a mock (labelled so from the start). Returns (the item, created)."""
+        `mock`: the item's agent is a mock (labelled so from the start). `max_waiting`: refuse the insert
+        (`QueueFull`, nothing stored) when the tenant already has that many items waiting for a place, counted by the
+        insert's own statement and never past `max_waiting` index entries; submissions racing each other can each
+        see the same count, so the queue can pass the limit by at most their number. Returns (the item, created)."""
         if spec.idempotency_key:
             found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
             if found is not None:
@@ -104,19 +133,28 @@ class WorkItemStore(Database):
         try:
             if self.is_sqlite:
                 async with self.session() as s:
-                    now = await self.now(s)
                     conn = await s.connection()
+                    if max_waiting is not None:
+                        waiting = (await conn.execute(_WAITING, {"tenant": tenant_id, "cap": max_waiting})).scalar_one()
+                        if waiting >= max_waiting:
+                            raise QueueFull(max_waiting)
+                    now = await self.now(s)
                     await conn.execute(insert(WorkItem).values(**values, created_at=now, updated_at=now))
                     await conn.execute(insert(Event).values(**event, created_at=now))
             else:
                 # One statement, outside an explicit transaction (a single statement is atomic): the row and its
                 # `submitted` event at one reading of the database clock. It was five round trips (BEGIN, the
                 # clock, two INSERTs, COMMIT), each ~0.3 ms of the API process's CPU.
-                stmt = self._submission_statement(tuple(values))
+                stmt = self._submission_statement(tuple(values), capped=max_waiting is not None)
                 params = {**{f"v_{k}": v for k, v in values.items()}, **{f"ev_{k}": v for k, v in event.items()}}
+                if max_waiting is not None:
+                    params.update(cap=max_waiting, tenant=tenant_id)
                 async with self.engine.connect() as c:
                     conn = await c.execution_options(isolation_level="AUTOCOMMIT")
-                    now = float((await conn.execute(stmt, params)).scalar_one())
+                    stored = (await conn.execute(stmt, params)).scalar_one_or_none()
+                if stored is None:  # the statement inserted nothing: the tenant's queue is full
+                    raise QueueFull(max_waiting or 0)
+                now = float(stored)
             return view_of(StoredWorkItem, {**values, "result": None, "created_at": now, "updated_at": now}), True
         except IntegrityError:
             if spec.idempotency_key:
@@ -125,42 +163,58 @@ class WorkItemStore(Database):
                     return _replay(found, submission_hash), False
             raise
 
-    def _submission_statement(self, keys: tuple[str, ...]) -> Any:
+    def _submission_statement(self, keys: tuple[str, ...], *, capped: bool = False) -> Any:
         """PostgreSQL: the submitted row and its event in one statement at one reading of the database clock, every
-        value a bound parameter (`v_<column>`, `ev_<column>`): built once (its construction and cache key cost
-        more CPU than the round trips it saves when built per call)."""
-        return self.built_once(("submission", keys), lambda: self._build_submission_statement(keys))
+        value a bound parameter (`v_<column>`, `ev_<column>`; `cap` when `capped`): built once (its construction and
+        cache key cost more CPU than the round trips it saves when built per call)."""
+        return self.built_once(("submission", keys, capped), lambda: self._build_submission_statement(keys, capped))
 
-    def _build_submission_statement(self, keys: tuple[str, ...]) -> Any:
+    def _build_submission_statement(self, keys: tuple[str, ...], capped: bool) -> Any:
         wi: Table = WorkItem.__table__  # type: ignore[assignment]
         ev_t: Table = Event.__table__  # type: ignore[assignment]
         clock = select(literal_column(self.now_sql().text, Float).label("now")).cte("clock")
-        now_sql = select(clock.c.now).scalar_subquery()
+        ev_keys = ("work_item_id", "tenant_id", "type", "data", "rank")
+        if not capped:
+            now_sql = select(clock.c.now).scalar_subquery()
+            ev = (
+                insert(ev_t)
+                .values({**{k: bindparam(f"ev_{k}", type_=ev_t.c[k].type) for k in ev_keys}, "created_at": now_sql})
+                .cte("submitted_event")
+            )
+            return (
+                insert(wi)
+                .values(
+                    {
+                        **{k: bindparam(f"v_{k}", type_=wi.c[k].type) for k in keys},
+                        "created_at": now_sql,
+                        "updated_at": now_sql,
+                    }
+                )
+                .returning(wi.c.created_at)
+                .add_cte(ev)
+            )
+        # With the tenant's queue limit: the row is inserted only while fewer than `cap` of the tenant's items wait
+        # (the count stops at `cap` index entries), and the event only with the row it goes with. Every part of the
+        # statement sees one snapshot.
+        room = select(clock.c.now).where(_WAITING.scalar_subquery() < bindparam("cap")).subquery("room")
+        row = (
+            insert(wi)
+            .from_select(
+                [*keys, "created_at", "updated_at"],
+                select(*[bindparam(f"v_{k}", type_=wi.c[k].type) for k in keys], room.c.now, room.c.now),
+            )
+            .returning(wi.c.id, wi.c.created_at)
+            .cte("submitted_row")
+        )
         ev = (
             insert(ev_t)
-            .values(
-                {
-                    **{
-                        k: bindparam(f"ev_{k}", type_=ev_t.c[k].type)
-                        for k in ("work_item_id", "tenant_id", "type", "data", "rank")
-                    },
-                    "created_at": now_sql,
-                }
+            .from_select(
+                [*ev_keys, "created_at"],
+                select(row.c.id, *[bindparam(f"ev_{k}", type_=ev_t.c[k].type) for k in ev_keys[1:]], row.c.created_at),
             )
             .cte("submitted_event")
         )
-        return (
-            insert(wi)
-            .values(
-                {
-                    **{k: bindparam(f"v_{k}", type_=wi.c[k].type) for k in keys},
-                    "created_at": now_sql,
-                    "updated_at": now_sql,
-                }
-            )
-            .returning(wi.c.created_at)
-            .add_cte(ev)
-        )
+        return select(row.c.created_at).add_cte(ev)
 
     async def work_item_by_idempotency_key(self, tenant_id: str, key: str) -> StoredWorkItem | None:
         async with self.session() as s:

@@ -165,3 +165,45 @@ async def test_a_control_pool_starts_the_items_it_hands_a_place_to_eagerly(
             # The two hand-offs' starts, made by the control pool, whose worker serves the control queue.
             assert started == ({"eager": 2, "plain": 0} if eager else {"eager": 0, "plain": 2}), started
             (await check_invariants(crew.store, [first, *behind])).assert_ok()
+
+
+async def test_a_tenant_whose_queue_is_full_is_refused_with_429_and_nothing_is_stored(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    """CREWWORK_TENANT_MAX_QUEUED through the real API: with one place and two waiting, the next submission is a 429
+    `queue_full` problem, stores nothing and starts nothing; a repeat of a waiting item's key still answers 200; another
+    tenant is not held up; once the queue moves, the tenant may submit again, and everything it had runs."""
+    settings = make_settings(tmp_path, temporal_server, pg_url, tenant_max_in_flight=1, tenant_max_queued=2)
+    async with running_crew(settings, pools=("control", "agent")) as crew:
+        _kid, key = await crew.store.create_api_key("queue-full")
+        _okid, other_key = await crew.store.create_api_key("queue-full-other")
+        async with ApiServer(settings) as api, api.client(key) as c, api.client(other_key) as other:
+            holder = await c.post("/v1/work-items", json=_task(2.0))
+            assert holder.status_code == 202 and holder.json()["state"] == "admitted", holder.text
+            waiting = []
+            for n in range(2):
+                r = await c.post("/v1/work-items", json=_task(0.0), headers={"Idempotency-Key": f"wait-{n}"})
+                assert r.status_code == 202 and r.json()["state"] == "queued", r.text
+                waiting.append(r.json()["id"])
+            listed = [i["id"] for i in (await c.get("/v1/work-items")).json()["items"]]
+
+            full = await c.post("/v1/work-items", json=_task(0.0))
+            assert full.status_code == 429, full.text
+            assert full.headers["content-type"].startswith("application/problem+json")
+            assert full.json()["code"] == "queue_full" and "2 work items waiting" in full.json()["detail"], full.text
+            after = [i["id"] for i in (await c.get("/v1/work-items")).json()["items"]]
+            assert after == listed and len(listed) == 3, "a refused submission was stored"
+            repeat = await c.post("/v1/work-items", json=_task(0.0), headers={"Idempotency-Key": "wait-0"})
+            assert repeat.status_code == 200 and repeat.json()["id"] == waiting[0], repeat.text
+            elsewhere = await other.post("/v1/work-items", json=_task(0.0))
+            assert elsewhere.status_code == 202, elsewhere.text
+
+            # The holder ends, its place goes to the first waiting item: room for one more.
+            await crew.wait_state(holder.json()["id"], "succeeded", timeout_s=60)
+            await crew.wait_state(waiting[0], "succeeded", timeout_s=60)
+            later = await c.post("/v1/work-items", json=_task(0.0))
+            assert later.status_code == 202, later.text
+            ids = [holder.json()["id"], *waiting, later.json()["id"]]
+        for wid in ids:
+            assert (await crew.result(wid, timeout_s=60)).state == "succeeded"
+        (await check_invariants(crew.store, ids)).assert_ok()
