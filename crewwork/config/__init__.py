@@ -198,7 +198,7 @@ class Settings(BaseSettings):
         ge=1,
         description="Work items one tenant may have waiting for a place (`queued`, or stored and not yet admitted); a "
         "submission past it is refused with 429 `queue_full` and nothing is stored. Submissions racing each other "
-        "may pass it by at most their number.",
+        "may pass it by at most their number; items reviewers send back re-enter the queue whatever its length.",
     )
     admit_at_submission: bool = Field(
         default=True,

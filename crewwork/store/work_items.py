@@ -48,7 +48,7 @@ class QueueFull(StoreError):
 
     def __init__(self, max_waiting: int) -> None:
         super().__init__(
-            f"the tenant already has {max_waiting} work items waiting for a place (CREWWORK_TENANT_MAX_QUEUED); "
+            f"the tenant already has {max_waiting} or more work items waiting for a place (CREWWORK_TENANT_MAX_QUEUED); "
             "submit again once some of them have started"
         )
         self.max_waiting = max_waiting
@@ -66,8 +66,9 @@ def _replay(found: StoredWorkItem, submission_hash: str | None) -> StoredWorkIte
     return found
 
 
-# How many of a tenant's items wait for a place, counted up to `cap` (an index-only walk of the (tenant, state,
-# created_at, id) index that stops there, however long the queue).
+# How many of a tenant's items wait for a place, counted up to `cap`: with fresh statistics PostgreSQL walks the
+# (tenant, state, created_at, id) index and stops there, however long the queue (a tenant with 300,000 past items and
+# 1,000 queued: 0.6 ms). Index entries of row versions not yet vacuumed are read too, as by the admission's counts.
 _WAITING = select(func.count()).select_from(
     select(WorkItem.id)
     .where(WorkItem.tenant_id == bindparam("tenant"), WorkItem.state.in_(WAITING_STATES))
@@ -93,8 +94,8 @@ class WorkItemStore(Database):
 
         `mock`: the item's agent is a mock (labelled so from the start). `max_waiting`: refuse the insert
         (`QueueFull`, nothing stored) when the tenant already has that many items waiting for a place, counted by the
-        insert's own statement and never past `max_waiting` index entries; submissions racing each other can each
-        see the same count, so the queue can pass the limit by at most their number. Returns (the item, created)."""
+        insert's own statement up to `max_waiting`; submissions racing each other can each see the same count, so the
+        queue can pass the limit by at most their number. Returns (the item, created)."""
         if spec.idempotency_key:
             found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
             if found is not None:
@@ -156,7 +157,10 @@ class WorkItemStore(Database):
                     raise QueueFull(max_waiting or 0)
                 now = float(stored)
             return view_of(StoredWorkItem, {**values, "result": None, "created_at": now, "updated_at": now}), True
-        except IntegrityError:
+        except (IntegrityError, QueueFull):
+            # A request with the same key (a client's retry racing its first try) may have stored the item since the
+            # lookup above: the duplicate insert, or one refused because that item took the last place, is then that
+            # item again, not an error.
             if spec.idempotency_key:
                 found = await self.work_item_by_idempotency_key(tenant_id, spec.idempotency_key)
                 if found is not None:

@@ -6,6 +6,7 @@ the submission's one statement."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -53,7 +54,7 @@ async def test_a_full_queue_refuses_the_submission_and_stores_nothing(any_store:
 
     with pytest.raises(QueueFull) as refused:
         await _submit(any_store, tenant)
-    assert "2 work items waiting" in str(refused.value) and "CREWWORK_TENANT_MAX_QUEUED" in str(refused.value)
+    assert "2 or more work items waiting" in str(refused.value) and "CREWWORK_TENANT_MAX_QUEUED" in str(refused.value)
     assert await _stored(any_store, tenant) == (2, 2), "a refused submission left a row or an event"
 
     # The same submission again under its key is the same item, full queue or not.
@@ -75,6 +76,16 @@ async def test_a_full_queue_refuses_the_submission_and_stores_nothing(any_store:
     # Without a limit (callers other than the API's submission), nothing is counted.
     await _submit(any_store, tenant, cap=None)
     assert (await _stored(any_store, tenant))[0] == 6
+
+
+async def test_copies_of_one_submission_racing_for_the_last_place_all_get_its_item(any_store: Store) -> None:
+    """A client's retries racing its first try, under one idempotency key, when that item takes the tenant's last
+    place: every copy answers with the one item, none is refused as if the queue were full of others."""
+    for _round in range(10):
+        tenant = await any_store.ensure_tenant(f"t-race-{uuid.uuid4().hex[:8]}")
+        ids = await asyncio.gather(*(_submit(any_store, tenant, key="same", cap=1) for _ in range(8)))
+        assert len(set(ids)) == 1, ids
+        assert await _stored(any_store, tenant) == (1, 1)
 
 
 async def test_on_postgresql_the_limit_is_checked_by_the_submission_statement_itself(pg_store: Store) -> None:
