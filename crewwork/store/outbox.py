@@ -50,7 +50,10 @@ async def enqueue(
     conn = await s.connection()
     hooks = (
         await conn.execute(
-            select(Webhook.id, Webhook.event_types).where(Webhook.tenant_id == tenant_id, Webhook.active.is_(True))
+            select(Webhook.id, Webhook.event_types)
+            .where(Webhook.tenant_id == tenant_id, Webhook.active.is_(True))
+            # In the webhooks' order, as the server-side write does (migration 0008): the same rows in the same order.
+            .order_by(Webhook.id)
         )
     ).all()
     n = 0

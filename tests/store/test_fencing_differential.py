@@ -224,6 +224,10 @@ def runner(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
 async def _setup(store: Store, hooks: tuple[str, ...]) -> tuple[str, list[str]]:
     tid = await store.ensure_tenant(f"diff-{uuid.uuid4().hex[:12]}")
     for i, types in enumerate(hooks):
+        if i:
+            # Ids order by their millisecond, then at random: two webhooks made in one millisecond could order either
+            # way, and every implementation writes a change's outbox rows in the order of its webhooks' ids.
+            await asyncio.sleep(0.002)
         await OutboxStore(store).create_webhook(tid, f"http://127.0.0.1:9/hook{i}", [types] if types else [])
     ids = []
     for _ in range(ITEMS):
