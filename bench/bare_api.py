@@ -3,7 +3,10 @@ submission must do at the least: parse and validate the JSON body, insert the wo
 event (crewwork's own tables, one statement, asyncpg without an ORM), and start its workflow. No authentication,
 rate limit, policy, idempotency or admission.
 
-    python bench/bare_api.py PORT POSTGRES_DSN TEMPORAL_ADDRESS TASK_QUEUE
+    python bench/bare_api.py PORT POSTGRES_DSN TEMPORAL_ADDRESS TASK_QUEUE [AGENT_QUEUE]
+
+With AGENT_QUEUE it starts bench/bare_load.py's `BareStoredTask` (one activity on AGENT_QUEUE that stores the
+result), the store floor of bench/load.py; without, a `BareSubmission` workflow nobody runs (bench/api_cost.py).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Submission(BaseModel):
     labels: dict[str, str] = {}
 
 
-def make_app(dsn: str, temporal: str, task_queue: str) -> FastAPI:
+def make_app(dsn: str, temporal: str, task_queue: str, agent_queue: str = "") -> FastAPI:
     state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
@@ -69,7 +72,11 @@ def make_app(dsn: str, temporal: str, task_queue: str) -> FastAPI:
             json.dumps(body.labels),
             f"work-item-{wid}",
         )
-        await state["client"].start_workflow("BareSubmission", spec, id=f"work-item-{wid}", task_queue=task_queue)
+        if agent_queue:
+            args: Any = {"agent_queue": agent_queue, "id": wid}
+            await state["client"].start_workflow("BareStoredTask", args, id=f"work-item-{wid}", task_queue=task_queue)
+        else:
+            await state["client"].start_workflow("BareSubmission", spec, id=f"work-item-{wid}", task_queue=task_queue)
         return {"id": wid, "state": "submitted", "at": time.time()}
 
     return app
@@ -77,4 +84,5 @@ def make_app(dsn: str, temporal: str, task_queue: str) -> FastAPI:
 
 if __name__ == "__main__":
     port, dsn, temporal, queue = sys.argv[1:5]
-    uvicorn.run(make_app(dsn, temporal, queue), host="127.0.0.1", port=int(port), log_level="warning")
+    agents = sys.argv[5] if len(sys.argv) > 5 else ""
+    uvicorn.run(make_app(dsn, temporal, queue, agents), host="127.0.0.1", port=int(port), log_level="warning")

@@ -26,6 +26,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,44 @@ async def bare_agent(delay_s: float) -> float:
     return delay_s
 
 
+# The store floor's activity: after the agent's 100 ms, the result and its `state_changed` event in one statement, on
+# crewwork's own tables (the least a result store needs: the result, durably, where a client reads it).
+FINISH = """
+WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now),
+ev AS (
+    INSERT INTO events (work_item_id, tenant_id, type, data, rank, created_at)
+    SELECT w.id, w.tenant_id, 'state_changed', '{"state": "succeeded"}'::json, 0, clock.now
+    FROM work_items w, clock WHERE w.id = $1
+)
+UPDATE work_items SET state = 'succeeded', result = $2::json, updated_at = (SELECT now FROM clock) WHERE id = $1
+"""
+_POOL: list[Any] = []  # the agent worker's asyncpg pool, in the store floor
+
+
+@activity.defn(name="bare_agent_stored")
+async def bare_agent_stored(work_item_id: str) -> float:
+    await asyncio.sleep(MOCK_AGENT_S)
+    await _POOL[0].execute(FINISH, work_item_id, '{"output": {}}')
+    return MOCK_AGENT_S
+
+
+@workflow.defn(name="BareStoredTask")
+class BareStoredTask:
+    """The store floor's workflow: started by bench/bare_api.py for a row it inserted, one activity that ends by
+    storing the result."""
+
+    @workflow.run
+    async def run(self, args: dict[str, str]) -> float:
+        return await workflow.execute_activity(
+            "bare_agent_stored",
+            args["id"],
+            task_queue=args["agent_queue"],
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(maximum_attempts=8),
+            result_type=float,
+        )
+
+
 @workflow.defn(name="BareTask")
 class BareTask:
     @workflow.run
@@ -56,12 +95,12 @@ class BareTask:
         )
 
 
-async def _worker(role: str, address: str, prefix: str, slots: int) -> None:
+async def _worker(role: str, address: str, prefix: str, slots: int, dsn: str = "") -> None:
     from temporalio.client import Client
     from temporalio.worker import Worker
 
     # By the module's name, not __main__: Temporal's workflow sandbox refuses workflows defined in __main__.
-    from bench.bare_load import BareTask, bare_agent
+    from bench.bare_load import _POOL, BareStoredTask, BareTask, bare_agent, bare_agent_stored
     from crewwork.config import Settings
     from crewwork.workers.pools import worker_tuning, workflow_runner
 
@@ -71,15 +110,22 @@ async def _worker(role: str, address: str, prefix: str, slots: int) -> None:
         worker = Worker(
             client,
             task_queue=f"{prefix}-control",
-            workflows=[BareTask],
+            workflows=[BareTask, BareStoredTask],
             # crewwork's control pool's runner too (no sandbox by default): Temporal's default sandbox costs a few
             # ms of CPU per workflow, which would lift the floor.
             workflow_runner=workflow_runner(settings.workflow_sandbox),
             **worker_tuning("control", settings),
         )
     else:
+        if dsn:
+            import asyncpg  # type: ignore[import-untyped]
+
+            _POOL.append(await asyncpg.create_pool(dsn, min_size=2, max_size=10))
         worker = Worker(
-            client, task_queue=f"{prefix}-agent", activities=[bare_agent], **worker_tuning("agent", settings)
+            client,
+            task_queue=f"{prefix}-agent",
+            activities=[bare_agent, bare_agent_stored],
+            **worker_tuning("agent", settings),
         )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -189,6 +235,128 @@ def bare_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, 
     yield run
 
 
+@dataclass
+class _Front:
+    """What bench/load.py's `drive` needs of a system with an HTTP front: where to post, and a key (unused here)."""
+
+    api_url: str
+    api_key: str = "unused"
+
+
+@contextlib.contextmanager
+def store_floor_runner(items: int, clients: int) -> Iterator[Callable[[int], dict[str, Any]]]:
+    """Yields `run(slots)`: bare Temporal with the least of a product in front and behind, as a second floor: the
+    bare submission route of bench/bare_api.py (the JSON body, the row and its `submitted` event in one statement,
+    the workflow's start) and an activity that stores its result and a `state_changed` event in one statement, on
+    crewwork's tables in a fresh PostgreSQL database, the same dev server and worker tuning as the floor above,
+    driven by bench/load.py's own load generator (12 HTTP clients) and read back the same way. What it leaves out is
+    what crewwork adds on top of a store and an API: authentication and rate limits, policy, admission and the
+    tenant's queue, fencing and its events, the agent's child process, heartbeats, search attributes."""
+    from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, tree_cpu_s
+    from bench.load import drive
+    from crewwork.temporal.devserver import DevServer, free_port
+
+    root = Path(__file__).resolve().parents[1]
+
+    def run(slots: int) -> dict[str, Any]:
+        with (
+            tempfile.TemporaryDirectory(prefix="crewwork-bare-store-") as tmp,
+            pg_database("crewwork_bare_store") as (url, _db),
+        ):
+            asyncio.run(_one_tenant(url))
+            dsn = url.replace("postgresql+asyncpg://", "postgresql://")
+            server = DevServer(Path(tmp), port=free_port(), ui=False)
+            server.start()
+            prefix = f"bares{uuid.uuid4().hex[:6]}"
+            port = free_port()
+            procs = {
+                role: subprocess.Popen(
+                    [sys.executable, "-m", "bench.bare_load", "worker", role, server.address, prefix, str(slots), dsn],
+                    cwd=root,
+                    stdout=subprocess.DEVNULL,
+                )
+                for role in ("control", "agent")
+            }
+            procs["api"] = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(root / "bench" / "bare_api.py"),
+                    str(port),
+                    dsn,
+                    server.address,
+                    f"{prefix}-control",
+                    f"{prefix}-agent",
+                ],
+                cwd=root,
+                stdout=subprocess.DEVNULL,
+            )
+            front = _Front(f"http://127.0.0.1:{port}")
+            try:
+                _wait_http(f"{front.api_url}/docs", procs["api"])
+                time.sleep(3.0)  # both workers connected and polling
+                assert server.proc is not None
+                asyncio.run(drive(front, url, 4, 4, 60))  # warm-up, as the others have
+                tpid = server.proc.pid
+                cpu0 = {k: tree_cpu_s(p.pid) for k, p in procs.items()}
+                cpu0["temporal"], cpu0["postgres"] = proc_cpu_s(tpid), postgres_cpu_s()
+                used: dict[str, float] = {}
+
+                def cpu_at_end() -> None:
+                    used.update({k: tree_cpu_s(p.pid) - cpu0[k] for k, p in procs.items()})
+                    used["temporal"] = proc_cpu_s(tpid) - cpu0["temporal"]
+                    used["postgres"] = postgres_cpu_s() - cpu0["postgres"]
+
+                out = asyncio.run(drive(front, url, items, clients, 300, on_done=cpu_at_end))
+                # drive() reads the stored rows and events: check what it found is every item, ended.
+                if out["states"] != {"succeeded": items}:
+                    raise RuntimeError(f"bench: the store floor ended with {out['states']} {out['errors']}")
+            finally:
+                for p in procs.values():
+                    p.terminate()
+                for p in procs.values():
+                    p.wait(30)
+                server.stop()
+        out.update(
+            {
+                "system": "bare temporal + store + api",
+                "agent_processes": 1,
+                "agent_slots_per_process": slots,
+                "cpu_s": used,
+                "worker_cpu_ms_per_item": 1000 * (used["control"] + used["agent"]) / items,
+                "loadavg": os.getloadavg()[0],
+            }
+        )
+        return out
+
+    yield run
+
+
+async def _one_tenant(url: str) -> None:
+    from crewwork.store.store import Store
+
+    store = Store(url)
+    try:
+        await store.ensure_tenant("bare-store")
+    finally:
+        await store.close()
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"bench: {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"bench: {url} not ready after 60 s")
+
+
 async def _warm(address: str, prefix: str) -> None:
     from temporalio.client import Client
 
@@ -204,17 +372,17 @@ async def _warm(address: str, prefix: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "worker":
+    if len(sys.argv) in (6, 7) and sys.argv[1] == "worker":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from crewwork import eventloop
         from crewwork.config import Settings
 
         # The event loop crewwork's pools run on (CREWWORK_EVENT_LOOP, uvloop by default): part of their tuning.
-        eventloop.run(_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])), Settings())
+        eventloop.run(_worker(*sys.argv[2:5], int(sys.argv[5]), *sys.argv[6:]), Settings())
         # As `crewwork` does (crewwork/cli/__init__.py run): the Temporal SDK's native threads outlive the interpreter
         # and abort its finalization ("Fatal Python error: PyGILState_Release", temporalio/sdk-python#300).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
     else:
-        sys.exit("usage: python -m bench.bare_load worker control|agent ADDRESS PREFIX SLOTS")
+        sys.exit("usage: python -m bench.bare_load worker control|agent ADDRESS PREFIX SLOTS [POSTGRES_DSN]")

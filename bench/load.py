@@ -36,14 +36,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 from sqlalchemy import select
 
-from bench.bare_load import bare_runner
+from bench.bare_load import bare_runner, store_floor_runner
 from bench.harness import (
     pg_database,
     postgres_cpu_s,
@@ -69,8 +69,18 @@ MOCK_AGENT_S = 0.1
 TERMINAL = [s.value for s in WorkItemState if s.terminal]
 
 
+class Front(Protocol):
+    """Where the load generator submits: crewwork's Stack, or the store floor's bare API (bench/bare_load.py)."""
+
+    @property
+    def api_url(self) -> str: ...
+
+    @property
+    def api_key(self) -> str: ...
+
+
 async def drive(
-    stack: Stack, url: str, items: int, clients: int, timeout_s: float, on_done: Callable[[], None] | None = None
+    stack: Front, url: str, items: int, clients: int, timeout_s: float, on_done: Callable[[], None] | None = None
 ) -> dict[str, Any]:
     """Submit `items` tasks from `clients` HTTP clients and wait for every one to end. `on_done` is called once all
     have ended, before the benchmark's own reads of their states and events: where a run's CPU reading ends."""
@@ -371,15 +381,16 @@ def equal_table(runs: list[dict[str, Any]]) -> str:
     )
 
 
-def floor_table(runs: list[dict[str, Any]], items: int) -> str:
-    """crewwork against bare Temporal (the floor of the shape) in the same round: throughput, submit-to-result p50
-    and CPU per item over every process each uses (crewwork: API, pools, Temporal server, PostgreSQL; bare: its two
-    worker processes, the server, and PostgreSQL's background), per round and the median over rounds."""
+def floor_table(runs: list[dict[str, Any]], items: int, floor: str = "bare temporal") -> str:
+    """crewwork against a floor in the same round (bare Temporal, the floor of the shape; or `bare temporal + store +
+    api`, bench/bare_load.py's store floor): throughput, submit-to-result p50 and CPU per item over every process
+    each uses (crewwork: API, pools, Temporal server, PostgreSQL; bare: its worker processes, its API if any, the
+    server, and PostgreSQL), per round and the median over rounds."""
     by = {(r.get("system", "crewwork"), r["agent_slots_per_process"], r.get("round", 0)): r for r in runs}
     per_slots: dict[int, list[tuple[float, float, float]]] = {}
     rows = []
     for (system, slots, rnd), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        bare = by.get(("bare temporal", slots, rnd))
+        bare = by.get((floor, slots, rnd))
         if system != "crewwork" or bare is None:
             continue
         cpu_c = 1000 * sum(r["cpu_s"].values()) / items
@@ -431,6 +442,12 @@ def main() -> None:
         help="skip the same-run bare-Temporal floor (bench/bare_load.py) in the equal-concurrency comparison",
     )
     ap.add_argument(
+        "--store-floor",
+        action="store_true",
+        help="also run bare Temporal with a bare HTTP route and a PostgreSQL result store in front and behind "
+        "(bench/bare_load.py store_floor_runner), and compare crewwork with it too",
+    )
+    ap.add_argument(
         "--one-process",
         action="store_true",
         help="crewwork's control and agent pools in one process (crewwork worker --pool control,agent)",
@@ -476,11 +493,12 @@ def main() -> None:
         url, _db = stack.enter_context(pg_database("crewwork_load"))
         peer = None if args.no_procrastinate else stack.enter_context(procrastinate_runner(args.items, args.clients))
         bare = None if args.no_bare else stack.enter_context(bare_runner(args.items, args.clients))
+        stored = stack.enter_context(store_floor_runner(args.items, args.clients)) if args.store_floor else None
         if args.equal:
             for rnd in range(args.rounds):
                 for c in [int(x) for x in args.equal.split(",")]:
                     # Side by side, alternating which goes first each round, so all see the same machine.
-                    order = ["crewwork", "procrastinate", "bare"]
+                    order = ["crewwork", "procrastinate", "bare", "store"]
                     if rnd % 2:
                         order.reverse()
                     for system in order:
@@ -495,6 +513,15 @@ def main() -> None:
                                 f"bare temporal slots={c}: {r['tasks_per_s']:.1f} tasks/s (slot efficiency "
                                 f"{efficiency(r):.2f}), submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s; load "
                                 f"generator {r['driver_cpu_ms_per_item']:.1f} ms/item (not counted)",
+                                flush=True,
+                            )
+                        elif system == "store" and stored is not None:
+                            r = stored(c)
+                            print(
+                                f"bare temporal + store + api slots={c}: {r['tasks_per_s']:.1f} tasks/s, "
+                                f"submit-to-result p50 {r['submit_to_result_s']['p50']:.2f}s; CPU s used: "
+                                + ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s"].items())
+                                + f"; load generator {r['driver_cpu_ms_per_item']:.1f} ms/item (not counted)",
                                 flush=True,
                             )
                         else:
@@ -527,6 +554,12 @@ def main() -> None:
             )
             print("CPU <= 1.2, every process counted):")
             print(floor_table(runs, args.items))
+        if any(r.get("system") == "bare temporal + store + api" for r in runs):
+            print(
+                "\nagainst bare Temporal with a bare HTTP route and a PostgreSQL result store (what crewwork adds "
+                "beyond an API and a store):"
+            )
+            print(floor_table(runs, args.items, floor="bare temporal + store + api"))
     print(render({"runs": runs, "reference": REFERENCE}))
     print("reference: SKIP LOCKED platform, 8 tasks/s (1 worker) and 14 (2), submit-to-result p50 4.6 s / 2.4 s")
     write_results("load", {"runs": runs, "reference": REFERENCE})
