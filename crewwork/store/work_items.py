@@ -198,7 +198,7 @@ class WorkItemStore(Database):
                 .add_cte(ev)
             )
         # With the tenant's queue limit: the row is inserted only while fewer than `cap` of the tenant's items wait
-        # (the count stops at `cap` index entries), and the event only with the row it goes with. Every part of the
+        # (the count stops at `cap`), and the event only with the row it goes with. Every part of the
         # statement sees one snapshot.
         room = select(clock.c.now).where(_WAITING.scalar_subquery() < bindparam("cap")).subquery("room")
         row = (
