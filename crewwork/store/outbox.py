@@ -25,7 +25,7 @@ from crewwork import tracing
 from crewwork.client.webhooks import SECRET_PREFIX
 from crewwork.ids import new_id
 from crewwork.store.engine import Database
-from crewwork.store.tables import OutboxMessage, Webhook
+from crewwork.store.tables import OutboxMessage, Webhook, WorkItem
 
 SECRET_BYTES = 32
 
@@ -140,6 +140,16 @@ class Claimed:
 
 def _webhook(h: Webhook) -> WebhookRecord:
     return WebhookRecord(h.id, h.url, tuple(t for t in h.event_types.split(",") if t), h.created_at)
+
+
+def _about_item(payload: dict[str, Any], kind: str | None, mock: bool | None) -> dict[str, Any]:
+    """A notification's body with the work item's `kind` and `mock` label, read when it is delivered, so
+    that a receiver can tell a mock agent's results from real ones without asking the API, as every other view says
+    (README: "labelled *mock* everywhere"). Read at delivery, not written with the change: the change's write, a
+    server-side function (migration 0008), stays as it is, and neither field changes after submission."""
+    if kind is None:  # the item is gone (never, today: items are not deleted)
+        return payload
+    return {"kind": kind, "mock": bool(mock), **payload}
 
 
 def _delivery(m: OutboxMessage) -> Delivery:
@@ -278,8 +288,11 @@ class OutboxStore:
                     Webhook.secret,
                     Webhook.previous_secret,
                     Webhook.previous_secret_expires_at,
+                    WorkItem.kind,
+                    WorkItem.mock,
                 )
                 .join(Webhook, Webhook.id == OutboxMessage.webhook_id)
+                .outerjoin(WorkItem, WorkItem.id == OutboxMessage.work_item_id)
                 .where(OutboxMessage.status == "pending", OutboxMessage.next_attempt_at <= now)
                 .order_by(OutboxMessage.next_attempt_at, OutboxMessage.id)
                 .limit(limit)
@@ -288,7 +301,7 @@ class OutboxStore:
                 q = q.with_for_update(skip_locked=True, of=OutboxMessage)
             rows = (await s.execute(q)).all()
             out = []
-            for msg, url, secret, previous, previous_until in rows:
+            for msg, url, secret, previous, previous_until, kind, mock in rows:
                 msg.next_attempt_at = now + claim_s
                 signing = [secret]
                 if previous and previous_until is not None and previous_until > now:
@@ -300,7 +313,7 @@ class OutboxStore:
                         url,
                         signing,
                         msg.event_type,
-                        msg.payload,
+                        _about_item(msg.payload, kind, mock),
                         msg.attempts,
                         msg.trace_context,
                     )

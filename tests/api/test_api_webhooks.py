@@ -111,6 +111,8 @@ async def test_receiver_down_then_up_gets_every_state_change_signed_and_none_los
         assert verify(hook["secret"], headers[SIGNATURE_HEADER.lower()], body)
         assert not verify("whsec_wrong", headers[SIGNATURE_HEADER.lower()], body)
         payload = json.loads(body)
+        # Which item it is about, at a glance: a mock agent's results are labelled so here too.
+        assert (payload["kind"], payload["mock"]) == ("task", True), payload
         delivery_ids.add(headers[DELIVERY_HEADER.lower()])
         got.append((payload["work_item_id"], payload["state"]))
     assert len(delivery_ids) == len(rows), "each outbox row arrives (at least once; ids let receivers dedupe)"

@@ -5,9 +5,10 @@ before and takes exactly the due rows."""
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from crewwork.store.db import upgrade
 from crewwork.store.outbox import OutboxStore, enqueue
@@ -64,3 +65,36 @@ async def test_on_postgresql_the_idle_probe_is_one_statement(pg_url: str) -> Non
         assert len(statements) == 1 and "outbox" in statements[0].lower(), statements
     finally:
         await store.close()
+
+
+async def test_a_delivery_says_which_kind_of_item_it_is_about_and_whether_its_agent_is_a_mock(any_store: Store) -> None:
+    """The body a receiver gets carries the item's `kind` and `mock` label (read at delivery from the item); the
+    stored notification stays as the change wrote it."""
+    from crewwork.models import WorkItemSpec
+
+    tenant_id = await any_store.ensure_tenant(f"t-about-{uuid.uuid4().hex[:8]}")
+    outbox = OutboxStore(any_store)
+    hook = await outbox.create_webhook(tenant_id, "https://hooks.example/about", [])
+    spec = WorkItemSpec.model_validate({"kind": "task", "input": {}, "agent": {"name": "scripted", "config": {}}})
+    items = {}
+    for mock in (True, False):
+        row, _ = await any_store.create_work_item(
+            tenant_id=tenant_id, spec=spec, base_commit=None, repo_path=None, mock=mock
+        )
+        items[row.id] = mock
+        async with any_store.session() as s:
+            await enqueue(
+                s,
+                tenant_id=tenant_id,
+                work_item_id=row.id,
+                event_type="work_item.state_changed",
+                payload={"work_item_id": row.id, "state": "running", "reason": ""},
+                now=time.time() - 1,
+            )
+    claimed = [c for c in await outbox.claim_due(100, 30) if c.payload["work_item_id"] in items]
+    assert {c.payload["work_item_id"]: (c.payload["kind"], c.payload["mock"]) for c in claimed} == {
+        wid: ("task", mock) for wid, mock in items.items()
+    }
+    async with any_store.session() as s:
+        stored = (await s.scalars(select(OutboxMessage.payload).where(OutboxMessage.webhook_id == hook.id))).all()
+    assert all("mock" not in p and "kind" not in p for p in stored), stored
