@@ -145,8 +145,11 @@ def _webhook(h: Webhook) -> WebhookRecord:
 def _about_item(payload: dict[str, Any], kind: str | None, mock: bool | None) -> dict[str, Any]:
     """A notification's body with the work item's `kind` and `mock` label, read when it is delivered, so
     that a receiver can tell a mock agent's results from real ones without asking the API, as every other view says
-    (README: "labelled *mock* everywhere"). Read at delivery, not written with the change: the change's write, a
-    server-side function (migration 0008), stays as it is, and neither field changes after submission."""
+    (README: "labelled *mock* everywhere"). Read at each delivery attempt, not written with the change: the change's
+    write, a server-side function (migration 0008), stays as it is. `kind` never changes; `mock` can only go from
+    false to true (an item submitted before mock items were labelled at submission, or a plugin agent the API did
+    not know as a mock, labelled by its `finish`), so a retried delivery may then carry `mock: true` where its first
+    attempt said false, never the other way."""
     if kind is None:  # the item is gone (never, today: items are not deleted)
         return payload
     return {"kind": kind, "mock": bool(mock), **payload}
