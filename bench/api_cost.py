@@ -29,26 +29,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import dev_server, pct, pg_database, postgres_cpu_s, proc_cpu_s, table, task_spec
+from bench.harness import dev_server, pct, pg_database, postgres_cpu_s, proc_cpu_s, table, task_spec, wait_http
 from crewwork.store.store import Store
 from crewwork.temporal.devserver import free_port
 
 HERE = Path(__file__).resolve().parent
-
-
-def wait_ready(url: str, path: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"bench/api_cost.py: the API at {url} exited with {proc.returncode} before it was ready")
-        try:
-            r = httpx.get(url + path, timeout=1)
-            if r.status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"bench/api_cost.py: the API at {url} did not become ready in 60 s")
 
 
 async def load(url: str, key: str | None, requests: int, clients: int) -> tuple[float, list[float], int]:
@@ -126,8 +111,8 @@ def main() -> None:
         urls = {"crewwork": f"http://127.0.0.1:{crew_port}", "bare": f"http://127.0.0.1:{bare_port}"}
         keys = {"crewwork": key, "bare": None}
         try:
-            wait_ready(urls["crewwork"], "/healthz", procs["crewwork"])
-            wait_ready(urls["bare"], "/docs", procs["bare"])
+            wait_http(urls["crewwork"] + "/healthz", procs["crewwork"])
+            wait_http(urls["bare"] + "/docs", procs["bare"])
             tpid = temporal.proc.pid if temporal.proc else 0
             rows: list[list[Any]] = []
             cpu: dict[str, list[float]] = {"crewwork": [], "bare": []}

@@ -252,7 +252,7 @@ def store_floor_runner(items: int, clients: int) -> Iterator[Callable[[int], dic
     driven by bench/load.py's own load generator (12 HTTP clients) and read back the same way. What it leaves out is
     what crewwork adds on top of a store and an API: authentication and rate limits, policy, admission and the
     tenant's queue, fencing and its events, the agent's child process, heartbeats, search attributes."""
-    from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, tree_cpu_s
+    from bench.harness import pg_database, postgres_cpu_s, proc_cpu_s, tree_cpu_s, wait_http
     from bench.load import drive
     from crewwork.temporal.devserver import DevServer, free_port
 
@@ -292,7 +292,7 @@ def store_floor_runner(items: int, clients: int) -> Iterator[Callable[[int], dic
             )
             front = _Front(f"http://127.0.0.1:{port}")
             try:
-                _wait_http(f"{front.api_url}/docs", procs["api"])
+                wait_http(f"{front.api_url}/docs", procs["api"])
                 time.sleep(3.0)  # both workers connected and polling
                 assert server.proc is not None
                 asyncio.run(drive(front, url, 4, 4, 60))  # warm-up, as the others have
@@ -339,22 +339,6 @@ async def _one_tenant(url: str) -> None:
         await store.ensure_tenant("bare-store")
     finally:
         await store.close()
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"bench: {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"bench: {url} not ready after 60 s")
 
 
 async def _warm(address: str, prefix: str) -> None:

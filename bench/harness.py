@@ -360,3 +360,21 @@ class CpuMeter:
 
     def per_item_ms(self, n: int) -> dict[str, float]:
         return {k: 1000 * v / n for k, v in self.used.items()}
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Until `url` answers with anything but a 5xx, from the process `proc` a benchmark started; exits with a message
+    naming the URL if the process ends first or the time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: {url} exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"bench: {url} did not become ready in {timeout_s:g} s")
