@@ -39,7 +39,10 @@ ENV PATH=/opt/crewwork/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     CREWWORK_DATA_DIR=/var/lib/crewwork \
-    CREWWORK_API_HOST=0.0.0.0
+    CREWWORK_API_HOST=0.0.0.0 \
+    CREWWORK_API_FORWARDED_ALLOW_IPS=
+# No X-Forwarded-For is believed unless the operator names the proxy (CREWWORK_API_FORWARDED_ALLOW_IPS): uvicorn's
+# own default would trust any client on the container's loopback.
 USER 10001:10001
 WORKDIR /var/lib/crewwork
 EXPOSE 8080

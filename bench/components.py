@@ -34,10 +34,11 @@ from bench.harness import (
     task_spec,
     write_results,
 )
-from crewwork import gitops
 from crewwork.models import WorkItemKind, WorkItemSpec, WorkItemState
 from crewwork.store.db import upgrade
+from crewwork.store.fencing import FencedWrite, StateChange
 from crewwork.store.store import Rank, Store
+from crewwork.workspace import gitops
 
 
 async def timed(n: int, fn: Any) -> list[float]:
@@ -62,7 +63,10 @@ async def store_costs(url: str, n: int) -> dict[str, Any]:
             # What every activity does: a write at its step's rank, accepted because it is the newest.
             step[0] += 1
             await store.set_state(
-                work_item_id=row.id, tenant_id=tenant, rank=Rank(step[0], 1), state=WorkItemState.running, writer="b"
+                StateChange(
+                    FencedWrite(work_item_id=row.id, tenant_id=tenant, rank=Rank(step[0], 1), writer="b"),
+                    state=WorkItemState.running,
+                )
             )
 
         write = await timed(n, fenced)
@@ -91,7 +95,7 @@ async def workspace_costs(root: Path, n: int) -> dict[str, Any]:
     """A workspace (private git dir + materialised files, with the configured disk cap) made and removed."""
     from crewwork.config.sandbox import SandboxSettings
     from crewwork.sandbox.disk import workspace_disk_mb
-    from crewwork.workspace import Workspace
+    from crewwork.workspace.tree import Workspace
 
     repo = make_repo(root / "ws-repo", {f"src/m{i}.py": "x = 1\n" * 50 for i in range(50)} | {"README": "r\n"})
     commit = (await gitops.git("rev-parse", "HEAD", cwd=repo)).out.strip()
@@ -115,8 +119,8 @@ async def workspace_costs(root: Path, n: int) -> dict[str, Any]:
 
 
 async def sandbox_costs(root: Path, n: int) -> dict[str, Any]:
+    from crewwork.sandbox.backends import SANDBOXES, get_sandbox
     from crewwork.sandbox.base import SandboxLimits
-    from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
     limits = SandboxLimits(memory_mb=256, pids=64, cpus=1.0, timeout_s=60)
     out: dict[str, Any] = {}
@@ -149,7 +153,7 @@ async def sandbox_costs(root: Path, n: int) -> dict[str, Any]:
 def pool_rss(url: str, root: Path, items: int) -> dict[str, Any]:
     import httpx
 
-    from crewwork.stack import Stack
+    from crewwork.cli.stack import Stack
     from crewwork.temporal.devserver import free_port
 
     stack = Stack(

@@ -41,17 +41,17 @@ if str(ROOT) not in sys.path:
 
 from bench.harness import bench_settings, dev_server, in_process_pools, table, write_results  # noqa: E402
 from crewwork import __version__  # noqa: E402
-from crewwork.config.evidence import EvidenceSettings  # noqa: E402
-from crewwork.evidence.facts import ReviewFact  # noqa: E402
-from crewwork.evidence.format import run_url  # noqa: E402
-from crewwork.evidence.gather import gather  # noqa: E402
-from crewwork.evidence.keys import generate, load_signer, load_trusted  # noqa: E402
-from crewwork.evidence.publish import BUNDLE_ARTIFACT, Publisher, landed_fact  # noqa: E402
-from crewwork.evidence.sign import sign_bundle  # noqa: E402
-from crewwork.evidence.treedigest import tree_digest  # noqa: E402
-from crewwork.evidence.verify import verify_bundle  # noqa: E402
+from crewwork.attestation.facts import ReviewFact  # noqa: E402
+from crewwork.attestation.format import run_url  # noqa: E402
+from crewwork.attestation.gather import gather  # noqa: E402
+from crewwork.attestation.keys import generate, load_signer, load_trusted  # noqa: E402
+from crewwork.attestation.publish import BUNDLE_ARTIFACT, Publisher, landed_fact  # noqa: E402
+from crewwork.attestation.sign import sign_bundle  # noqa: E402
+from crewwork.attestation.treedigest import tree_digest  # noqa: E402
+from crewwork.attestation.verify import verify_bundle  # noqa: E402
+from crewwork.config.attestation import EvidenceSettings  # noqa: E402
 from crewwork.models import WorkItemResult, WorkItemSpec  # noqa: E402
-from crewwork.repos.service import Repositories  # noqa: E402
+from crewwork.repos.worker import Repositories  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 
 PYTHON = "/usr/bin/python3"

@@ -116,7 +116,7 @@ async def in_process_pools(
     settings: Settings, pools: Sequence[str] = ("control", "agent", "validate")
 ) -> AsyncIterator[tuple[Any, Store, str]]:
     """crewwork's worker pools in this process (as tests/conftest.running_crew): yields (service, store, tenant)."""
-    from crewwork.service import WorkItemService
+    from crewwork.api.service import WorkItemService
     from crewwork.temporal.client import connect
     from crewwork.workers.pools import build_worker
 

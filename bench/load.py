@@ -4,7 +4,7 @@ clients through the real API. By default at equal concurrency against a PostgreS
 for N = 1, 2, 8 (`--equal`), with each slot's efficiency (tasks/s per slot over the slot's limit for a 100 ms
 agent) and the worker processes' CPU time per item; `--equal ''` runs the older grid of agent processes x slots.
 
-Everything is a real process: the embedded stack (crewwork.stack.Stack) runs the Temporal dev server, the API
+Everything is a real process: the embedded stack (crewwork.cli.stack.Stack) runs the Temporal dev server, the API
 (uvicorn) and `crewwork worker --pool control|agent` subprocesses on a throwaway PostgreSQL database. Every store
 write is fenced as always.
 
@@ -55,8 +55,8 @@ from bench.harness import (
     tree_cpu_s,
     write_results,
 )
+from crewwork.cli.stack import Stack, crewwork_argv
 from crewwork.models import WorkItemState
-from crewwork.stack import Stack, crewwork_argv
 from crewwork.store.store import Store
 from crewwork.store.tables import Event, WorkItem
 from crewwork.temporal.devserver import free_port

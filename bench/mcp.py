@@ -39,7 +39,8 @@ if str(ROOT) not in sys.path:
 from bench.harness import machine, table, write_results  # noqa: E402
 from crewwork.codeintel.repomap import IndexCache, cached_index, rank, render  # noqa: E402
 from crewwork.config.codeintel import CodeIntelSettings  # noqa: E402
-from crewwork.repos.trees import load_index, resolve_commit, run_bounded  # noqa: E402
+from crewwork.repos.gitproc import run_bounded  # noqa: E402
+from crewwork.repos.trees import load_index, resolve_commit  # noqa: E402
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "b",

@@ -44,9 +44,9 @@ from bench.harness import (
     task_spec,
     write_results,
 )
+from crewwork.admission.starts import workflow_result
 from crewwork.config import Settings
 from crewwork.models import WorkItemResult, WorkItemSpec
-from crewwork.starts import workflow_result
 from crewwork.workers.pools import worker_tuning, workflow_runner
 
 
@@ -102,7 +102,7 @@ async def crew_round(service: Any, tenant: str, specs: list[dict[str, Any]], tem
         t0 = time.perf_counter()
         sub = await service.submit(tenant, WorkItemSpec.model_validate(spec))
         assert service.client is not None
-        # A queued item's workflow starts when its place comes (crewwork/starts.py).
+        # A queued item's workflow starts when its place comes (crewwork/admission/starts.py).
         res = await workflow_result(service.client, sub.row.workflow_id, WorkItemResult)
         lat.append(time.perf_counter() - t0)
         states[res.state.value] = states.get(res.state.value, 0) + 1

@@ -35,9 +35,10 @@ if str(ROOT) not in sys.path:
 from crewwork.config.sandbox import SandboxSettings  # noqa: E402
 from crewwork.models.preview import BrowserFlow, PreviewSpec  # noqa: E402
 from crewwork.preview.run import run_preview  # noqa: E402
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox  # noqa: E402
 from crewwork.sandbox.base import SandboxLimits  # noqa: E402
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupPlan  # noqa: E402
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox  # noqa: E402
+from crewwork.sandbox.envplan import CacheOwner, SetupPlan  # noqa: E402
+from crewwork.sandbox.prepare import PreparedEnvCache  # noqa: E402
 from crewwork.temporal.devserver import free_port  # noqa: E402
 from tests.preview.conftest import Saved, workspace  # noqa: E402
 from tests.preview.test_repair import APP_FIXED, INDEX, JS_FIXED, SHOP  # noqa: E402

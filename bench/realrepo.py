@@ -49,10 +49,11 @@ from crewwork.models import (  # noqa: E402
     ValidationSpec,
     WorkItemSpec,
 )
-from crewwork.repos.service import Repositories  # noqa: E402
+from crewwork.repos.worker import Repositories  # noqa: E402
+from crewwork.sandbox.backends import get_sandbox  # noqa: E402
 from crewwork.sandbox.base import SandboxLimits  # noqa: E402
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache  # noqa: E402
-from crewwork.sandbox.registry import get_sandbox  # noqa: E402
+from crewwork.sandbox.envplan import CacheOwner  # noqa: E402
+from crewwork.sandbox.prepare import PreparedEnvCache  # noqa: E402
 from crewwork.steps.attempt import AttemptWriter  # noqa: E402
 from crewwork.steps.ports import Ports  # noqa: E402
 from crewwork.steps.validate import ValidateInput  # noqa: E402
@@ -60,7 +61,7 @@ from crewwork.steps.validate.activity import setup_plan, validate  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402
-from crewwork.workspace import Workspace  # noqa: E402
+from crewwork.workspace.tree import Workspace  # noqa: E402
 
 PYTHON = "/usr/bin/python3"
 JUNIT = ".crewwork/junit.xml"

@@ -249,6 +249,26 @@ def chaos(d: dict[str, Any]) -> str:
     return table(["chaos soak", "value"], rows)
 
 
+def attempt(d: dict[str, Any]) -> str:
+    """bench/attempt.py: the phase table it printed (stored as `table`), and the load it ran under."""
+    loads = ", ".join(f"{x:.1f}" for x in d.get("loadavg_1m_per_round", []))
+    head = ["phase", "crewwork s", "floor s", "x floor (medians)", "x floor (paired)"]
+    start = ", ".join(f"{x:.1f}" for x in d.get("loadavg_at_start", []))
+    note = (
+        f"\n\nLoad average when the bench started: {start} (the one above is when it wrote its results)."
+        if start
+        else ""
+    )
+    land = d.get("landing_side_by_side") or {}
+    if land:
+        note += (
+            f"\n\nThe landing's git work, {land['rounds']} alternating rounds: {land['median_ls_remote_first_s']:.3f} s "
+            f"with the ls-remote first (before), {land['median_push_decides_s']:.3f} s with the push deciding (now), "
+            f"paired {land['paired_ratio']:.2f}x."
+        )
+    return table(head, d["table"]) + f"\n\n1-minute load average per round: {loads}" + note
+
+
 def main() -> None:
     for name, fn in (
         ("overhead", overhead),
@@ -257,6 +277,7 @@ def main() -> None:
         ("components", components),
         ("scaling", scaling),
         ("chaos", chaos),
+        ("attempt", attempt),
     ):
         d = load(name)
         if d is None:

@@ -18,9 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from crewwork.sandbox.backends import SANDBOXES, best_available, get_sandbox
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache
-from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
+from crewwork.sandbox.envplan import CacheOwner
+from crewwork.sandbox.prepare import PreparedEnvCache
 
 # Real packages with real dependency trees; downloaded once (PyPI) into a local wheelhouse, because the
 # sandbox itself has no network.

@@ -165,10 +165,10 @@ def task_item(agent_s: float) -> dict[str, Any]:
 async def run_crewwork(
     address: str, db_url: str, n_agent: int, args: argparse.Namespace, logs: Path
 ) -> tuple[float, list[str]]:
+    from crewwork.admission.starts import workflow_result
+    from crewwork.api.service import WorkItemService
     from crewwork.config import Settings
     from crewwork.models import WorkItemResult, WorkItemSpec
-    from crewwork.service import WorkItemService
-    from crewwork.starts import workflow_result
     from crewwork.store.store import Store
     from crewwork.temporal.client import connect
 

@@ -2,7 +2,7 @@
 
 - `worktree`: the old way, `git worktree add` + `git add -A` + `git diff --cached` + `git worktree remove`
   (host git in an agent-writable work tree);
-- `workspace`: `crewwork.workspace.Workspace` without a disk cap: private git dir, blobs written by the host,
+- `workspace`: `crewwork.workspace.tree.Workspace` without a disk cap: private git dir, blobs written by the host,
   capture by a no-follow walk + fast-import, removal;
 - `workspace+loop`: the same on its own loopback ext4 image (the disk cap; needs root).
 
@@ -22,9 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from crewwork import gitops
 from crewwork.sandbox.disk import loop_available
-from crewwork.workspace import CaptureLimits, Workspace
+from crewwork.workspace.tree import CaptureLimits, Workspace, gitops
 
 ENV = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
 LIMITS = CaptureLimits(max_diff_bytes=16 << 20, max_file_bytes=16 << 20)

@@ -1,3 +1,3 @@
-from crewwork.cli import run
+from crewwork.cli.main import run
 
 run()

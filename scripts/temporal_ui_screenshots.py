@@ -2,7 +2,8 @@
 
 Starts the embedded stack (Temporal dev server with its UI, SQLite, API, pools), submits a `task` whose agent takes
 a while and a code change that waits for review, then drives Debian's Chromium (never `playwright install`) to the
-workflow list and to the running item's page, where the workflow summary and details crewwork sets at start show.
+workflow list (with the `CrewworkState` column, as a user adds it in the list's column settings) and to the running
+item's page, where the workflow summary and details crewwork sets at start show.
 
     .venv/bin/python scripts/temporal_ui_screenshots.py [--out docs/images]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -20,8 +22,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from crewwork.demo import RIGHT, demo_work_item, make_sample_repo
-from crewwork.stack import Stack
+from crewwork.cli.demo import RIGHT, demo_work_item, make_sample_repo
+from crewwork.cli.stack import Stack
 from crewwork.temporal.devserver import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -42,8 +44,22 @@ async def shoot(ui: str, workflow_id: str, out: Path) -> None:
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = await browser.new_page(viewport={"width": 1440, "height": 900})
-        await page.goto(f"{ui}/namespaces/default/workflows", wait_until="load")
-        await page.wait_for_timeout(3000)
+        # The list's columns with crewwork's state, as the UI stores them once a user adds the column.
+        columns = [
+            {"label": label, "pinned": label in ("Status", "Workflow ID")}
+            for label in ("Status", "Workflow ID", "CrewworkState", "Type", "Start", "End")
+        ]
+        await page.add_init_script(
+            f"localStorage.setItem('namespace-workflow-table-columns', {json.dumps(json.dumps({'default': columns}))})"
+        )
+        for _ in range(3):  # the UI's first load can fail while its server warms up: reload
+            await page.goto(f"{ui}/namespaces/default/workflows", wait_until="load")
+            try:
+                await page.locator("table tr", has_text=workflow_id).wait_for(timeout=20_000)
+                break
+            except Exception:
+                continue
+        await page.wait_for_timeout(1000)
         await page.screenshot(path=str(out / "temporal-ui-workflows.png"))
         await page.goto(f"{ui}/namespaces/default/workflows/{workflow_id}", wait_until="load")
         await page.wait_for_timeout(4000)
@@ -70,13 +86,13 @@ def main() -> None:
             temporal_port=free_port(),
             ui_port=free_port(),
             api_port=free_port(),
-            extra_env={"CREWWORK_ALLOW_UNSAFE_SANDBOX": "true", "CREWWORK_SANDBOX_BACKEND": "local"},
+            extra_env={"CREWWORK_SANDBOX_BACKEND": "bwrap"},
             database_url=f"sqlite+aiosqlite:///{data / 'state' / 'crewwork.db'}",
         )
         stack.start()
         try:
             api = httpx.Client(base_url=stack.api_url, headers={"Authorization": f"Bearer {stack.api_key}"}, timeout=30)
-            review = demo_work_item(repo, "local")
+            review = demo_work_item(repo, "bwrap")
             review["agent"]["config"] = {"files": {"calc.py": RIGHT}}
             review["idempotency_key"] = "shots-review"
             r1 = api.post("/v1/work-items", json=review).json()

@@ -50,9 +50,37 @@ if [ ! -f "$PACKAGES/.complete" ] || [ tests/repos/test-packages.txt -nt "$PACKA
     "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: -d "$PACKAGES/sdists" $sdists
     touch "$PACKAGES/.complete"
 fi
+# axe-core, the accessibility checker the browser tests load into the console's pages from disk (tests/browser/axe.py):
+# installed now from npm, never fetched while the tests run.
+AXE_VERSION=4.14.1
+AXE_DIR="${CREWWORK_TEST_NODE:-.cache/node}"
+if [ ! -f "$AXE_DIR/node_modules/axe-core/axe.min.js" ] || ! grep -q "\"version\": \"$AXE_VERSION\"" "$AXE_DIR/node_modules/axe-core/package.json"; then
+    command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
+    echo "test-env: installing axe-core $AXE_VERSION into $AXE_DIR"
+    npm install --silent --no-audit --no-fund --prefix "$AXE_DIR" "axe-core@$AXE_VERSION"
+fi
+# GitHub's official OpenAPI description and example webhook payloads, which the forge tests check the local GitHub
+# against and send (tests/fakes/github_openapi.py): installed now from npm, never fetched while the tests run.
+OCTOKIT_OPENAPI_VERSION=23.0.2
+OCTOKIT_WEBHOOKS_EXAMPLES_VERSION=7.6.1
+if ! grep -qs "\"version\": \"$OCTOKIT_OPENAPI_VERSION\"" "$AXE_DIR/node_modules/@octokit/openapi/package.json" \
+    || ! grep -qs "\"version\": \"$OCTOKIT_WEBHOOKS_EXAMPLES_VERSION\"" "$AXE_DIR/node_modules/@octokit/webhooks-examples/package.json"; then
+    command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
+    echo "test-env: installing @octokit/openapi $OCTOKIT_OPENAPI_VERSION and @octokit/webhooks-examples into $AXE_DIR"
+    npm install --silent --no-audit --no-fund --prefix "$AXE_DIR" "axe-core@$AXE_VERSION" \
+        "@octokit/openapi@$OCTOKIT_OPENAPI_VERSION" "@octokit/webhooks-examples@$OCTOKIT_WEBHOOKS_EXAMPLES_VERSION"
+fi
 # The example agent plugin, installed like any plugin (tests/integration/test_agent_plugins.py runs it for real).
 "$PYTHON" -m pip install --quiet --no-deps ./examples/crewwork-example-agent
 
+# The agent CLIs the tests run unmodified in the sandbox (tests/agents/test_agent_clis.py, tests/integration/
+# test_agent_clis_e2e.py): Codex CLI and Claude Code from npm, mini-swe-agent from PyPI, installed now, never at run time.
+command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
+bash scripts/agent-clis.sh "${CREWWORK_TEST_AGENT_CLIS:-.cache/agents}" "$PYTHON"
+
 # A Docker engine with gVisor and the locally built sandbox image (no registry is reachable).
 bash .ci/docker-up.sh "$PYTHON"
+# The compose stack's images (tests/deploy/test_compose_stack.py), built from Debian's and PyPI's packages: about
+# 6 minutes the first time on a 2-core machine, seconds after (docs/deployment.md, "Without a registry").
+bash deploy/local/build-images.sh
 echo "test-env: ready"

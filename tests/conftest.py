@@ -90,13 +90,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # them on different workers at the start instead of leaving one worker running them at the end. Figures: the
 # slowest durations printed by `make test`.
 LONG_FIRST = (
+    "tests/deploy/test_compose_stack.py",
+    "tests/deploy/test_dead_hosts.py",
+    "tests/deploy/test_store_upgrade.py",
     "tests/repos/test_no_shared_disk.py",
+    "tests/deploy/test_worker_versioning.py",
     "tests/soak/",
     "tests/integration/test_cli_scripting.py",
+    "tests/integration/test_agent_clis_e2e.py",
+    "tests/agents/test_agent_clis.py",
     "tests/reliability/test_zombies.py",
     "tests/deploy/test_pool_drain.py",
     "tests/integration/test_docs_examples.py",
     "tests/api/test_api_fuzz.py",
+    "tests/browser/test_review_workbench.py",
     "tests/preview/test_repair.py",
     "tests/integration/test_cli.py",
     "tests/integration/test_repair_loop.py",
@@ -108,7 +115,32 @@ LONG_FIRST = (
 )
 
 
+# Tiers by what a test starts (docs/testing.md): a test is marked `postgres`, `temporal`, `docker` or `browser` when it
+# needs that server, so `make check` can run everything that needs none of them (`-m "not postgres and not temporal
+# and not docker and not browser"`). The marks come from the fixtures a test uses (their closure: `crew` needs
+# `pg_url` and `temporal_server`), from the store a parametrized `any_store` is, and from explicit `pytestmark`s on
+# the tests that start such a server themselves (a subprocess stack, a sandbox backend's parameter, Playwright).
+STARTED_BY_FIXTURE = {
+    "pg_url": "postgres",
+    "pg_store": "postgres",
+    "temporal_server": "temporal",
+}
+SERVER_MARKS = ("postgres", "temporal", "docker", "browser")
+
+
+def _server_marks(item: pytest.Item) -> set[str]:
+    marks = {STARTED_BY_FIXTURE[f] for f in getattr(item, "fixturenames", ()) if f in STARTED_BY_FIXTURE}
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("any_store") == "postgres":
+        marks.add("postgres")
+    return marks
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for mark in sorted(_server_marks(item) - {m.name for m in item.iter_markers()}):
+            item.add_marker(getattr(pytest.mark, mark))
+
     def rank(item: pytest.Item) -> int:
         return next((i for i, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
@@ -184,9 +216,30 @@ async def pg_store(pg_url: str) -> AsyncIterator[Store]:
     await store.close()
 
 
+_sqlite_template: list[Path] = []
+_sqlite_template_lock = threading.Lock()
+
+
+def migrated_sqlite_template() -> Path:
+    """A SQLite store migrated to head, made once per pytest process: a test that needs a fresh store of its own
+    copies it (a file copy) instead of running every migration again (a `crewwork db upgrade` process, about 1.5 s of
+    CPU). The copy is the store `crewwork db upgrade` makes: the same `upgrade()` wrote it."""
+    with _sqlite_template_lock:
+        if not _sqlite_template:
+            import atexit
+            import tempfile
+
+            folder = Path(tempfile.mkdtemp(prefix="crewwork-sqlite-template-"))
+            atexit.register(shutil.rmtree, folder, True)
+            run_sync(upgrade(f"sqlite+aiosqlite:///{folder / 'crewwork.db'}"))
+            _sqlite_template.append(folder / "crewwork.db")
+        return _sqlite_template[0]
+
+
 @contextlib.contextmanager
 def api_process(tmp_path: Path, **env_vars: str) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
-    """`crewwork api` as a process of its own (its port, its log file) on a fresh SQLite store, with nothing at its
+    """`crewwork api` as a process of its own (its port, its log file) on a fresh SQLite store (a copy of
+    `migrated_sqlite_template()`), with nothing at its
     Temporal address (it starts and says so), plus `env_vars`; yields once uvicorn says it is running (or after 60 s),
     and terminates it afterwards."""
     port = free_port()
@@ -196,7 +249,7 @@ def api_process(tmp_path: Path, **env_vars: str) -> Iterator[tuple[subprocess.Po
         CREWWORK_TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}",
         **env_vars,
     )
-    subprocess.run([sys.executable, "-m", "crewwork", "db", "upgrade"], env=env, check=True, capture_output=True)
+    shutil.copyfile(migrated_sqlite_template(), tmp_path / "db.sqlite")
     log = tmp_path / "api.log"
     with log.open("w") as f:
         proc = subprocess.Popen(
@@ -230,7 +283,7 @@ def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevSer
 
 @pytest.fixture(scope="session")
 def sandbox_backend() -> str:
-    from crewwork.sandbox.registry import get_sandbox
+    from crewwork.sandbox.backends import get_sandbox
 
     try:
         get_sandbox("bwrap")
@@ -281,12 +334,12 @@ class Crew:
         return str(res.row.id)
 
     async def result(self, work_item_id: str, timeout_s: float = 120) -> Any:
+        from crewwork.admission.starts import workflow_result
         from crewwork.models import WorkItemResult
-        from crewwork.starts import workflow_result
 
         row = await self.store.get_work_item(work_item_id)
         assert row is not None
-        # A queued item's workflow starts when its place comes (crewwork/starts.py).
+        # A queued item's workflow starts when its place comes (crewwork/admission/starts.py).
         return await asyncio.wait_for(workflow_result(self.client, row.workflow_id, WorkItemResult), timeout_s)
 
     async def wait_attempts(self, work_item_id: str, count: int, timeout_s: float = 120) -> None:
@@ -313,7 +366,7 @@ class Crew:
 async def running_crew(
     settings: Settings, pools: tuple[str, ...] = ("control", "agent", "validate")
 ) -> AsyncIterator[Crew]:
-    from crewwork.service import WorkItemService
+    from crewwork.api.service import WorkItemService
     from crewwork.temporal.client import connect
     from crewwork.workers.pools import build_worker
 
@@ -351,7 +404,8 @@ class ApiServer:
     def __init__(self, settings: Settings) -> None:
         import uvicorn
 
-        from crewwork.serve import api_app
+        from crewwork.api.edge import uvicorn_proxy_options
+        from crewwork.cli.serve import api_app
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -361,6 +415,7 @@ class ApiServer:
             port=self.port,
             log_level="warning",
             lifespan="on",
+            **uvicorn_proxy_options(settings.api_forwarded_allow_ips),
             # A request still open at exit (a stream, a call waiting on the crew) must not keep the server, and its
             # webhook deliverer, running into the next tests.
             timeout_graceful_shutdown=3,
@@ -422,6 +477,6 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
 
 @pytest.fixture
 def calc_repo(tmp_path: Path) -> Path:
-    from crewwork.demo import BUGGY, TEST
+    from crewwork.cli.demo import BUGGY, TEST
 
     return make_repo(tmp_path / "repo", {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})

@@ -67,9 +67,9 @@ def events_of(db: str, item: str, type_: str) -> list[Any]:
 async def crewwork_side(root: Path, n: int, zombie: bool) -> dict[str, Any]:
     from sqlalchemy import select
 
-    from crewwork.invariants import check_invariants
     from crewwork.models import WorkItemSpec
     from crewwork.store.tables import Event
+    from tests.invariants import check_invariants
 
     out: dict[str, Any] = {}
     with pg_database("crewwork_peers") as (url, _db), dev_server(root / "temporal") as server:

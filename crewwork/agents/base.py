@@ -4,7 +4,7 @@ An agent receives an `AgentContext` (the instruction or input, the attempt's pri
 the previous attempt, a sandbox to run commands in) and returns an `AgentRunResult`. The platform, not the agent,
 captures the diff and judges the change: whatever an agent says about its own success is stored as `claims` only.
 
-Adding an agent is one new module with a subclass of `Agent` and a line in `crewwork.agents.registry` and in
+Adding an agent is one new module with a subclass of `Agent` and a line in `crewwork.agents.classes` and in
 `crewwork.agents.catalogue` (a built-in; its config check in a module of its own, which the API loads), or a package
 of its own that declares it in the `crewwork.agents` entry-point group (a plugin; docs/agents.md).
 """
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from crewwork.config import Settings
+from crewwork.models import WorkItemKind
 
 # Re-exported: agent authors import the failure classes from here.
-from crewwork.errors import AgentConfigError as AgentConfigError
-from crewwork.errors import AgentError as AgentError
-from crewwork.errors import AgentInfraError as AgentInfraError
-from crewwork.models import WorkItemKind
+from crewwork.models.errors import AgentConfigError as AgentConfigError
+from crewwork.models.errors import AgentError as AgentError
+from crewwork.models.errors import AgentInfraError as AgentInfraError
 
 if TYPE_CHECKING:
     from crewwork.sandbox.base import Sandbox, SandboxLimits
@@ -57,8 +57,8 @@ class AgentContext:
     save_artifact: Callable[[str, bytes, str], Awaitable[Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     host_workspace: Any | None = None
-    """The platform's `crewwork.workspace.Workspace` for `workspace` (owner, private git directory), for agents
-    that change files on the host rather than in a sandbox (they must go through it or `crewwork.safefs`)."""
+    """The platform's `crewwork.workspace.tree.Workspace` for `workspace` (owner, private git directory), for agents
+    that change files on the host rather than in a sandbox (they must go through it or `crewwork.boundary.safefs`)."""
 
 
 async def _current() -> None:

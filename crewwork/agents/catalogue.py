@@ -14,7 +14,7 @@ comma-separated names). A plugin is imported only when its name is first asked f
 itself, with a message naming it. Built-in names cannot be taken by a plugin.
 
 The built-ins' checks live with their config models (crewwork/agents/*_config.py), so the API process loads none
-of the agents; crewwork/agents/registry.py maps the same names to the agent classes the agent pool runs.
+of the agents; crewwork/agents/classes.py maps the same names to the agent classes the agent pool runs.
 
 Per-tenant rules ("tenant X may use agents A and B") belong to the policy module, which asks `available_agents()`
 what exists.

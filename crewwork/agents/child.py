@@ -56,7 +56,7 @@ def portable(exc: BaseException) -> BaseException:
 
 async def _run(parent: _Parent, call: Any) -> None:
     from crewwork.agents.base import AgentContext
-    from crewwork.agents.registry import get_agent_class
+    from crewwork.agents.classes import get_agent_class
 
     try:
         if call.env and call.env != dict(os.environ):
@@ -67,7 +67,7 @@ async def _run(parent: _Parent, call: Any) -> None:
             reset_settings_cache()
         sandbox = None
         if call.sandbox_recipe is not None:
-            from crewwork.sandbox.registry import get_sandbox
+            from crewwork.sandbox.backends import get_sandbox
 
             name, allow_unsafe, settings = call.sandbox_recipe
             sandbox = get_sandbox(name, allow_unsafe=allow_unsafe, settings=settings)
@@ -122,8 +122,8 @@ async def serve(conn: Connection) -> None:
 
     loop.add_signal_handler(signal.SIGTERM, stop)
     # Imports the agents now, so that a task's cost is only its own.
-    import crewwork.agents.registry
-    import crewwork.sandbox.registry  # noqa: F401
+    import crewwork.agents.classes
+    import crewwork.sandbox.backends  # noqa: F401
 
     parent.send(("ready",))
     while True:

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from crewwork.agents.base import (
     Agent,
@@ -44,9 +44,10 @@ from crewwork.agents.base import (
     OperatorAgentSettings,
 )
 from crewwork.agents.command_config import CommandAgentConfig, validate_command_config
+from crewwork.boundary.masking import Redactor
+from crewwork.boundary.safefs import chown_tree, open_root, opened, remove
 from crewwork.models import WorkItemKind
 from crewwork.sandbox.base import Mount, SandboxError, SandboxLimits, SandboxUnavailable
-from crewwork.transport.redact import Redactor
 
 T = TypeVar("T")
 
@@ -70,6 +71,10 @@ _PLACEHOLDERS = (
 )
 
 
+CLI_HOME = ".crewwork-home"
+"""The agent CLI's HOME, in the workspace (its disk cap applies), removed before the change is captured."""
+SESSION_LOG_MAX_BYTES = 8 * 1024 * 1024
+"""A CLI's session log is kept up to this size (a larger one is not kept, and the evidence says so)."""
 IO_INSIDE = "/crewwork/io"
 """Where the CLI sees its input files (instruction, diagnostics, review, context)."""
 
@@ -79,8 +84,19 @@ class CommandSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    argv: list[str] = Field(min_length=1, max_length=128)
-    """Program and arguments. Placeholders ``{instruction_file}``, ``{diagnostics_file}``, ``{review_file}``,
+    adapter: str | None = None
+    """An agent CLI crewwork knows (`codex`, `claude-code`, `mini-swe-agent`: crewwork/agents/cli_registry.py): the
+    adapter builds the command line, points the CLI at the attempt's model gateway, switches off its own prompts and
+    sandbox and keeps its session log. `argv` is then not needed; `install_dir` is."""
+    install_dir: str | None = None
+    """Where the operator installed the CLI (an npm prefix, a virtualenv); mounted read-only at
+    `/opt/crewwork-cli/<adapter>` inside the sandbox."""
+    model: str | None = None
+    """The model name the CLI is told (the gateway maps it onto the route); default: the route's first model."""
+    workload: str = Field(default="agent", min_length=1, max_length=64)
+    """The route of CREWWORK_MODEL_ENDPOINTS the CLI's calls take (then `default`, then every endpoint)."""
+    argv: list[str] = Field(default_factory=list, max_length=128)
+    """Program and arguments (without an adapter). Placeholders ``{instruction_file}``, ``{diagnostics_file}``, ``{review_file}``,
     ``{io_dir}``, ``{workspace}``, ``{attempt}``, ``{work_item_id}`` are substituted; the working directory
     is the workspace."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -101,6 +117,19 @@ class CommandSpec(BaseModel):
     """Eligibility: fnmatch globs over the work item's repository URL/path; empty allows every repository."""
     required_labels: dict[str, str] = Field(default_factory=dict)
     """Eligibility: labels the work item must carry with these values ("*" = any value)."""
+
+    @model_validator(mode="after")
+    def _runnable(self) -> CommandSpec:
+        if self.adapter is None and not self.argv:
+            raise ValueError("a command needs `argv`, or an `adapter` and its `install_dir`")
+        if self.adapter is not None:
+            from crewwork.agents.cli_registry import ADAPTERS
+
+            if self.adapter not in ADAPTERS:
+                raise ValueError(f"unknown adapter {self.adapter!r}; known: {', '.join(sorted(ADAPTERS))}")
+            if not self.install_dir or not os.path.isabs(self.install_dir):
+                raise ValueError(f"adapter {self.adapter!r} needs `install_dir`, an absolute path")
+        return self
 
     @field_validator("pass_env")
     @classmethod
@@ -150,16 +179,28 @@ def choose_agent(
     repo: str | None = None,
     labels: Mapping[str, str] | None = None,
     operator: OperatorAgentSettings | None = None,
+    delegated: str = "",
+    code_change: bool = True,
 ) -> tuple[str, str]:
     """Which agent runs for a work item that asked for `requested`, and why (a sentence for the evidence).
+
+    `delegated`: the operator's delegated runner (CREWWORK_DELEGATED_RUNNER): a code change that asks for the model
+    agent runs that command instead, under the same kill switch and eligibility, the model agent being the fallback.
 
     Only a request for "command" can be redirected: to the built-in model agent when the operator's kill
     switch is off, when the command is not defined by the operator, or when the work item is not eligible
     for it (repository glob, required labels). `operator`: the deployment's settings (default: this process's).
     """
+    operator = OperatorAgentSettings.of_process() if operator is None else operator
+    if requested == FALLBACK_AGENT and delegated and code_change:
+        runner, why = choose_agent(
+            CommandAgent.name, {"command": delegated}, repo=repo, labels=labels, operator=operator
+        )
+        if runner == CommandAgent.name:
+            return runner, f"the operator's delegated runner {delegated!r} runs code changes by default ({why})"
+        return FALLBACK_AGENT, f"the model agent runs: {why.split('; the built-in')[0]}"
     if requested != CommandAgent.name:
         return requested, f"agent {requested!r} was requested"
-    operator = OperatorAgentSettings.of_process() if operator is None else operator
     fallback = f"; the built-in {FALLBACK_AGENT!r} agent runs instead"
     if not operator.command_agent_enabled:
         return (
@@ -236,6 +277,7 @@ class CommandAgent(Agent):
         passed = {n: self._env[n] for n in spec.pass_env if n in self._env}
         redact = Redactor(passed.values())
         io_dir = Path(tempfile.mkdtemp(prefix="crewwork-agent-io-"))
+        home: Path | None = None
         try:
             files = _write_inputs(io_dir, ctx)
             try:
@@ -251,8 +293,22 @@ class CommandAgent(Agent):
                 work_item_id=ctx.work_item_id,
             )
             argv = [_substitute(a, values) for a in spec.argv] + list(cfg.args)
+            adapted: dict[str, str] = {}
+            if spec.adapter is not None:
+                # The CLI's private HOME lies in the workspace's own file system (under its disk cap, never the
+                # host's /tmp), and is taken out before the change is captured. Its name is fixed, so a replay's
+                # prompts name the same paths as the recorded run's.
+                home = ctx.workspace / CLI_HOME
+                try:
+                    home.mkdir(mode=0o700)
+                except FileExistsError:
+                    raise AgentError(f"the repository holds {CLI_HOME}, where the agent CLI's HOME goes") from None
+                argv, adapted, more = adapted_run(ctx, cfg.command, spec, home, values["workspace"])
+                mounts += more
+                redact = redact.extended([adapted.get("CREWWORK_GATEWAY_TOKEN", ""), _token(ctx)])
             env = {
                 **spec.env,
+                **adapted,
                 **passed,
                 "CREWWORK_IO_DIR": io_inside,
                 "CREWWORK_INSTRUCTION_FILE": values["instruction_file"],
@@ -280,8 +336,15 @@ class CommandAgent(Agent):
                 if isinstance(e, SandboxError | OSError):
                     raise AgentInfraError(f"sandbox failed running the command agent: {e}") from None
                 raise
+            logs = await keep_session_logs(ctx, spec, home, redact) if home is not None else []
         finally:
             shutil.rmtree(io_dir, ignore_errors=True)
+            if home is not None:
+                try:
+                    with opened(open_root(ctx.workspace)) as root:
+                        remove(root, home.name)  # never follows a link the CLI may have left, HOME itself included
+                except OSError as e:  # it must not become part of the change
+                    raise AgentError(f"the CLI's HOME could not be taken out of the workspace: {e}") from None
 
         stdout = redact(_text(result.stdout))
         stderr = redact(_text(result.stderr))
@@ -293,6 +356,8 @@ class CommandAgent(Agent):
             "isolated": getattr(result, "isolated", None),
             "cause": getattr(result, "cause", None),
         }
+        if spec.adapter is not None:
+            report.update(adapter=spec.adapter, session_logs=logs)
         transcript = redact(
             json.dumps(
                 {
@@ -317,6 +382,91 @@ class CommandAgent(Agent):
             err.tokens_used, err.cost_usd = 0, 0.0  # type: ignore[attr-defined]
             raise err
         return AgentRunResult(output=report, claims=stdout[-2000:].strip() or None, transcript=transcript)
+
+
+def _token(ctx: AgentContext) -> str:
+    handle = ctx.extra.get("gateway")
+    return str(getattr(handle, "token", "") or "")
+
+
+def cli_inside(adapter: str) -> str:
+    """Where an agent CLI's installation is seen inside the sandbox (wherever the operator put it on the host: an
+    npm prefix and a virtualenv both run from any place; the one below /tmp, say, could not be mounted at its own)."""
+    return f"/opt/crewwork-cli/{adapter}"
+
+
+def adapted_run(
+    ctx: AgentContext, command: str, spec: CommandSpec, home: Path, workspace: str
+) -> tuple[list[str], dict[str, str], list[Mount]]:
+    """The command line, environment and mounts of an adapter's CLI: behind the gateway's relay, with a private HOME
+    holding its config, its installation mounted read-only at `cli_inside(adapter)`. AgentError for what the operator
+    must fix."""
+    from crewwork.agents.cli_adapter import CliRun, compose_prompt
+    from crewwork.agents.cli_registry import ADAPTERS
+
+    handle = ctx.extra.get("gateway")
+    if handle is None:
+        raise AgentError(f"command {command!r} needs the model gateway, which this attempt was not given")
+    assert spec.adapter is not None and spec.install_dir is not None and ctx.sandbox is not None
+    if not ctx.sandbox.remaps:
+        raise AgentError(f"command {command!r} (an agent CLI) needs an isolating sandbox backend, not `local`")
+    adapter = ADAPTERS[spec.adapter]
+    install = Path(spec.install_dir)
+    executable = adapter.locate(install)
+    if executable is None:
+        raise AgentError(
+            f"command {command!r}: no {adapter.name} installation in {install} (install it with: {adapter.package})"
+        )
+    model = spec.model or dict(handle.models).get(adapter.protocol)
+    if not model:
+        raise AgentError(
+            f"command {command!r}: no endpoint on route {spec.workload!r} speaks {adapter.protocol!r} "
+            "(set `protocols` on an endpoint of CREWWORK_MODEL_ENDPOINTS)"
+        )
+    run = CliRun(
+        prompt=compose_prompt(ctx.instruction, ctx.diagnostics, ctx.review_comment),
+        base_url=handle.base_url,
+        root_url=handle.root_url,
+        token=handle.token,
+        model=model,
+        install=Path(cli_inside(adapter.name)),
+        workspace=workspace,
+        home=f"{workspace}/{home.name}",
+    )
+    prepared = adapter.prepare(run, Path(cli_inside(adapter.name)) / executable.relative_to(install))
+    for rel, content in prepared.files.items():
+        target = home / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+    owner = ctx.workspace.stat() if ctx.workspace is not None else None
+    if owner is not None and (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+        chown_tree(home, (owner.st_uid, owner.st_gid))  # the sandbox's user owns the workspace, and so its HOME
+    from crewwork.gateway.forwarder import INSIDE
+
+    mounts = [Mount(Path(handle.host_dir), INSIDE), Mount(install, cli_inside(adapter.name))]
+    return handle.relay_argv(prepared.argv), prepared.env, mounts
+
+
+async def keep_session_logs(ctx: AgentContext, spec: CommandSpec, home: Path, redact: Redactor) -> list[str]:
+    """The CLI's session logs as artifacts of the attempt (read without following links, bounded, masked)."""
+    from crewwork.agents.cli_registry import ADAPTERS
+    from crewwork.boundary.safefs import Refused, read_bytes
+
+    if spec.adapter is None or ctx.save_artifact is None:
+        return []
+    kept: list[str] = []
+    for path in ADAPTERS[spec.adapter].session_logs(home)[:8]:
+        try:
+            # Beneath the workspace, every component checked: HOME or a directory in it may be a link by now.
+            rel = f"{home.name}/{path.relative_to(home)}"
+            data = read_bytes(home.parent, rel, max_bytes=SESSION_LOG_MAX_BYTES)
+        except (Refused, OSError, ValueError) as exc:
+            kept.append(f"{path.name}: not kept ({exc})")
+            continue
+        name = f"attempt-{ctx.attempt}-{spec.adapter}-{path.name}"
+        ref = await ctx.save_artifact(name, redact(data.decode("utf-8", "replace")).encode(), "application/x-ndjson")
+        kept.append(str(getattr(ref, "id", ref)))
+    return kept
 
 
 def _write_inputs(io_dir: Path, ctx: AgentContext) -> dict[str, Path]:

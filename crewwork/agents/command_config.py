@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crewwork.agents.model_config import validate_model_config
-from crewwork.errors import AgentConfigError
 from crewwork.models import WorkItemKind
+from crewwork.models.errors import AgentConfigError
 
 
 class CommandAgentConfig(BaseModel):

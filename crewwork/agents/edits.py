@@ -35,8 +35,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from crewwork import safefs
-from crewwork.paths import is_dotgit
+from crewwork.boundary import safefs
+from crewwork.boundary.paths import is_dotgit
 
 SEARCH_MARK = "<<<<<<< SEARCH"
 DIVIDER_MARK = "======="

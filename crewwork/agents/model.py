@@ -62,7 +62,9 @@ from crewwork.agents.model_prompt import _reask, build_prompt
 from crewwork.models import WorkItemKind
 from crewwork.transport import (
     ChatResult,
+    EndpointConfig,
     ModelClient,
+    TransportConfig,
     TransportSettingsError,
     merge_configs,
     operator_config,
@@ -130,7 +132,8 @@ class ModelAgent(Agent):
             raise AgentError(f"model agent config: {brief(e)}") from None
         except TransportSettingsError as e:
             raise AgentError(str(e)) from None
-        client = ModelClient(transport, env=self._env)
+        handle = ctx.extra.get("gateway")
+        client = ModelClient(transport, env=self._env) if handle is None else _through(handle, transport, workload)
         session = _Session(ctx, cfg, client, workload)
         try:
             if ctx.kind == WorkItemKind.task:
@@ -366,6 +369,27 @@ class _Session:
         error.cost_usd = self.cost_usd  # type: ignore[attr-defined]
         error.transcript = self.transcript()  # type: ignore[attr-defined]
         error.args = (self.redact(str(error)),)
+
+
+def _through(handle: Any, transport: TransportConfig, workload: str) -> ModelClient:
+    """A client of the attempt's model gateway (its unix socket, its token), which forwards to the route's endpoints,
+    fails over between them, and accounts, bounds and records every call: one path for every agent's model calls."""
+    import httpx
+
+    first = transport.endpoints[transport.route(workload)[0]]
+    slowest = max(e.read_timeout_s for e in transport.endpoints.values())
+    endpoint = EndpointConfig(
+        base_url="http://crewwork-gateway/v1",
+        model=first.model,
+        api_key_env="CREWWORK_GATEWAY_TOKEN",
+        read_timeout_s=min(3600.0, slowest * len(transport.route(workload)) + 30),
+        temperature=first.temperature,
+        max_output_tokens=first.max_output_tokens,
+        extra_body=first.extra_body,
+    )
+    config = TransportConfig(endpoints={"gateway": endpoint}, max_retry_after_s=transport.max_retry_after_s)
+    socket = httpx.AsyncHTTPTransport(uds=str(handle.socket_path), retries=0)
+    return ModelClient(config, env={"CREWWORK_GATEWAY_TOKEN": handle.token}, transport=socket)
 
 
 def _cut_off(result: ChatResult) -> bool:

@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crewwork.agents.base import OperatorAgentSettings
-from crewwork.errors import AgentConfigError
 from crewwork.models import WorkItemKind
+from crewwork.models.errors import AgentConfigError
 from crewwork.transport import (
     EndpointConfig,
     TransportConfig,

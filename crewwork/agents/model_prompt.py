@@ -10,7 +10,7 @@ from pathlib import Path
 from crewwork.agents.base import AgentContext
 from crewwork.agents.edits import EditApplyError, EditError, resolve_in_workspace
 from crewwork.agents.model_config import ModelAgentConfig
-from crewwork.paths import is_dotgit
+from crewwork.boundary.paths import is_dotgit
 
 _PATH_TOKEN = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.[A-Za-z0-9]{1,8})(?![\w/-])")
 _IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)

@@ -18,11 +18,11 @@ Attempt k uses `attempts[k-1]` (the last entry repeats when there are more attem
 `output`/`delay_s`/`files`/`diff` are the default. A `task` returns `output`; a code change writes `files`
 (whole-file contents; `null` deletes) and/or applies `diff` in the attempt's workspace.
 
-Every path (a `files` key, a path named by `diff`) is a `crewwork.paths.RelPath`, checked at submission: inside
+Every path (a `files` key, a path named by `diff`) is a `crewwork.boundary.paths.RelPath`, checked at submission: inside
 the repository, never `.git` in any spelling, never the platform's `.crewwork/`. This agent runs on the host
 (no sandbox), before any untrusted process has touched its fresh workspace, so the only untrusted things it
 meets are its own config and the repository's content (a committed symlink, say). It writes through
-`crewwork.safefs` (beneath the workspace, no link followed at any component, only single-link regular files
+`crewwork.boundary.safefs` (beneath the workspace, no link followed at any component, only single-link regular files
 replaced), and applies `diff` to the workspace's tree in the host's private git directory, writing the result
 back the same way; git never touches the workspace.
 
@@ -48,7 +48,6 @@ import stat
 import time
 from typing import Any
 
-from crewwork import safefs
 from crewwork.agents.base import (
     Agent,
     AgentContext,
@@ -57,8 +56,9 @@ from crewwork.agents.base import (
     AgentRunResult,
 )
 from crewwork.agents.scripted_config import FAULT_KEYS, safe_rel, validate_scripted_config
-from crewwork.errors import CaptureRefused
+from crewwork.boundary import safefs
 from crewwork.models import WorkItemKind
+from crewwork.models.errors import CaptureRefused
 
 
 class ScriptedAgent(Agent):

@@ -1,14 +1,14 @@
 """The scripted agent's config (a work item's `agent.config`, described in crewwork/agents/scripted.py) as the
-submission check reads it: its keys, its test-only fault fields (refused by crewwork.policy), and its check. The API
+submission check reads it: its keys, its test-only fault fields (refused by crewwork.admission.policy), and its check. The API
 checks a submission with this module alone, without the agent that runs the config."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from crewwork.errors import AgentConfigError
+from crewwork.boundary.paths import PathRefused, RelPath, diff_paths
 from crewwork.models import WorkItemKind
-from crewwork.paths import PathRefused, RelPath, diff_paths
+from crewwork.models.errors import AgentConfigError
 
 STEP_KEYS = {
     "files",
@@ -29,7 +29,7 @@ STEP_KEYS = {
 
 
 FAULT_KEYS = ("crash", "stall_s", "block_s", "spin_s", "fail", "on_activity_attempt")
-"""Test-only fault injection. Refused at submission (crewwork.policy) and ignored here unless the operator runs with
+"""Test-only fault injection. Refused at submission (crewwork.admission.policy) and ignored here unless the operator runs with
 CREWWORK_TEST_FAULTS (the worker passes it as `extra["test_faults"]`)."""
 
 

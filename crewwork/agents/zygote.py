@@ -222,8 +222,8 @@ def _forked(fd: int, closing: list[int]) -> None:
 def serve(ctrl_fd: int) -> int:
     # Everything a child needs, imported once here so that no child pays for it.
     import crewwork.agents.child
-    import crewwork.agents.registry
-    import crewwork.sandbox.registry  # noqa: F401
+    import crewwork.agents.classes
+    import crewwork.sandbox.backends  # noqa: F401
 
     ctrl = socket.socket(fileno=ctrl_fd)
     wake_r, wake_w = os.pipe()

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from crewwork.api.bodies import CheckedJsonRoute
-from crewwork.api.deps import AdminDep, PrincipalDep, ServiceDep
+from crewwork.api.deps import AdminDep, PrincipalDep, StateDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.models.pools import POOLS
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
-
-POOLS = ("control", "agent", "validate")
 
 
 class MeView(BaseModel):
@@ -20,6 +19,9 @@ class MeView(BaseModel):
     scopes: list[str]
     admin: bool
     temporal_ui: str
+    review_names: bool = Field(
+        default=True, description="Whether review decisions may carry a reviewer name (CREWWORK_REVIEW_NAMES)."
+    )
 
 
 class PollerView(BaseModel):
@@ -45,27 +47,28 @@ class WorkersView(BaseModel):
 
 
 @router.get("/me", response_model=MeView, summary="The authenticated key: tenant and scopes")
-async def me(request: Request, principal: PrincipalDep) -> MeView:
-    settings = request.app.state.settings
+async def me(principal: PrincipalDep, state: StateDep) -> MeView:
+    settings = state.settings
     return MeView(
         tenant_id=principal.tenant_id,
         key_id=principal.key_id,
         scopes=sorted(principal.scopes),
         admin=principal.admin,
         temporal_ui=f"{settings.temporal_ui_url.rstrip('/')}/namespaces/{settings.temporal_namespace}/workflows",
+        review_names=settings.review_names,
     )
 
 
 @router.get("/admin/workers", response_model=WorkersView, summary="Worker pools: pollers and backlog (admin)")
-async def workers(request: Request, _admin: AdminDep, service: ServiceDep) -> WorkersView:
+async def workers(_admin: AdminDep, state: StateDep) -> WorkersView:
     from temporalio.api.enums.v1 import DescribeTaskQueueMode, TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
     from temporalio.service import RPCError
 
+    service, settings = state.service, state.settings
     if service.client is None:
         raise ProblemError(503, "temporal_unavailable", "not connected to Temporal")
-    settings = request.app.state.settings
     out: list[QueueView] = []
     for pool in POOLS:
         name = settings.task_queue(pool)

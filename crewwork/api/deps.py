@@ -1,5 +1,6 @@
-"""FastAPI dependencies: the store, the webhook outbox, the service, and the authenticated (and rate-limited)
-principal."""
+"""FastAPI dependencies: the running app's state (`ApiState`, crewwork/api/appstate.py) and its parts (the store, the
+webhook outbox, the submission service), and the authenticated (and rate-limited) principal. Every one is typed: a
+route names what it needs by type, never an attribute of `app.state`."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from crewwork.api.appstate import ApiState, api_state
 from crewwork.api.problems import ProblemError
-from crewwork.api.ratelimit import ApiRateLimits, retry_after_header
-from crewwork.observability import RATE_LIMITED
-from crewwork.service import WorkItemService
+from crewwork.api.ratelimit import retry_after_header
+from crewwork.api.service import WorkItemService
+from crewwork.observability.metrics import RATE_LIMITED
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import Principal, Store
 
@@ -23,16 +25,23 @@ _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: 
 # A dependency must not block: none of these does.
 
 
-async def get_store(request: Request) -> Store:
-    return request.app.state.store  # type: ignore[no-any-return]
+async def get_state(request: Request) -> ApiState:
+    return api_state(request.app)
 
 
-async def get_outbox(request: Request) -> OutboxStore:
-    return request.app.state.outbox  # type: ignore[no-any-return]
+StateDep = Annotated[ApiState, Depends(get_state)]
 
 
-async def get_service(request: Request) -> WorkItemService:
-    return request.app.state.service  # type: ignore[no-any-return]
+async def get_store(state: StateDep) -> Store:
+    return state.store
+
+
+async def get_outbox(state: StateDep) -> OutboxStore:
+    return state.outbox
+
+
+async def get_service(state: StateDep) -> WorkItemService:
+    return state.service
 
 
 def _unauthorized(detail: str) -> ProblemError:
@@ -51,9 +60,13 @@ def _rate_limited(detail: str, wait_s: float) -> ProblemError:
 
 async def get_principal(
     request: Request,
+    state: StateDep,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    limits: ApiRateLimits = request.app.state.rate_limits
+    already = getattr(request.state, "principal", None)
+    if isinstance(already, Principal):  # authenticated before its body was read (crewwork.api.bodies)
+        return already
+    limits = state.rate_limits
     address = request.client.host if request.client else "unknown"
     blocked = limits.address_blocked(address)
     if blocked > 0:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from crewwork.service import SubmissionRejected, refuse_unstorable
+from crewwork.api.service import SubmissionRejected, refuse_unstorable
 from crewwork.store.engine import store_unreachable
 
 
@@ -103,6 +103,12 @@ async def http_handler(_req: Request, exc: Exception) -> JSONResponse:
     return problem_response(ProblemError(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None)))
 
 
+async def disconnect_handler(_req: Request, exc: Exception) -> JSONResponse:
+    """The client went away before its body arrived (a Content-Length it did not send, then a closed connection):
+    nothing to do and no one to answer; not an error of the server's (it was logged with a traceback, as a 500)."""
+    return problem_response(ProblemError(400, "client_disconnected", "the request's body did not arrive"))
+
+
 async def unhandled_handler(_req: Request, exc: Exception) -> JSONResponse:
     import logging
 
@@ -143,7 +149,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def refuse_unstorable_body(body: Any, field_prefix: str = "") -> None:
     """422 `invalid_text` (or `too_deeply_nested`) for a request body holding what the store cannot keep, naming
-    the field: see crewwork.service.refuse_unstorable, which every work item submission goes through."""
+    the field: see crewwork.api.service.refuse_unstorable, which every work item submission goes through."""
     try:
         refuse_unstorable(body, field_prefix)
     except SubmissionRejected as exc:

@@ -12,10 +12,11 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.bodies import CheckedJsonRoute
-from crewwork.api.deps import PrincipalDep, StoreDep
+from crewwork.api.deps import PrincipalDep, StateDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
-from crewwork.models import EnvironmentSpec, _check_ref_name
-from crewwork.paths import PathPattern
+from crewwork.boundary.paths import PathPattern
+from crewwork.models import EnvironmentSpec
+from crewwork.models.spec import _check_ref_name
 from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError
 from crewwork.repos.tenancy import (
     Registration,
@@ -127,11 +128,12 @@ async def create(
     body: RepositoryCreate,
     principal: PrincipalDep,
     store: StoreDep,
+    state: StateDep,
     tenant: TenantQuery = None,
 ) -> RepositoryView:
     refuse_unstorable_body(body)
     tenant_id = await _acting_for(store, principal, tenant)
-    registry = RepositoryRegistry(store, request.app.state.settings)
+    registry = RepositoryRegistry(store, state.settings)
     reg = Registration(
         url=body.url,
         default_ref=body.default_ref,
@@ -197,3 +199,43 @@ async def delete_repository(repository_id: str, principal: PrincipalDep, store: 
     await _owned(store, principal, repository_id)
     await store.delete_repository(repository_id, None if principal.admin else principal.tenant_id)
     return Response(status_code=204)
+
+
+class FlakyTestView(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    test_id: str
+    times: int = Field(description="Validations that saw it fail and then pass on the same tree.")
+    first_seen_at: float
+    last_seen_at: float
+    last_work_item_id: str
+    last_attempt: int
+    last_runs: str = Field(description="In which runs of that validation it failed and passed.")
+
+
+class FlakyTestPage(BaseModel):
+    items: list[FlakyTestView]
+
+
+@router.get(
+    "/{repository_id}/flaky-tests",
+    response_model=FlakyTestPage,
+    summary="The repository's flaky tests (validation.baseline), most recently seen first",
+)
+async def flaky_tests(repository_id: str, principal: PrincipalDep, store: StoreDep) -> FlakyTestPage:
+    row = await _owned(store, principal, repository_id)
+    rows = await store.list_flaky(None if principal.admin else principal.tenant_id, row.id)
+    return FlakyTestPage(
+        items=[
+            FlakyTestView(
+                test_id=f.test_id,
+                times=f.times,
+                first_seen_at=f.first_seen_at,
+                last_seen_at=f.last_seen_at,
+                last_work_item_id=f.last_work_item_id,
+                last_attempt=f.last_attempt,
+                last_runs=f.last_runs,
+            )
+            for f in rows
+        ]
+    )

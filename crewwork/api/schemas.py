@@ -1,18 +1,19 @@
 """Request and response schemas of the HTTP API (separate from the store's views, crewwork/store/views.py).
 
 Records the platform writes for its own use (event data, attempt records, results) pass through `PlatformRecord`,
-which drops the fencing fields: the ranks and tokens that order writes (crewwork/store/fencing.py) are internal to
+which drops the fencing fields: the ranks and tokens that order writes (crewwork/store/fencing/rule.py) are internal to
 the store and the workers, and no response, stream or console view carries them. This is the one place they are
 stripped; every route and stream that shows such a record does it through these models.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from crewwork.models import WorkItemStatus
+from crewwork.models import ReviewRecord, WorkItemStatus
+from crewwork.models.diff import DiffModel
 from crewwork.store.views import StoredEvent
 
 FENCING_FIELDS = frozenset({"rank", "token", "fence_rank", "state_rank", "result_rank", "presented", "current", "step"})
@@ -49,6 +50,80 @@ class AttemptView(BaseModel):
     validation: PlatformRecord | None
 
 
+class ReviewView(ReviewRecord):
+    """A reviewer's decision as the item's `review_decided` event recorded it."""
+
+    summary: str = Field(description="One line for people: who decided what on which attempt, when, and the comment.")
+
+
+class UnderReview(BaseModel):
+    """What a decision on an item awaiting review is about: send `attempt` (and `diff_sha256`) with it, so that a
+    decision on a change you did not see is refused."""
+
+    attempt: int
+    diff_sha256: str | None = None
+    base_commit: str | None = None
+
+
+class DiffView(DiffModel):
+    """An attempt's diff as files, hunks and numbered lines (crewwork/models/diff.py)."""
+
+    attempt: int
+    sha256: str = Field(description="The diff artifact's SHA-256: send it as a review's `diff_sha256`.")
+    base_commit: str | None = None
+
+
+class CheckSummary(BaseModel):
+    """The latest attempt's checks at a glance (the triage queue's columns)."""
+
+    attempt: int
+    verdict: str
+    cause: str | None = None
+    tests_executed: int = 0
+    tests_failed: int = 0
+    probes_passed: int = 0
+    probes_failed: int = 0
+    files_changed: int = 0
+    insertions: int = 0
+    deletions: int = 0
+
+
+class EvidenceBundleView(BaseModel):
+    """Whether the landed change carries a signed evidence bundle (docs/evidence.md): said with the item, so that an
+    unsigned landing is visible wherever the item's evidence is shown, not only at the bundle's own route."""
+
+    status: Literal["signed", "unsigned", "not_landed", "missing"] = Field(
+        description="signed: the landed change has a bundle (`url`); unsigned: it landed while no evidence signing key "
+        "was configured, so nothing about it can be verified offline; not_landed: a bundle is signed when the change "
+        "lands; missing: landed, with neither a bundle nor a record of landing unsigned"
+    )
+    detail: str
+    url: str | None = None
+
+
+class BuildView(BaseModel):
+    """The worker deployment version of an item's workflow (docs/operations.md, "Deploying a new build")."""
+
+    deployment: str
+    build_id: str
+    behavior: str = Field(description="`pinned`: the item runs to its end on this build; `auto_upgrade`: it moves.")
+    override: str | None = Field(default=None, description="A versioning override an operator set, if any.")
+
+
+class LegalHoldRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    reason: str = Field(min_length=1, max_length=500, description="Why the item is held (kept in its event log).")
+
+
+class LegalHoldView(BaseModel):
+    id: str
+    legal_hold: dict[str, Any] | None
+    retained_at: float | None = Field(
+        description="Set when retention had already removed the item's details: a hold keeps what is left."
+    )
+
+
 class WorkItemView(BaseModel):
     id: str
     tenant_id: str
@@ -70,7 +145,35 @@ class WorkItemView(BaseModel):
     spec: dict[str, Any]
     live: WorkItemStatus | None = None
     attempts: list[AttemptView] | None = None
+    evidence_bundle: EvidenceBundleView | None = Field(
+        default=None, description="The signed evidence bundle's status (one item's view; not in lists)."
+    )
     links: dict[str, str] = Field(default_factory=dict)
+    title: str = Field(default="", description="The instruction's first line (a task's: its agent), one clean line.")
+    agent: str | None = None
+    waiting_since: float | None = Field(
+        default=None, description="Awaiting review: since when (the time of its last state change)."
+    )
+    checks: CheckSummary | None = Field(default=None, description="The latest attempt's checks (in lists).")
+    under_review: UnderReview | None = Field(
+        default=None, description="Awaiting review: the attempt (and diff) a decision is taken on."
+    )
+    reviews: list[ReviewView] | None = Field(
+        default=None, description="Every review decision, oldest first (one item's view, not lists)."
+    )
+    legal_hold: dict[str, Any] | None = Field(
+        default=None, description="The legal hold in force (reason, set_by, set_at): retention keeps the item whole."
+    )
+    retained_at: float | None = Field(
+        default=None,
+        description="When retention removed the item's details (events, attempt details, artifacts' bytes; the "
+        "record, result and evidence bundles stay), or null.",
+    )
+    build: BuildView | None = Field(
+        default=None,
+        description="The worker build (Temporal worker deployment version) the item's workflow runs on, as Temporal "
+        "reports it (one item's view only, null where workers are not versioned or Temporal did not answer).",
+    )
 
 
 class WorkItemPage(BaseModel):
@@ -112,6 +215,9 @@ class ArtifactView(BaseModel):
     sha256: str
     created_at: float
     url: str
+    removed_at: float | None = Field(
+        default=None, description="When retention removed the bytes (name, size and sha256 stay); the URL is a 410."
+    )
 
 
 class EvidenceView(BaseModel):
@@ -126,5 +232,5 @@ class EvidenceView(BaseModel):
     agent: PlatformRecord | None
     validation: PlatformRecord | None
     artifacts: dict[str, str] = Field(
-        default_factory=dict, description="Role (diff, transcript, log, report) -> download URL."
+        default_factory=dict, description="Role (diff, transcript, log, report, witness) -> download URL."
     )

@@ -1,22 +1,19 @@
 """Live events as Server-Sent Events, fed from the append-only events table.
 
 Each SSE event's `id` is the event row's id, so a client that reconnects with `Last-Event-ID` (or `?after=`) resumes
-exactly after the last event it saw, across reconnects and API restarts, with nothing lost or repeated.
+exactly after the last event it saw, across reconnects and API restarts, with nothing lost or repeated: a stream
+only ever emits rows up to the safe id its `EventHorizon` (crewwork/api/horizon.py) holds.
 
-Exactness needs care on PostgreSQL: ids come from a sequence when a row is inserted, but transactions commit in
-any order, so a reader that has seen id 12 may later see id 11 appear. A reader that simply remembered "after 12"
-would lose 11. `EventHorizon` therefore tracks a *safe* id: the largest id such that every smaller id is either
-visible or will never appear. It tails the (global) id sequence; at a gap it waits until every transaction that was
-open in this database when the gap was seen has ended (then the missing id was rolled back and is gone for good).
-Streams only ever emit rows with `id <= safe`. On SQLite, writers are serialized, so the newest id is always safe.
+When the API shuts down, every open stream ends at once with a resumable close (`EventHorizon.close`, called by
+the server before it waits for open connections: `crewwork.cli.serve.ApiServer`): a `retry:` hint and a comment
+naming the last event id sent, then the end of the stream. A client reconnects with `Last-Event-ID` (to this process
+once it is back, or to another) and misses nothing; the process stops in well under a second instead of waiting on
+its streams.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -24,139 +21,38 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from crewwork.api.bodies import CheckedJsonRoute
-from crewwork.api.deps import PrincipalDep, StoreDep
+from crewwork.api.deps import PrincipalDep, StateDep, StoreDep
+from crewwork.api.horizon import EventHorizon
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
 from crewwork.api.schemas import StreamEventView
-from crewwork.observability import SSE_CLIENTS
+from crewwork.observability.metrics import SSE_CLIENTS
 from crewwork.store.store import Store
 from crewwork.store.views import StoredEvent
 
 log = logging.getLogger("crewwork.api.streams")
 
-GAP_MIN_WAIT_S = 0.2
-"""A gap is never skipped sooner (covers the instant between taking an id and the transaction getting an xid)."""
 SSE_BATCH = 500
 """Events a stream reads per query."""
-GAP_MAX_WAIT_S = 10.0
-"""A gap is skipped after this long even if an old transaction is still open (bounded staleness)."""
-
-
-class EventHorizon:
-    def __init__(self, store: Store, poll_s: float = 0.2) -> None:
-        self.store = store
-        self.poll_s = poll_s
-        self.safe = 0
-        self.ready = asyncio.Event()
-        self._advanced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._gap: tuple[int, float, set[tuple[int, str]]] | None = None
-        self._subscribers = 0
-        self._wanted = asyncio.Event()
-
-    @contextlib.asynccontextmanager
-    async def subscribed(self) -> AsyncIterator[None]:
-        """Hold the horizon live for one stream. It tails the events table only while a stream is open: with none,
-        it makes no query at all (an API process would otherwise poll the events table several times a second
-        forever), and the first stream after an idle spell waits for a fresh safe id, found as at startup."""
-        self._subscribers += 1
-        self._wanted.set()
-        try:
-            await asyncio.wait_for(self.ready.wait(), 30)
-            yield
-        finally:
-            self._subscribers -= 1
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def wait_advance(self, within_s: float) -> bool:
-        ev = self._advanced
-        try:
-            await asyncio.wait_for(ev.wait(), within_s)
-            return True
-        except TimeoutError:
-            return False
-
-    def _notify(self) -> None:
-        ev, self._advanced = self._advanced, asyncio.Event()
-        ev.set()
-
-    async def _initial(self) -> int:
-        top = await self.store.max_event_id()
-        if self.store.is_sqlite:
-            return top
-        # Rows below `top` may still be in flight: wait for the transactions open now to end.
-        before = await self.store.open_transaction_ids()
-        deadline = time.monotonic() + GAP_MAX_WAIT_S
-        while before and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            before &= await self.store.open_transaction_ids()
-        return top
-
-    async def _step(self) -> bool:
-        ids = await self.store.event_ids_after(self.safe, 2000)
-        if not ids:
-            return False
-        if self.store.is_sqlite:
-            self.safe = ids[-1]
-            return True
-        new_safe = self.safe
-        for i in ids:
-            if i == new_safe + 1:
-                new_safe = i
-                continue
-            # A gap at new_safe + 1: skip it only once it cannot be filled any more.
-            now = time.monotonic()
-            if self._gap is None or self._gap[0] != new_safe + 1:
-                self._gap = (new_safe + 1, now, await self.store.open_transaction_ids())
-                break
-            gap_id, seen, open_then = self._gap
-            elapsed = now - seen
-            if elapsed < GAP_MIN_WAIT_S:
-                break
-            still_open = open_then & await self.store.open_transaction_ids() if open_then else set()
-            if still_open and elapsed < GAP_MAX_WAIT_S:
-                self._gap = (gap_id, seen, still_open)
-                break
-            self._gap = None
-            new_safe = i
-        moved = new_safe != self.safe
-        self.safe = new_safe
-        return moved
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                if not self._subscribers:
-                    # Nothing reads the horizon: drop it and sleep until a stream subscribes. No await between
-                    # the check and the wait, so a subscription cannot slip in unseen.
-                    self.ready.clear()
-                    self._wanted.clear()
-                    self._gap = None
-                    await self._wanted.wait()
-                    continue
-                if not self.ready.is_set():
-                    self.safe = await self._initial()
-                    self.ready.set()
-                    self._notify()
-                while await self._step():
-                    self._notify()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # database briefly unavailable: keep the last safe id, retry
-                log.warning("event horizon: %s", exc)
-            await asyncio.sleep(self.poll_s)
 
 
 def _sse(ev: StoredEvent) -> bytes:
     body = StreamEventView.of(ev).model_dump_json()
     return f"id: {ev.id}\nevent: {ev.type}\ndata: {body}\n\n".encode()
+
+
+CLOSE_RETRY_MS = 1000
+"""The reconnection delay a closing stream suggests (`retry:`): the API is restarting, or another one serves."""
+
+
+CLOSE_COMMENT = ": close: the API is shutting down; reconnect with Last-Event-ID to resume after event"
+"""The comment a stream ends with when the API shuts down (an SSE comment: every client ignores it, so none mistakes
+it for an event; the console reads it to say the API is restarting)."""
+
+
+def _close(last: int) -> bytes:
+    """The stream's last message when the API shuts down: a reconnection hint and a comment naming the last event
+    sent; then the stream ends, and a client reconnects with `Last-Event-ID: <last>` to resume."""
+    return f"retry: {CLOSE_RETRY_MS}\n{CLOSE_COMMENT} {last}\n\n".encode()
 
 
 MAX_EVENT_ID = 2**62
@@ -190,11 +86,12 @@ async def event_stream(
 ) -> AsyncIterator[bytes]:
     """Events after `after` (None: after the newest one safe now) as SSE, until the client goes away."""
     SSE_CLIENTS.inc()
+    last = after or 0
     try:
         yield b"retry: 2000\n\n"
         async with horizon.subscribed():
             last = horizon.safe if after is None else after
-            while True:
+            while not horizon.closing.is_set():
                 rows = await store.events_between(
                     last, horizon.safe, limit=SSE_BATCH, work_item_id=work_item_id, tenant_id=tenant_id
                 )
@@ -207,6 +104,7 @@ async def event_stream(
                     return
                 if not await horizon.wait_advance(keepalive_s):
                     yield b": keepalive\n\n"
+        yield _close(last)
     finally:
         SSE_CLIENTS.dec()
 
@@ -233,6 +131,7 @@ async def tenant_stream(
     request: Request,
     principal: PrincipalDep,
     store: StoreDep,
+    state: StateDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
     after: Annotated[int | None, Query(ge=0, le=2**62, description="Resume after this event id.")] = None,
     all_tenants: Annotated[bool, Query(description="Admin only: every tenant's events.")] = False,
@@ -242,12 +141,12 @@ async def tenant_stream(
         raise ProblemError(403, "forbidden", "all_tenants needs an API key with the `admin` scope")
     # `tail`: the stream starts after the newest safe event, read once it holds the horizon (event_stream).
     start = None if tail and not last_event_id and after is None else resume_point(last_event_id, after)
-    opts = request.app.state.options
+    opts = state.options
     return StreamingResponse(
         event_stream(
             request,
             store,
-            request.app.state.horizon,
+            state.horizon,
             after=start,
             tenant_id=None if all_tenants else principal.tenant_id,
             keepalive_s=opts.sse_keepalive_s,

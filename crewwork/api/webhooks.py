@@ -5,18 +5,18 @@ from __future__ import annotations
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from crewwork.api.bodies import CheckedJsonRoute
-from crewwork.api.deps import OutboxDep, PrincipalDep
+from crewwork.api.deps import OutboxDep, PrincipalDep, StateDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
-from crewwork.outbound import OutboundPolicy, OutboundRefused
+from crewwork.boundary.outbound import OutboundPolicy, OutboundRefused
 from crewwork.store.outbox import Delivery, OutboxStore, WebhookRecord
 
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=PROBLEM_RESPONSES, route_class=CheckedJsonRoute)
 
-EVENT_TYPES = ("work_item.state_changed",)
+EVENT_TYPES = ("work_item.state_changed", "work_item.reviewed")
 DEFAULT_OVERLAP_S = 24 * 3600.0
 """How long the previous secret keeps signing after a rotation, unless the request says otherwise."""
 MAX_OVERLAP_S = 7 * 24 * 3600.0
@@ -119,11 +119,11 @@ async def _owned(outbox: OutboxStore, tenant_id: str, webhook_id: str) -> Webhoo
 
 
 @router.post("", status_code=201, response_model=WebhookCreated, summary="Register a webhook")
-async def create(body: WebhookCreate, principal: PrincipalDep, outbox: OutboxDep, request: Request) -> WebhookCreated:
+async def create(body: WebhookCreate, principal: PrincipalDep, outbox: OutboxDep, state: StateDep) -> WebhookCreated:
     refuse_unstorable_body(body)
     try:
-        # Checked here and again before every delivery (a name can resolve elsewhere later): crewwork.outbound.
-        await OutboundPolicy.from_settings(request.app.state.settings).check(body.url)
+        # Checked here and again before every delivery (a name can resolve elsewhere later): crewwork.boundary.outbound.
+        await OutboundPolicy.from_settings(state.settings).check(body.url)
     except OutboundRefused as exc:
         raise ProblemError(422, "url_not_allowed", f"webhook url refused: {exc}") from None
     if len(await outbox.list_webhooks(principal.tenant_id)) >= 20:

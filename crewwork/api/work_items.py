@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import math
 import re
@@ -14,23 +15,29 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from crewwork.api.appstate import api_state
 from crewwork.api.bodies import CheckedJsonRoute
-from crewwork.api.deps import PrincipalDep, ServiceDep, StoreDep
-from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
+from crewwork.api.deps import PrincipalDep, ServiceDep, StateDep, StoreDep
+from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError
+from crewwork.api.reviews import checks_of, reviews_of, title_of, under_review
 from crewwork.api.schemas import (
     ArtifactView,
     AttemptView,
+    BuildView,
     EventView,
+    EvidenceBundleView,
     EvidenceView,
     ReviewResponse,
     SubmitResponse,
     WorkItemPage,
     WorkItemView,
 )
+from crewwork.api.service import SubmissionRejected, WorkflowUnavailable, WorkItemService
 from crewwork.api.streams import SSE_HEADERS, SSE_RESPONSE, event_stream, resume_point
-from crewwork.models import ReviewDecision, WorkItemKind, WorkItemSpec, WorkItemState
+from crewwork.attestation.publish import BUNDLE_ARTIFACT
+from crewwork.boundary import jsonvalues
+from crewwork.models import WorkItemKind, WorkItemSpec, WorkItemState
 from crewwork.repos.tenancy import RepositoryNotFound
-from crewwork.service import ReviewRejected, SubmissionRejected, WorkflowUnavailable
 from crewwork.store.store import Principal, Store
 from crewwork.store.views import StoredArtifact, StoredAttempt, StoredWorkItem
 from crewwork.store.work_items import IdempotencyConflict, QueueFull
@@ -52,8 +59,9 @@ def item_url(work_item_id: str) -> str:
 
 
 def _links(request: Request, row: StoredWorkItem) -> dict[str, str]:
-    ui = request.app.state.settings.temporal_ui_url.rstrip("/")
-    ns = request.app.state.settings.temporal_namespace
+    settings = api_state(request.app).settings
+    ui = settings.temporal_ui_url.rstrip("/")
+    ns = settings.temporal_namespace
     return {
         "self": item_url(row.id),
         "events": f"/v1/work-items/{row.id}/events",
@@ -86,6 +94,11 @@ def view(request: Request, row: StoredWorkItem) -> WorkItemView:
         result=row.result,
         spec=row.spec,
         links=_links(request, row),
+        title=title_of(row.spec),
+        agent=(row.spec.get("agent") or {}).get("name"),
+        waiting_since=row.updated_at if row.state == WorkItemState.awaiting_review.value else None,
+        legal_hold=row.legal_hold,
+        retained_at=row.retained_at,
     )
 
 
@@ -105,7 +118,7 @@ async def submit_spec(
     response: Response,
     spec: WorkItemSpec,
     principal: Principal,
-    service: Any,
+    service: WorkItemService,
     idempotency_key: str | None,
 ) -> SubmitResponse:
     if idempotency_key and spec.idempotency_key is None:
@@ -178,7 +191,7 @@ def _cursor_encode(row: StoredWorkItem) -> str:
 
 def _cursor_decode(cursor: str) -> tuple[float, str]:
     try:
-        ts, wid = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        ts, wid = jsonvalues.loads(base64.urlsafe_b64decode(cursor.encode()))
         # Only what _cursor_encode writes: a finite time and an item id (a NUL or a lone surrogate in the id, hidden
         # by base64 from every other check, reached the database as a server error).
         if not isinstance(wid, str) or isinstance(ts, bool) or not _CURSOR_ID.fullmatch(wid):
@@ -225,7 +238,16 @@ async def list_items(
     ] = None,
     created_after: Annotated[float | None, Query(allow_inf_nan=False, description="Unix seconds (inclusive)")] = None,
     created_before: Annotated[float | None, Query(allow_inf_nan=False, description="Unix seconds (exclusive)")] = None,
-    q: Annotated[str | None, Query(min_length=1, max_length=100, description="Search: id prefix or repo text")] = None,
+    q: Annotated[
+        str | None,
+        Query(min_length=1, max_length=100, description="Search: id prefix, repository text or instruction text"),
+    ] = None,
+    repo: Annotated[
+        str | None, Query(min_length=1, max_length=500, description="Text in the repository's URL or path")
+    ] = None,
+    agent: Annotated[
+        str | None, Query(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$", description="The agent's name")
+    ] = None,
     all_tenants: Annotated[bool, Query(description="Admin only: list every tenant's work items.")] = False,
 ) -> WorkItemPage:
     if all_tenants and not principal.admin:
@@ -242,11 +264,19 @@ async def list_items(
         created_before=created_before,
         labels=_parse_labels(label or []),
         search=q,
+        repo=repo,
+        agent=agent,
     )
     more = len(rows) > limit
     rows = rows[:limit]
+    latest = await store.latest_attempts([r.id for r in rows])
+    items = []
+    for r in rows:
+        v = view(request, r)
+        v.checks = checks_of(latest.get(r.id))
+        items.append(v)
     page = WorkItemPage(
-        items=[view(request, r) for r in rows],
+        items=items,
         next_cursor=_cursor_encode(rows[-1]) if more and rows else None,
     )
     # Already a validated model: serialize once (FastAPI would validate and serialize it again).
@@ -276,12 +306,46 @@ async def get_item(
 ) -> WorkItemView:
     row = await owned(store, principal, work_item_id)
     v = view(request, row)
-    v.attempts = [_attempt_view(a) for a in await store.list_attempts(row.id)]
+    attempts = await store.list_attempts(row.id)
+    v.attempts = [_attempt_view(a) for a in attempts]
+    v.checks = checks_of(attempts[-1] if attempts else None)
+    v.reviews = await reviews_of(store, row.id)
+    v.evidence_bundle = await evidence_bundle(store, row)
     if live and not WorkItemState(row.state).terminal:
         # Best effort: a busy or unreachable worker must not hold up the store's answer.
         with contextlib.suppress(TimeoutError):
             v.live = await asyncio.wait_for(service.live_status(row), LIVE_QUERY_TIMEOUT_S)
+    if row.state == WorkItemState.awaiting_review.value:
+        v.under_review = under_review(row, attempts, v.live.review_attempt if v.live else None)
+    if live:
+        # The build it runs on, from Temporal (the server answers, not a worker); best effort likewise.
+        with contextlib.suppress(TimeoutError):
+            found = await asyncio.wait_for(service.build_of(row), LIVE_QUERY_TIMEOUT_S)
+            if found is not None:
+                v.build = BuildView(**dataclasses.asdict(found))
     return v
+
+
+async def evidence_bundle(store: Store, row: StoredWorkItem) -> EvidenceBundleView:
+    """Whether `row`'s landed change is signed: its bundle artifact, or the `evidence_unsigned` event the landing
+    wrote when no signing key was configured."""
+    if row.landed_commit is None:
+        return EvidenceBundleView(
+            status="not_landed", detail=f"not landed ({row.state}): a bundle is signed when the change lands"
+        )
+    if any(a.name == BUNDLE_ARTIFACT for a in await store.list_artifacts(row.id)):
+        return EvidenceBundleView(
+            status="signed",
+            detail="signed evidence bundle; verify it offline with `crewwork verify`",
+            url=f"/v1/work-items/{row.id}/evidence-bundle",
+        )
+    if await store.has_event(row.id, "evidence_unsigned"):
+        return EvidenceBundleView(
+            status="unsigned",
+            detail="UNSIGNED: landed while no evidence signing key was configured; there is no bundle, and nothing "
+            "about this change can be verified offline",
+        )
+    return EvidenceBundleView(status="missing", detail="landed, but no evidence bundle is stored")
 
 
 @router.get("/{work_item_id}/attempts", response_model=list[AttemptView], summary="The attempts, in order")
@@ -295,6 +359,8 @@ _REF_ROLES = (
     ("agent", "transcript_ref", "transcript"),
     ("validation", "log_ref", "log"),
     ("validation", "report_ref", "report"),
+    ("validation", "witness_ref", "witness"),
+    ("validation", "scan_ref", "scan"),
 )
 
 
@@ -331,45 +397,19 @@ async def evidence(work_item_id: str, principal: PrincipalDep, store: StoreDep) 
     ]
 
 
-@router.get(
-    "/{work_item_id}/diff",
-    summary="The change as a unified diff (latest attempt with a diff, or `attempt=N`)",
-    response_class=Response,
-    responses={200: {"content": {"text/x-diff": {"schema": {"type": "string"}}}}},
-)
-async def diff(
-    work_item_id: str,
-    principal: PrincipalDep,
-    store: StoreDep,
-    attempt: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-) -> Response:
-    row = await owned(store, principal, work_item_id)
-    chosen = None
-    for a in reversed(await store.list_attempts(row.id)):
-        if attempt is not None and a.number != attempt:
-            continue
-        ref = (a.agent or {}).get("diff_ref") if isinstance(a.agent, dict) else None
-        if isinstance(ref, dict) and ref.get("id"):
-            chosen = (a.number, str(ref["id"]))
-            break
-    if chosen is None:
-        raise ProblemError(
-            404, "no_diff", f"work item {row.id} has no diff" + (f" for attempt {attempt}" if attempt else "")
-        )
-    art = await _artifact(store, row, chosen[1], with_content=True)
-    return Response(
-        art.content_bytes,
-        media_type="text/x-diff; charset=utf-8",
-        headers={"X-Crewwork-Attempt": str(chosen[0]), "X-Content-Type-Options": "nosniff"},
-    )
-
-
-async def _artifact(store: Store, row: StoredWorkItem, artifact_id: str, *, with_content: bool) -> StoredArtifact:
+async def item_artifact(store: Store, row: StoredWorkItem, artifact_id: str, *, with_content: bool) -> StoredArtifact:
     if not re.match(ID_PATTERN, artifact_id):
         raise ProblemError(404, "not_found", "no such artifact")
     art = await store.work_item_artifact(row.id, artifact_id, with_content=with_content)
     if art is None:
         raise ProblemError(404, "not_found", f"no artifact {artifact_id} on {row.id}")
+    if with_content and art.removed_at is not None:
+        raise ProblemError(
+            410,
+            "artifact_removed",
+            f"artifact {artifact_id} of {row.id} was removed by retention; its name, size and sha256 are kept "
+            "(GET /v1/work-items/{id}/artifacts)",
+        )
     return art
 
 
@@ -385,6 +425,7 @@ async def artifacts(work_item_id: str, principal: PrincipalDep, store: StoreDep)
             sha256=a.sha256,
             created_at=a.created_at,
             url=f"/v1/work-items/{row.id}/artifacts/{a.id}",
+            removed_at=a.removed_at,
         )
         for a in await store.list_artifacts(row.id)
     ]
@@ -402,14 +443,15 @@ async def artifact(
     artifact_id: str,
     principal: PrincipalDep,
     store: StoreDep,
+    state: StateDep,
     download: Annotated[bool, Query(description="Force Content-Disposition: attachment")] = False,
 ) -> Response:
     row = await owned(store, principal, work_item_id)
-    meta = await _artifact(store, row, artifact_id, with_content=False)
-    limit = request.app.state.options.max_download_bytes
+    meta = await item_artifact(store, row, artifact_id, with_content=False)
+    limit = state.options.max_download_bytes
     if meta.size > limit:
         raise ProblemError(413, "artifact_too_large", f"artifact is {meta.size} bytes; this API serves at most {limit}")
-    art = await _artifact(store, row, artifact_id, with_content=True)
+    art = await item_artifact(store, row, artifact_id, with_content=True)
     ctype = (art.content_type or "application/octet-stream").split(";")[0].strip().lower()
     inline = ctype in INLINE_TYPES and not download
     safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", art.name)[:120] or "artifact"
@@ -453,14 +495,15 @@ async def events(
 
 
 def _stream(request: Request, store: Store, row: StoredWorkItem, after: int) -> StreamingResponse:
+    state = api_state(request.app)
     return StreamingResponse(
         event_stream(
             request,
             store,
-            request.app.state.horizon,
+            state.horizon,
             after=after,
             work_item_id=row.id,
-            keepalive_s=request.app.state.options.sse_keepalive_s,
+            keepalive_s=state.options.sse_keepalive_s,
         ),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
@@ -483,27 +526,6 @@ async def events_stream(
 ) -> StreamingResponse:
     row = await owned(store, principal, work_item_id)
     return _stream(request, store, row, resume_point(last_event_id, after))
-
-
-@router.post("/{work_item_id}/review", response_model=ReviewResponse, summary="Approve, reject or request changes")
-async def review(
-    work_item_id: str, decision: ReviewDecision, principal: PrincipalDep, store: StoreDep, service: ServiceDep
-) -> ReviewResponse:
-    refuse_unstorable_body(decision)
-    if decision.action == "request_changes" and not (decision.comment or "").strip():
-        # The request itself is incomplete, whatever the item's state: a 422 naming the field, not the workflow's 409.
-        message = "comment: request_changes needs a comment, which the next attempt's agent receives"
-        raise ProblemError(422, "invalid_request", message, errors=[{"field": "comment", "message": message}])
-    row = await owned(store, principal, work_item_id)
-    # Who decided, as the signed evidence names it: the caller's key, whatever the body says.
-    decision = decision.model_copy(update={"api_key_id": principal.key_id})
-    try:
-        msg = await service.review(row, decision)
-    except ReviewRejected as exc:
-        raise ProblemError(409, "review_not_allowed", str(exc)) from exc
-    except WorkflowUnavailable as exc:
-        raise ProblemError(503, "temporal_unavailable", str(exc)) from exc
-    return ReviewResponse(id=row.id, message=msg)
 
 
 @router.post("/{work_item_id}/cancel", status_code=202, response_model=ReviewResponse, summary="Cancel")

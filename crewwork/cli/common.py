@@ -181,10 +181,10 @@ def make_client(args: argparse.Namespace) -> Any:
 
 
 def _read_json(path_arg: str, what: str = "", *, obj: bool = True) -> Any:
-    """The JSON document in file `path_arg` ('-': stdin), as crewwork.jsonvalues parses a request body: what the
+    """The JSON document in file `path_arg` ('-': stdin), as crewwork.boundary.jsonvalues parses a request body: what the
     store cannot keep (NaN, 1e999, a duplicate key) is a usage error naming the field, never a traceback later.
     `obj`: the document must be a JSON object."""
-    from crewwork.jsonvalues import JsonRefused, loads
+    from crewwork.boundary.jsonvalues import JsonRefused, loads
 
     name = path_arg if path_arg != "-" else "stdin"
     try:

@@ -23,7 +23,7 @@ from crewwork.cli.common import (
     state_exit_code,
     write_output,
 )
-from crewwork.render import render_item
+from crewwork.cli.render import REVIEW_EVENT, render_item, review_line, terminal_text
 
 # ---------------------------------------------------------------------------------------------- API commands
 
@@ -48,7 +48,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 None, f"{data['id']}  {'submitted' if data['created'] else 'already submitted'}  ({data['state']})"
             )
         item = _follow(c, out, data["id"], args.until, args.timeout)
-    out.result(item, lambda: f"{item['id']}  {item['state']}: {item['reason']}")
+    out.result(item, lambda: f"{item['id']}  {item['state']}: {terminal_text(item['reason'], 300)}")
     return state_exit_code(item["state"], args.until or ())
 
 
@@ -84,7 +84,7 @@ def cmd_hotfix(args: argparse.Namespace) -> int:
         if not out.json:
             out.result(None, line)
         item = _follow(c, out, data["id"], args.until, args.timeout)
-    out.result(item, lambda: f"{item['id']}  {item['state']}: {item['reason']}")
+    out.result(item, lambda: f"{item['id']}  {item['state']}: {terminal_text(item['reason'], 300)}")
     return state_exit_code(item["state"], args.until or ())
 
 
@@ -99,8 +99,21 @@ def cmd_wait(args: argparse.Namespace) -> int:
     out = Output(args)
     with make_client(args) as c:
         item = _follow(c, out, args.id, args.until, args.timeout)
-    out.result(item, lambda: f"{item['id']}  {item['state']}: {item['reason']}")
+    out.result(item, lambda: f"{item['id']}  {item['state']}: {terminal_text(item['reason'], 300)}")
     return state_exit_code(item["state"], args.until or ())
+
+
+def _line_comments(specs: list[str] | None) -> list[dict[str, Any]]:
+    """`PATH:LINE=TEXT` (a removed line: `PATH:-LINE=TEXT`) as line comments."""
+    out = []
+    for spec in specs or []:
+        where, sep, text = spec.partition("=")
+        path, colon, line = where.rpartition(":")
+        side = "old" if line.startswith("-") else "new"
+        if not sep or not colon or not path or not line.lstrip("-").isdigit() or not text.strip():
+            raise CliError(f"--line {spec[:80]!r}: expected PATH:LINE=TEXT (a removed line: PATH:-LINE=TEXT)")
+        out.append({"path": path, "line": int(line.lstrip("-")), "side": side, "body": text})
+    return out
 
 
 def cmd_review(args: argparse.Namespace) -> int:
@@ -108,10 +121,19 @@ def cmd_review(args: argparse.Namespace) -> int:
         action, comment = "approve", args.comment
     elif args.reject:
         action, comment = "reject", args.comment
+        if not (comment or "").strip():
+            raise CliError("--reject needs --comment REASON: the item ends rejected, and everyone reads why")
     else:
         action, comment = "request_changes", args.request_changes
     with make_client(args) as c:
-        r = c.review(args.id, action, comment=comment, reviewer=args.reviewer)
+        r = c.review(
+            args.id,
+            action,
+            comment=comment,
+            reviewer=args.reviewer,
+            attempt=args.attempt,
+            line_comments=_line_comments(args.line),
+        )
     Output(args).result(r, r["message"])
     return EXIT_OK
 
@@ -120,6 +142,17 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     with make_client(args) as c:
         r = c.cancel(args.id)
     Output(args).result(r, r["message"])
+    return EXIT_OK
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    if (args.reason is None) == (not args.clear):
+        raise CliError("hold: give --reason TEXT to set the hold, or --clear to clear it")
+    with make_client(args) as c:
+        r = c.legal_hold(args.id, None if args.clear else args.reason)
+    hold = r.get("legal_hold")
+    gone = " (retention had already removed its details: the hold keeps what is left)" if r.get("retained_at") else ""
+    Output(args).result(r, (f"{args.id}  held: {hold['reason']}" if hold else f"{args.id}  no legal hold") + gone)
     return EXIT_OK
 
 
@@ -136,7 +169,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
 
     def human() -> str:
-        rows = [f"{it['id']}  {it['kind']:11} {it['state']:16} {it['reason'][:70]}" for it in page["items"]]
+        rows = [
+            f"{it['id']}  {it['kind']:11} {it['state']:16} {terminal_text(it['reason'], 70)}" for it in page["items"]
+        ]
         if page.get("next_cursor"):
             rows.append(f"(more: --cursor {page['next_cursor']})")
         return "\n".join(rows)
@@ -150,9 +185,11 @@ def _event_line(ev: dict[str, Any]) -> str:
     d = ev.get("data") or {}
     if ev["type"] == "state_changed":
         detail = f"{d.get('state')}: {d.get('reason', '')}"
+    elif ev["type"] == REVIEW_EVENT:
+        detail = review_line(d)
     else:
-        detail = json.dumps(d, separators=(",", ":"))[:160]
-    return f"{ev['id']:>8}  {ts}  {ev['type']:24} {detail}"
+        detail = json.dumps(d, separators=(",", ":"))
+    return f"{ev['id']:>8}  {ts}  {ev['type']:24} {terminal_text(detail, 160)}"
 
 
 def cmd_events(args: argparse.Namespace) -> int:
@@ -180,19 +217,26 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 
 def cmd_evidence(args: argparse.Namespace) -> int:
+    from crewwork.cli.render import bundle_line, flag_lines
+
+    out = Output(args)
     with make_client(args) as c:
         ev = c.evidence(args.id)
+        bundle = c.get(args.id, live=False).get("evidence_bundle")
+    if bundle and args.json:
+        out.note(f"evidence bundle: {bundle_line(dict(bundle))}")  # --json keeps stdout the API's list
 
     def human() -> str:
-        rows = []
+        rows = [f"bundle     {bundle_line(dict(bundle))}"] if bundle else []
         for a in ev:
             val = a.get("validation") or {}
             rows.append(f"attempt {a['number']}: {a['verdict']:7} cause={a.get('cause')} exit={val.get('exit_code')}")
+            rows += flag_lines(val)
             for role, url in (a.get("artifacts") or {}).items():
                 rows.append(f"    {role:10} {url}")
         return "\n".join(rows)
 
-    Output(args).result(ev, human)
+    out.result(ev, human)
     return EXIT_OK
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from crewwork.cli.common import EXIT_ERROR, EXIT_NO_SANDBOX, EXIT_OK, CliError, Output
+from crewwork.cli.common import EXIT_ERROR, EXIT_NO_SANDBOX, EXIT_OK, EXIT_USAGE, CliError, Output
 from crewwork.config import Settings, get_settings
 
 # ---------------------------------------------------------------------------------------------- local commands
@@ -32,21 +33,30 @@ def require_store(s: Settings, command: str) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from crewwork import eventloop
-    from crewwork.workers.pools import run_pools
+    from crewwork.cli import eventloop
+    from crewwork.workers.pools import StartupRefused, run_pools
 
     s = _settings_for(args)
     require_store(s, "worker")
     setup_logging(s)
-    eventloop.run(run_pools(args.pool, s), s)
+    try:
+        eventloop.run(run_pools(args.pool, s), s)
+    except StartupRefused as exc:
+        raise CliError(_refused("worker", exc)) from None
     return EXIT_OK
+
+
+def _refused(command: str, exc: Exception) -> str:
+    return "\n".join(f"crewwork {command}: {line}" for line in str(exc).splitlines())
 
 
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from crewwork import eventloop, tracing
-    from crewwork.serve import api_app
+    from crewwork.api.edge import uvicorn_proxy_options
+    from crewwork.cli import eventloop
+    from crewwork.cli.serve import ApiServer, api_app
+    from crewwork.observability import tracing
 
     s = _settings_for(args)
     require_store(s, "api")
@@ -56,17 +66,21 @@ def cmd_api(args: argparse.Namespace) -> int:
     setup_logging(s)
     tracing.configure(s, "crewwork-api")
     loop, http = eventloop.uvicorn_options(s)
+    app = api_app(s)
+    config = uvicorn.Config(
+        app,
+        host=args.host or s.api_host,
+        port=args.port or s.api_port,
+        log_level=s.log_level.lower(),
+        access_log=False,
+        loop=loop,
+        http=http,
+        log_config=None,  # uvicorn's loggers go through crewwork's formatter (setup_logging)
+        **uvicorn_proxy_options(s.api_forwarded_allow_ips),
+    )
     try:
-        uvicorn.run(
-            api_app(s),
-            host=args.host or s.api_host,
-            port=args.port or s.api_port,
-            log_level=s.log_level.lower(),
-            access_log=False,
-            loop=loop,
-            http=http,
-            log_config=None,  # uvicorn's loggers go through crewwork's formatter (setup_logging)
-        )
+        # ApiServer: a shutdown ends the open event streams first (resumable), instead of waiting on them.
+        ApiServer(config, app).run()
     finally:
         tracing.shutdown()
     return EXIT_OK
@@ -82,7 +96,7 @@ def _settings_for(args: argparse.Namespace) -> Settings:
 def cmd_db(args: argparse.Namespace) -> int:
     import asyncio
 
-    from crewwork.observability import mask_secrets_in_text
+    from crewwork.boundary.masking import mask_text
     from crewwork.store.db import current_revision, upgrade
 
     url = get_settings().resolved_database_url()
@@ -91,7 +105,7 @@ def cmd_db(args: argparse.Namespace) -> int:
     else:
         require_store(get_settings(), "db current")
     rev = asyncio.run(current_revision(url))
-    shown = mask_secrets_in_text(url)
+    shown = mask_text(url)
     if args.action == "upgrade":
         human = f"store schema is at {rev} ({shown})"
     else:
@@ -105,7 +119,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     through a page per CREWWORK_RECONCILE_INTERVAL_S)."""
     import asyncio
 
-    from crewwork.reconcile import Reconciler
+    from crewwork.admission.reconcile import Reconciler
     from crewwork.store.store import Store
     from crewwork.temporal.client import connect
 
@@ -116,7 +130,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         store = Store(s.resolved_database_url())
         try:
             rec = Reconciler(store, await connect(s), s)
-            res = await rec.run_cycle(batch=args.batch, min_age_s=args.min_age)
+            res = await rec.run_cycle(batch=args.batch, min_age_s=args.min_age, close_unknown=args.close_unknown)
         finally:
             await store.close()
         return {
@@ -135,7 +149,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         + "".join(f"\n  closed {i}" for i in out["closed"])
         + "".join(f"\n  started {i} (admitted, its workflow's start had been lost)" for i in out["started"])
         + (f"\n{out['queued']} queued with no workflow yet (their tenant is at its limit)" if out["queued"] else "")
-        + (f"\n{len(out['unknown'])} with no workflow in Temporal (left alone)" if out["unknown"] else "")
+        + (
+            f"\n{len(out['unknown'])} with no workflow in Temporal (left alone; --close-unknown ends them as dead)"
+            if out["unknown"]
+            else ""
+        )
         + (f"\n{out['errors']} could not be checked (see the log)" if out["errors"] else "")
     )
     Output(args).result(out, human)
@@ -191,10 +209,17 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from crewwork.stack import Stack
+    from crewwork.cli.stack import Stack
+    from crewwork.workers.pools import StartupRefused, startup_check
 
     out = Output(args)
     s = get_settings()
+    try:
+        # What the stack's control pool would refuse: said here, once, instead of a pool restarting forever.
+        for warning in startup_check(["control"], s):
+            out.note(f"[dev] WARNING: {warning}")
+    except StartupRefused as exc:
+        raise CliError(_refused("dev", exc)) from None
     ui_port = args.ui_port or args.temporal_port + 1000
     _check_ports_free(
         [
@@ -292,7 +317,7 @@ def _cli_env_for(stack: Any, s: Settings) -> dict[str, str]:
 
 def _warn_without_sandbox(out: Output, s: Settings) -> None:
     """Work items run code only in an isolating sandbox: where none works, say so once, at start, with the fix."""
-    from crewwork.sandbox.registry import INSTALL_HINT, best_available
+    from crewwork.sandbox.backends import INSTALL_HINT, best_available
 
     try:
         name, _why = best_available(s.sandbox)
@@ -304,7 +329,7 @@ def _warn_without_sandbox(out: Output, s: Settings) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from crewwork.demo import NoSandbox, run_demo
+    from crewwork.cli.demo import NoSandbox, run_demo
 
     try:
         return run_demo(
@@ -323,9 +348,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Every variable with the value in force here (from the environment, or the default), secrets masked."""
+    from crewwork.attestation.publish import check_signing_key
     from crewwork.config import Settings, describe_settings
 
-    rows = describe_settings(current=Settings())  # a variable that does not parse: crewwork.cli.main names it
+    current = Settings()  # a variable that does not parse: crewwork.cli.main names it
+    rows = describe_settings(current=current)
 
     def human() -> str:
         lines = []
@@ -334,12 +361,19 @@ def cmd_config(args: argparse.Namespace) -> int:
             lines.append(f"{r['env']:36} {where:7} {r['value']!r:40} {r['description']}")
         return "\n".join(lines)
 
-    Output(args).result(rows, human)
-    return EXIT_OK
+    out = Output(args)
+    out.result(rows, human)
+    # Settings that parse but that a process would refuse at start-up (control pools: the evidence signing key).
+    check = check_signing_key(current.evidence)
+    for warning in check.warnings:
+        print(f"crewwork config: WARNING: {warning}", file=sys.stderr)
+    for error in check.errors:
+        print(f"crewwork config: control pools will refuse to start: {error}", file=sys.stderr)
+    return EXIT_USAGE if check.errors else EXIT_OK
 
 
 def setup_logging(settings: Settings | None = None) -> None:
-    from crewwork.observability import configure_logging
+    from crewwork.observability.logs import configure_logging
 
     s = settings or get_settings()
     configure_logging(s.log_level, json_logs=s.log_format == "json")

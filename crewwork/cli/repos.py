@@ -1,4 +1,5 @@
-"""`crewwork repos add|list|remove`: the tenant's registered repositories, through the API (docs/repositories.md).
+"""`crewwork repos add|list|remove|flaky`: the tenant's registered repositories, and each one's flaky tests, through
+the API (docs/repositories.md).
 
 An operator (an admin key) acts for any tenant with `--tenant NAME` (or id)."""
 
@@ -32,11 +33,25 @@ def add_parser(
     ls.add_argument("--all-tenants", action="store_true", help="admin keys: every tenant's repositories")
     rm = rs.add_parser("remove", help="unregister a repository (submitted work items keep running)", parents=[common])
     rm.add_argument("id")
+    fl = rs.add_parser(
+        "flaky", help="the repository's flaky tests (seen failing, then passing on the same tree)", parents=[common]
+    )
+    fl.add_argument("id")
 
 
 def _line(r: dict[str, Any]) -> str:
     cred = f"  credential={r['credential']}" if r.get("credential") else ""
     return f"{r['id']}  {r['url']}  @{r['default_ref']}{cred}"
+
+
+def _flaky_line(f: dict[str, Any]) -> str:
+    from crewwork.cli.render import terminal_text
+
+    # The test id and the runs line come from the repository's own report: plain text, one line each.
+    return (
+        f"{terminal_text(f['test_id'], 300)}  x{f['times']}  last {f['last_work_item_id']} attempt "
+        f"{f['last_attempt']}: {terminal_text(f['last_runs'], 600)}"
+    )
 
 
 def cmd_repos(args: argparse.Namespace) -> int:
@@ -59,6 +74,9 @@ def cmd_repos(args: argparse.Namespace) -> int:
         elif args.repos_command == "list":
             rows = c.repositories(tenant=args.tenant, all_tenants=args.all_tenants)
             out.result(rows, lambda: "\n".join(_line(r) for r in rows) or "(no repositories)")
+        elif args.repos_command == "flaky":
+            flaky = c.flaky_tests(args.id)
+            out.result(flaky, lambda: "\n".join(_flaky_line(f) for f in flaky) or "(no flaky tests seen)")
         elif args.repos_command == "remove":
             c.delete_repository(args.id)
             out.result({"id": args.id, "deleted": True}, f"removed {args.id}")

@@ -110,12 +110,25 @@ class AsyncClient:
         return await self._send(_Calls.evidence(work_item_id))
 
     async def review(
-        self, work_item_id: str, action: ReviewAction, *, comment: str | None = None, reviewer: str | None = None
+        self,
+        work_item_id: str,
+        action: ReviewAction,
+        *,
+        comment: str | None = None,
+        reviewer: str | None = None,
+        attempt: int | None = None,
+        line_comments: builtins.list[dict[str, Any]] | None = None,
     ) -> ReviewResponse:
-        return await self._send(_Calls.review(work_item_id, action, comment, reviewer))
+        """`attempt`: the attempt you looked at (refused if another one awaits review); `line_comments`:
+        `{path, line, side, body}` each."""
+        return await self._send(_Calls.review(work_item_id, action, comment, reviewer, attempt, line_comments))
 
     async def cancel(self, work_item_id: str) -> ReviewResponse:
         return await self._send(_Calls.cancel(work_item_id))
+
+    async def legal_hold(self, work_item_id: str, reason: str | None) -> dict[str, Any]:
+        """Set (`reason`) or clear (None) the item's legal hold: retention keeps a held item whole."""
+        return await self._send(_Calls.legal_hold(work_item_id, reason))
 
     async def artifacts(self, work_item_id: str) -> builtins.list[Artifact]:
         return await self._send(_Calls.artifacts(work_item_id))
@@ -149,6 +162,10 @@ class AsyncClient:
         self, *, tenant: str | None = None, all_tenants: bool = False
     ) -> builtins.list[dict[str, Any]]:
         return await self._send(_Calls.repositories(tenant, all_tenants))
+
+    async def flaky_tests(self, repository_id: str) -> builtins.list[dict[str, Any]]:
+        """The repository's flaky tests, most recently seen first."""
+        return await self._send(_Calls.flaky_tests(repository_id))
 
     async def delete_repository(self, repository_id: str) -> None:
         await self._send(_Calls.delete_repository(repository_id))

@@ -13,6 +13,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import httpx
 
+from crewwork.boundary import jsonvalues
 from crewwork.client.types import (
     TERMINAL_STATES,
     Artifact,
@@ -27,7 +28,6 @@ from crewwork.client.types import (
     WorkItem,
     WorkItemPage,
 )
-from crewwork.jsonvalues import refuse_nonfinite
 
 T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -108,8 +108,9 @@ class _Call(Generic[T]):
 
     def __post_init__(self) -> None:
         if self.json is not None:
-            # What the API would refuse (and httpx cannot even encode): a ValueError naming the field, at the call.
-            refuse_nonfinite(self.json)
+            # What the API would refuse (and httpx cannot even encode: NaN, a lone surrogate, an integer of 5,000
+            # digits, {1: .., "1": ..}): a ValueError naming the field, at the call, by the API's own rules.
+            jsonvalues.refuse(self.json)
 
 
 def _body(spec: Any) -> Any:
@@ -169,18 +170,34 @@ class _Calls:
 
     @staticmethod
     def review(
-        work_item_id: str, action: ReviewAction, comment: str | None, reviewer: str | None
+        work_item_id: str,
+        action: ReviewAction,
+        comment: str | None,
+        reviewer: str | None,
+        attempt: int | None = None,
+        line_comments: Sequence[dict[str, Any]] | None = None,
     ) -> _Call[ReviewResponse]:
         body: dict[str, Any] = {"action": action}
         if comment is not None:
             body["comment"] = comment
         if reviewer is not None:
             body["reviewer"] = reviewer
+        if attempt is not None:
+            body["attempt"] = attempt
+        if line_comments:
+            body["line_comments"] = list(line_comments)
         return _Call("POST", f"/v1/work-items/{work_item_id}/review", json=body)
 
     @staticmethod
     def cancel(work_item_id: str) -> _Call[ReviewResponse]:
         return _Call("POST", f"/v1/work-items/{work_item_id}/cancel")
+
+    @staticmethod
+    def legal_hold(work_item_id: str, reason: str | None) -> _Call[dict[str, Any]]:
+        """Set (a reason) or clear (None) the item's legal hold."""
+        if reason is None:
+            return _Call("DELETE", f"/v1/work-items/{work_item_id}/legal-hold")
+        return _Call("PUT", f"/v1/work-items/{work_item_id}/legal-hold", json={"reason": reason})
 
     @staticmethod
     def artifacts(work_item_id: str) -> _Call[builtins.list[Artifact]]:
@@ -220,6 +237,10 @@ class _Calls:
     def repositories(tenant: str | None, all_tenants: bool) -> _Call[builtins.list[dict[str, Any]]]:
         params = {**_tenant(tenant), **({"all_tenants": "true"} if all_tenants else {})}
         return _Call("GET", "/v1/repositories", params=params, parse=lambda r: r.json()["items"])
+
+    @staticmethod
+    def flaky_tests(repository_id: str) -> _Call[builtins.list[dict[str, Any]]]:
+        return _Call("GET", f"/v1/repositories/{repository_id}/flaky-tests", parse=lambda r: r.json()["items"])
 
     @staticmethod
     def delete_repository(repository_id: str) -> _Call[None]:

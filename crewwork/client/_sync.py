@@ -105,12 +105,25 @@ class Client:
         return self._send(_Calls.evidence(work_item_id))
 
     def review(
-        self, work_item_id: str, action: ReviewAction, *, comment: str | None = None, reviewer: str | None = None
+        self,
+        work_item_id: str,
+        action: ReviewAction,
+        *,
+        comment: str | None = None,
+        reviewer: str | None = None,
+        attempt: int | None = None,
+        line_comments: builtins.list[dict[str, Any]] | None = None,
     ) -> ReviewResponse:
-        return self._send(_Calls.review(work_item_id, action, comment, reviewer))
+        """`attempt`: the attempt you looked at (refused if another one awaits review); `line_comments`:
+        `{path, line, side, body}` each."""
+        return self._send(_Calls.review(work_item_id, action, comment, reviewer, attempt, line_comments))
 
     def cancel(self, work_item_id: str) -> ReviewResponse:
         return self._send(_Calls.cancel(work_item_id))
+
+    def legal_hold(self, work_item_id: str, reason: str | None) -> dict[str, Any]:
+        """Set (`reason`) or clear (None) the item's legal hold: retention keeps a held item whole."""
+        return self._send(_Calls.legal_hold(work_item_id, reason))
 
     def artifacts(self, work_item_id: str) -> builtins.list[Artifact]:
         return self._send(_Calls.artifacts(work_item_id))
@@ -123,7 +136,7 @@ class Client:
 
     def evidence_bundle(self, work_item_id: str, *, attempt: int | None = None) -> bytes:
         """The signed evidence bundle of the landed change (or of attempt N, once signed): JSON bytes, verify
-        them offline with `crewwork verify` or crewwork.evidence.verify.verify_bundle."""
+        them offline with `crewwork verify` or crewwork.attestation.verify.verify_bundle."""
         return self._send(_Calls.evidence_bundle(work_item_id, attempt))
 
     def sign_evidence_bundle(self, work_item_id: str, attempt: int) -> bytes:
@@ -139,6 +152,10 @@ class Client:
 
     def repositories(self, *, tenant: str | None = None, all_tenants: bool = False) -> builtins.list[dict[str, Any]]:
         return self._send(_Calls.repositories(tenant, all_tenants))
+
+    def flaky_tests(self, repository_id: str) -> builtins.list[dict[str, Any]]:
+        """The repository's flaky tests, most recently seen first."""
+        return self._send(_Calls.flaky_tests(repository_id))
 
     def delete_repository(self, repository_id: str) -> None:
         self._send(_Calls.delete_repository(repository_id))

@@ -3,7 +3,7 @@ sent). They mirror crewwork.api.schemas without importing it (that would import 
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 STATES = (
     "submitted",
@@ -39,6 +39,15 @@ class Attempt(TypedDict):
     validation: dict[str, Any] | None
 
 
+class EvidenceBundle(TypedDict):
+    """Whether the landed change carries a signed evidence bundle: `signed` (at `url`), `unsigned` (landed while no
+    signing key was configured: nothing about it verifies offline), `not_landed`, or `missing`."""
+
+    status: Literal["signed", "unsigned", "not_landed", "missing"]
+    detail: str
+    url: str | None
+
+
 class WorkItem(TypedDict):
     id: str
     tenant_id: str
@@ -60,6 +69,8 @@ class WorkItem(TypedDict):
     spec: dict[str, Any]
     live: dict[str, Any] | None
     attempts: list[Attempt] | None
+    evidence_bundle: EvidenceBundle | None
+    """Given by `get` (one item), None in `list` pages."""
     links: dict[str, str]
 
 

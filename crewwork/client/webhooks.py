@@ -15,10 +15,11 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from crewwork.boundary import jsonvalues
 
 ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"
@@ -69,7 +70,7 @@ def verify(
     raw = body.encode() if isinstance(body, str) else bytes(body)
     check_signature(secret, headers, raw, tolerance_s=tolerance_s, now=now)
     try:
-        return json.loads(raw)
+        return jsonvalues.loads(raw)  # the rules every door of crewwork reads JSON by (JsonRefused is a ValueError)
     except ValueError as exc:
         raise WebhookVerificationError(f"the body is not JSON: {exc}") from None
 

@@ -55,5 +55,6 @@ async def repo_map_for_prompt(ctx: Any, max_tokens: int | None, context_files: l
         return None
     text = "\n".join(t for t in (ctx.instruction, ctx.review_comment, ctx.diagnostics) if t)
     focus, words = mentioned(text, [f.path for f in index.files])
-    rendered = render(rank(index, focus=[*context_files, *focus], mentioned=words), tokens)
+    ranked = await asyncio.to_thread(rank, index, [*context_files, *focus], words)
+    rendered = render(ranked, tokens)
     return rendered.text or None

@@ -2,7 +2,9 @@
 
 1. **Index** (`build_index`, once per tenant registration and commit, cached on this host): the tags of every source
    file of the commit's tree (crewwork.codeintel.tags), read from the git directory the caller holds (a mirror, or
-   a workspace's private git directory over it), never from a work tree. Bounded: files, bytes per file, wall clock.
+   a workspace's private git directory over it), never from a work tree, and parsed in a bounded worker process,
+   never in this one (crewwork.codeintel.parsepool). Bounded: files, bytes per file, bytes held at once, depth and
+   line length before a parse, time and memory of each parse, wall clock of the whole.
 2. **Rank** (`rank`, pure): a graph of files, an edge A -> B for each name A references and B defines, weighted by
    how often (square root, so one file's hundred calls do not drown the rest), by how specific the name is (long
    names count more, names defined in many files and private `_names` less), PageRank over it (personalised towards
@@ -30,12 +32,22 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from crewwork.codeintel.tags import Definition, FileTags, extract, language_of
+from crewwork.codeintel.parsepool import ParseSession, Refusal
+from crewwork.codeintel.tags import Definition, FileTags, language_of
 from crewwork.config.codeintel import CodeIntelSettings
-from crewwork.repos.trees import Entry, TreeError, read_blobs
+from crewwork.repos.gitproc import read_blobs
+from crewwork.repos.trees import Entry, TreeError
 
 INDEX_FORMAT = 1
+MAX_DEFINERS = 50
+"""A name defined in more files than this is too generic to rank by: it links nothing."""
+MAX_RANK_EDGES = 250_000
+"""(file, definition) links of the reference graph at most; the rest of a huge repository's references are not
+followed (its map is still made, from the links kept)."""
+PAGERANK_ITERATIONS = 30
 BATCH_FILES = 200
+BATCH_BYTES = 8 * 1024 * 1024
+"""Source bytes held in this process at once while an index is built (a batch of blobs read from git)."""
 CHARS_PER_TOKEN = 4
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
@@ -49,7 +61,8 @@ class RepoIndex:
     commit: str
     files: list[FileTags] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
-    """Why files were left out, with counts: `too_large`, `over_max_files`, `unreadable`."""
+    """Why files were left out, with counts: `too_large`, `over_max_files`, and the parse refusals (`too_deep`,
+    `line_too_long`, `parse_timeout`, `memory`, `parse_failed`: crewwork.codeintel.parsepool)."""
     seconds: float = 0.0
 
     def to_json(self) -> bytes:
@@ -94,9 +107,29 @@ def source_files(entries: Iterable[Entry], settings: CodeIntelSettings) -> tuple
     return chosen, dict(skipped)
 
 
-async def build_index(git_dir: Path, commit: str, entries: Iterable[Entry], settings: CodeIntelSettings) -> RepoIndex:
-    """Parse the commit's source files (read from `git_dir` in batches, parsed in a thread so the event loop keeps
-    serving). IndexError_ past `index_timeout_s`: an index is whole or absent, never cut silently."""
+def _batches(files: list[Entry]) -> list[list[str]]:
+    """Distinct blob ids in batches of at most BATCH_FILES blobs and BATCH_BYTES bytes (one blob may exceed it)."""
+    out: list[list[str]] = [[]]
+    size = 0
+    seen: set[str] = set()
+    for e in files:
+        if e.sha in seen:
+            continue
+        seen.add(e.sha)
+        if out[-1] and (len(out[-1]) >= BATCH_FILES or size + (e.size or 0) > BATCH_BYTES):
+            out.append([])
+            size = 0
+        out[-1].append(e.sha)
+        size += e.size or 0
+    return [b for b in out if b]
+
+
+async def build_index(
+    git_dir: Path, commit: str, entries: Iterable[Entry], settings: CodeIntelSettings, *, scope: str
+) -> RepoIndex:
+    """Parse the commit's source files (read from `git_dir` in batches, parsed by a worker process, never here:
+    crewwork.codeintel.parsepool). A file the parse refuses is left out and counted; IndexError_ past
+    `index_timeout_s`: an index is whole or absent, never cut silently."""
     started = time.monotonic()
     files, skipped = source_files(entries, settings)
     index = RepoIndex(commit, skipped=skipped)
@@ -105,13 +138,16 @@ async def build_index(git_dir: Path, commit: str, entries: Iterable[Entry], sett
         by_sha[e.sha].append(e.path)
 
     async def work() -> None:
-        shas = list(by_sha)
-        for i in range(0, len(shas), BATCH_FILES):
-            batch: list[tuple[str, bytes]] = []
-            left = max(1.0, settings.index_timeout_s - (time.monotonic() - started))
-            async for sha, data in read_blobs(git_dir, shas[i : i + BATCH_FILES], timeout_s=left):
-                batch += [(path, data) for path in by_sha[sha]]
-            index.files += await asyncio.to_thread(_parse_all, batch)
+        async with ParseSession(settings) as session:
+            for batch in _batches(files):
+                left = max(1.0, settings.index_timeout_s - (time.monotonic() - started))
+                async for sha, data in read_blobs(git_dir, batch, timeout_s=left):
+                    for path in by_sha[sha]:
+                        result = await session.parse(scope, sha, path, data)
+                        if isinstance(result, Refusal):
+                            index.skipped[result.reason] = index.skipped.get(result.reason, 0) + 1
+                        elif result is not None:
+                            index.files.append(result)
 
     try:
         await asyncio.wait_for(work(), settings.index_timeout_s)
@@ -125,18 +161,6 @@ async def build_index(git_dir: Path, commit: str, entries: Iterable[Entry], sett
     index.files.sort(key=lambda f: f.path)
     index.seconds = round(time.monotonic() - started, 3)
     return index
-
-
-def _parse_all(batch: list[tuple[str, bytes]]) -> list[FileTags]:
-    out = []
-    for path, data in batch:
-        try:
-            tags = extract(path, data)
-        except Exception:  # a grammar that chokes on one file must not lose the index
-            tags = None
-        if tags is not None:
-            out.append(tags)
-    return out
 
 
 class IndexCache:
@@ -202,7 +226,7 @@ async def cached_index(
     fut: asyncio.Future[RepoIndex] = asyncio.get_running_loop().create_future()
     _BUILDING[key] = fut
     try:
-        index = await build_index(git_dir, commit, list(entries), settings)
+        index = await build_index(git_dir, commit, list(entries), settings, scope=scope)
         await asyncio.to_thread(cache.put, scope, index)
         fut.set_result(index)
         return index, False
@@ -225,7 +249,13 @@ class RankedDefinition:
 
 
 def rank(index: RepoIndex, focus: Iterable[str] = (), mentioned: Iterable[str] = ()) -> list[RankedDefinition]:
-    """Every definition of the index with its rank, highest first (see the module's docstring)."""
+    """Every definition of the index with its rank, highest first (see the module's docstring).
+
+    Bounded whatever the repository holds: a name defined in more than MAX_DEFINERS files links nothing (too generic
+    to rank by), the graph keeps at most MAX_RANK_EDGES (file, definition) links (files in path order), and PageRank
+    runs at most PAGERANK_ITERATIONS rounds over the links merged per pair of files. Pure Python: callers in a
+    serving process run it in a thread (it gives the interpreter lock back every few milliseconds), so the event loop
+    keeps answering meanwhile."""
     defines: dict[str, set[str]] = defaultdict(set)
     for f in index.files:
         for d in f.definitions:
@@ -233,29 +263,35 @@ def rank(index: RepoIndex, focus: Iterable[str] = (), mentioned: Iterable[str] =
     paths = [f.path for f in index.files]
     if not paths:
         return []
+    at = {p: i for i, p in enumerate(paths)}
     mentioned_names = set(mentioned)
-    edges: dict[str, dict[tuple[str, str], float]] = defaultdict(dict)  # src -> (dst, name) -> weight
+    links: list[tuple[int, int, str, float]] = []  # (src, dst, name, weight)
     for f in index.files:
+        if len(links) >= MAX_RANK_EDGES:
+            break
+        src = at[f.path]
         for name, count in f.references.items():
             owners = defines.get(name)
-            if not owners:
+            if not owners or len(owners) > MAX_DEFINERS:
                 continue
-            weight = _name_weight(name, len(owners), name in mentioned_names)
-            for dst in owners:
-                edges[f.path][(dst, name)] = weight * math.sqrt(count)
-    focus_set = {p for p in focus if p in set(paths)}
-    personal = {p: (1.0 if not focus_set else (100.0 if p in focus_set else 1.0)) for p in paths}
-    ranks = _pagerank(paths, edges, personal)
-    scores: dict[tuple[str, str], float] = defaultdict(float)
-    for src, out in edges.items():
-        total = sum(out.values()) or 1.0
-        for (dst, name), w in out.items():
-            scores[(dst, name)] += ranks[src] * w / total
+            weight = _name_weight(name, len(owners), name in mentioned_names) * math.sqrt(count)
+            links.extend((src, at[dst], name, weight) for dst in owners)
+    del links[MAX_RANK_EDGES:]
+    focus_set = {p for p in focus if p in at}
+    personal = [100.0 if p in focus_set else 1.0 for p in paths]
+    out_weight = [0.0] * len(paths)
+    for src, _dst, _name, w in links:
+        out_weight[src] += w
+    ranks = _pagerank(len(paths), links, out_weight, personal)
+    scores: dict[tuple[int, str], float] = defaultdict(float)
+    for src, dst, name, w in links:
+        scores[(dst, name)] += ranks[src] * w / (out_weight[src] or 1.0)
     ranked: list[RankedDefinition] = []
     for f in index.files:
+        i = at[f.path]
+        bonus = 10.0 if f.path in focus_set else 1.0
         for d in f.definitions:
-            bonus = 10.0 if f.path in focus_set else 1.0
-            ranked.append(RankedDefinition(f.path, d, scores.get((f.path, d.name), 0.0) * bonus + ranks[f.path] * 1e-3))
+            ranked.append(RankedDefinition(f.path, d, scores.get((i, d.name), 0.0) * bonus + ranks[i] * 1e-3))
     ranked.sort(key=lambda r: (-r.rank, r.path, r.definition.line))
     return ranked
 
@@ -274,28 +310,32 @@ def _name_weight(name: str, defined_in: int, mentioned: bool) -> float:
 
 
 def _pagerank(
-    nodes: list[str],
-    edges: dict[str, dict[tuple[str, str], float]],
-    personal: dict[str, float],
+    n: int,
+    links: list[tuple[int, int, str, float]],
+    out_weight: list[float],
+    personal: list[float],
     damping: float = 0.85,
-    iterations: int = 40,
-) -> dict[str, float]:
-    total_p = sum(personal.values())
-    p = {n: personal[n] / total_p for n in nodes}
-    out_weight = {n: sum(edges.get(n, {}).values()) for n in nodes}
-    r = dict(p)
-    for _ in range(iterations):
-        nxt = {n: (1 - damping) * p[n] for n in nodes}
-        dangling = sum(r[n] for n in nodes if out_weight[n] == 0)
-        for n in nodes:
-            nxt[n] += damping * dangling * p[n]
-        for src, out in edges.items():
-            if out_weight[src] == 0:
-                continue
-            share = damping * r[src] / out_weight[src]
-            for (dst, _name), w in out.items():
-                nxt[dst] += share * w
+) -> list[float]:
+    """Personalised PageRank over the links merged per (src, dst) pair, stopped once it moves less than 1e-6."""
+    total_p = sum(personal)
+    p = [x / total_p for x in personal]
+    merged: dict[tuple[int, int], float] = defaultdict(float)
+    for src, dst, _name, w in links:
+        merged[(src, dst)] += w / out_weight[src]
+    srcs = [s for s, _ in merged]
+    dsts = [d for _, d in merged]
+    shares = list(merged.values())
+    dangling_nodes = [i for i in range(n) if out_weight[i] == 0]
+    r = list(p)
+    for _ in range(PAGERANK_ITERATIONS):
+        dangling = sum(r[i] for i in dangling_nodes)
+        nxt = [(1 - damping) * p[i] + damping * dangling * p[i] for i in range(n)]
+        for s, d, share in zip(srcs, dsts, shares, strict=True):
+            nxt[d] += damping * r[s] * share
+        moved = sum(abs(a - b) for a, b in zip(nxt, r, strict=True))
         r = nxt
+        if moved < 1e-6:
+            break
     return r
 
 

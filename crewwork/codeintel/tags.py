@@ -117,6 +117,10 @@ REFERENCE_NODES = {
 
 MAX_NAME_CHARS = 120
 MAX_LINE_CHARS = 160
+MAX_DEFINITIONS_PER_FILE = 2_000
+"""Definitions kept of one file (the first by line); a generated file must not dominate the index."""
+MAX_REFERENCE_NAMES_PER_FILE = 5_000
+"""Distinct referenced names kept of one file (the most used)."""
 
 
 def language_of(path: str) -> str | None:
@@ -157,7 +161,8 @@ def _compiled(language: str) -> tuple[Any, Any, Any]:
 
 
 def extract(path: str, source: bytes) -> FileTags | None:
-    """The tags of one file, or None when its language is not one crewwork indexes. CPU-bound: call it in a thread."""
+    """The tags of one file, or None when its language is not one crewwork indexes. tree-sitter holds the
+    interpreter lock while it parses: a serving process never calls this itself (crewwork.codeintel.parsepool)."""
     import tree_sitter
 
     language = language_of(path)
@@ -185,4 +190,8 @@ def extract(path: str, source: bytes) -> FileTags | None:
             name = node.text.decode("utf-8", "replace")
             tags.references[name] = tags.references.get(name, 0) + 1
     tags.definitions.sort(key=lambda d: d.line)
+    del tags.definitions[MAX_DEFINITIONS_PER_FILE:]
+    if len(tags.references) > MAX_REFERENCE_NAMES_PER_FILE:
+        kept = sorted(tags.references.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_REFERENCE_NAMES_PER_FILE]
+        tags.references = dict(kept)
     return tags

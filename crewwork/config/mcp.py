@@ -6,7 +6,7 @@ reaches one.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import AnyHttpUrl, Field, TypeAdapter, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -48,12 +48,34 @@ class McpSettings(BaseSettings):
         "where, so the client can ask for the rest by line range.",
     )
     max_tree_entries: int = Field(
-        default=1_000_000, ge=1000, description="Largest tree (files and directories of one commit) the tools read."
+        default=500_000,
+        ge=1000,
+        description="Largest tree (files and directories of one commit) the tools read; a listing costs this process "
+        "~400 bytes per entry (200 MiB at the default), parsed in a thread and kept in a per-process cache of "
+        "1,000,000 entries.",
     )
     max_directory_entries: int = Field(default=2000, ge=10, description="Most entries list_directory returns.")
     max_search_results: int = Field(default=200, ge=1, description="Most matching lines search_code may return.")
     search_timeout_s: float = Field(
         default=10.0, gt=0, description="Wall clock of one search_code; a search cut short says so (timed_out)."
+    )
+    max_concurrent_calls: int = Field(
+        default=8,
+        ge=1,
+        description="Repository tool calls (reads, searches, history, maps) one API process runs at once; more wait "
+        "for a free slot (within CREWWORK_MCP_TOOL_TIMEOUT_S).",
+    )
+    max_concurrent_calls_per_tenant: int = Field(
+        default=2,
+        ge=1,
+        description="Repository tool calls one tenant runs at once on one API process; one more is refused at once "
+        "(`busy`), so one tenant never holds every slot.",
+    )
+    max_regex_program_size: int = Field(
+        default=5_000,
+        ge=100,
+        description="Largest compiled size (RE2 program instructions) of a search_code regular expression; a bigger "
+        "pattern (large counted repetitions) is refused before git sees it.",
     )
     git_timeout_s: float = Field(default=30.0, gt=0, description="Wall clock of any other git command of a tool.")
     tool_timeout_s: float = Field(
@@ -68,3 +90,11 @@ class McpSettings(BaseSettings):
         description="A branch or tag name is resolved in this host's mirror if it was fetched less than this long ago; "
         "otherwise the mirror is fetched first. 0: fetch on every name.",
     )
+
+    @field_validator("resource_url", "authorization_server")
+    @classmethod
+    def _an_http_url(cls, v: str | None) -> str | None:
+        # Checked at start-up: a value no URL parser takes failed every /mcp request (and its metadata) instead.
+        if v is not None:
+            TypeAdapter(AnyHttpUrl).validate_python(v)
+        return v

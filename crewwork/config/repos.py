@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from crewwork.urls import RepoURLError, parse_repo_url
+from crewwork.boundary.urls import RepoURLError, parse_repo_url
 
 
 def _check_prefix(v: str) -> str:

@@ -39,7 +39,8 @@ class SandboxLimits:
     output_tail_bytes: int = 8192
     """Bytes of the end of stdout and of stderr kept in reports (the full logs become artifacts)."""
     max_log_bytes: int = 8 * 1024 * 1024
-    """Bytes of stdout and of stderr kept at most; output beyond is dropped and `truncated` is set."""
+    """Bytes of stdout and of stderr kept at most: beyond it, their first and last halves (the end holds a test run's
+    summary), and `truncated` is set."""
     disk_mb: int = 4096
     """Size in MiB of each workspace's own file system (its disk cap; see crewwork.sandbox.disk)."""
 

@@ -1,29 +1,16 @@
-"""Forges: opening a pull request for a landed delivery branch through a forge's REST API.
+"""Forges: pull requests for landed delivery branches, and intake of work from a forge's issues (docs/forge.md).
 
-One module per forge dialect (`github.py`: GitHub and GitHub Enterprise). `forge_for(url, forges)` picks the
-operator's `ForgeConfig` whose scope covers a repository.
+common.py         `ForgeError`, and `forge_for(url, forges)`: the operator's forge whose scope covers a repository
+intake.py         what every forge dialect gives intake: the webhook side (`WebhookDialect`) and the REST side
+                  (`IntakeForge`), and the values between them (`Trigger`, `IntakeRules`, `WebhookRefused`)
+kinds.py          the dialects by `ForgeConfig.kind`: the one table a second dialect (GitLab, Gitea) joins
+github.py         the GitHub (and GitHub Enterprise) REST dialect: pull requests, permissions, comments
+github_events.py  GitHub's webhooks: the signature, the delivery, the triggers
+untrusted.py      a trigger's text as an agent receives it: fenced and labelled as untrusted data
 """
 
 from __future__ import annotations
 
-from crewwork.config.repos import ForgeConfig, matches
-from crewwork.urls import RepoURL
+from crewwork.forge.common import ForgeError, forge_for
 
-
-class ForgeError(RuntimeError):
-    """The forge refused or failed a request. `retryable` says whether trying again later can help."""
-
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
-        super().__init__(message)
-        self.retryable = retryable
-        self.status = status
-
-
-def forge_for(url: RepoURL, forges: list[ForgeConfig]) -> ForgeConfig | None:
-    """The forge hosting `url` (longest matching scope), or None."""
-    best: tuple[int, ForgeConfig] | None = None
-    for f in forges:
-        for p in f.match:
-            if matches(p, url.url) and (best is None or len(p) > best[0]):
-                best = (len(p), f)
-    return best[1] if best else None
+__all__ = ["ForgeError", "forge_for"]

@@ -5,29 +5,35 @@ and the commit a ref names there (crewwork.repos.trees rules).
 A mirror is fetched when it is missing, when a branch or tag name is asked for and the last fetch is older than
 CREWWORK_MCP_MIRROR_MAX_AGE_S, and once more when a name or commit is not found in it. Reads hold the mirror's
 shared "use" lock (crewwork.repos.mirror), so it is not evicted under them.
+
+Every repository tool runs in a slot (`CallGate`): at most CREWWORK_MCP_MAX_CONCURRENT_CALLS per API process (more
+wait, FIFO), of which at most CREWWORK_MCP_MAX_CONCURRENT_CALLS_PER_TENANT are one tenant's (one more is refused at
+once as `busy`), so the git processes and parses one tenant starts cannot take the host from the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from crewwork.boundary.urls import RepoURLError
 from crewwork.config import Settings
 from crewwork.models import RepoSpec
 from crewwork.repos.credentials import CredentialError
 from crewwork.repos.git import RemoteError
 from crewwork.repos.mirror import META
 from crewwork.repos.remote import Remote
-from crewwork.repos.service import RepoPolicyError, Repositories
 from crewwork.repos.tenancy import RepositoryNotFound, RepositoryRegistry
 from crewwork.repos.trees import TreeError, TreeIndex, load_index, parse_ref, resolve_commit
+from crewwork.repos.worker import RepoPolicyError, Repositories
 from crewwork.store.store import Store
 from crewwork.store.views import StoredRepository
-from crewwork.urls import RepoURLError
 
 
 class McpToolError(Exception):
@@ -42,6 +48,58 @@ class McpToolError(Exception):
 def not_found(name: str) -> McpToolError:
     # The same words whether another tenant registered it or nobody did.
     return McpToolError("not_found", f"no repository {name[:200]!r} is registered for this tenant")
+
+
+class CallGate:
+    """Slots for repository tool calls on one event loop: `total` at once, `per_tenant` of them one tenant's."""
+
+    def __init__(self, total: int, per_tenant: int) -> None:
+        self.total = total
+        self.per_tenant = per_tenant
+        self.free = asyncio.Semaphore(total)
+        self.held: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def slot(self, tenant_id: str) -> AsyncIterator[None]:
+        if _IN_SLOT.get():  # a tool that opens two commits (git_diff) holds one slot, not two
+            yield
+            return
+        if self.held.get(tenant_id, 0) >= self.per_tenant:
+            raise McpToolError(
+                "busy",
+                f"this tenant already has {self.per_tenant} repository tool calls running on this server "
+                "(CREWWORK_MCP_MAX_CONCURRENT_CALLS_PER_TENANT); retry when one has answered",
+            )
+        self.held[tenant_id] = self.held.get(tenant_id, 0) + 1
+        try:
+            async with self.free:
+                token = _IN_SLOT.set(True)
+                try:
+                    yield
+                finally:
+                    _IN_SLOT.reset(token)
+        finally:
+            self.held[tenant_id] -= 1
+            if not self.held[tenant_id]:
+                del self.held[tenant_id]
+
+
+_IN_SLOT: contextvars.ContextVar[bool] = contextvars.ContextVar("crewwork_mcp_in_slot", default=False)
+_GATES: dict[tuple[int, int, int], tuple[asyncio.AbstractEventLoop, CallGate]] = {}
+
+
+def call_gate(settings: Settings) -> CallGate:
+    """This event loop's gate for these settings' bounds (one per API process in production; tests run several
+    apps, each on its own loop)."""
+    m = settings.mcp
+    loop = asyncio.get_running_loop()
+    key = (id(loop), m.max_concurrent_calls, m.max_concurrent_calls_per_tenant)
+    found = _GATES.get(key)
+    if found is None or found[0] is not loop:  # (the loop is held, so its id is not reused while it is kept here)
+        if len(_GATES) > 64:  # loops of finished apps (tests); a live loop's gate is made again on its next call
+            _GATES.clear()
+        found = _GATES[key] = (loop, CallGate(m.max_concurrent_calls, m.max_concurrent_calls_per_tenant))
+    return found[1]
 
 
 @dataclass
@@ -121,7 +179,14 @@ class TenantRepositories:
 
     @contextlib.asynccontextmanager
     async def open(self, name: str, ref: str | None) -> AsyncIterator[OpenRepo]:
-        """The repository `name` at `ref` (its registered default ref when None), its mirror held while the block runs."""
+        """The repository `name` at `ref` (its registered default ref when None), its mirror held while the block runs,
+        in one of the tenant's call slots (`CallGate`)."""
+        async with call_gate(self.settings).slot(self.tenant_id):
+            async with self._open(name, ref) as repo:
+                yield repo
+
+    @contextlib.asynccontextmanager
+    async def _open(self, name: str, ref: str | None) -> AsyncIterator[OpenRepo]:
         reg = await self.registration(name)
         wanted = ref if ref is not None else reg.default_ref
         try:

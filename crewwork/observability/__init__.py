@@ -1,47 +1,7 @@
-"""Observability: Prometheus metrics (prometheus-client; `metrics`), structured logs carrying the work item id and
-workflow id on every line (`logs`), and a pool process's own instruments (`pools`). Tracing is crewwork.tracing."""
+"""Observability: what a process tells its operator.
 
-from __future__ import annotations
-
-from crewwork.observability.logs import (
-    ContextFilter,
-    JsonFormatter,
-    TextFormatter,
-    configure_logging,
-    log_context,
-    mask_secrets_in_text,
-    work_item_id_from_workflow_id,
-)
-from crewwork.observability.metrics import (
-    CONTENT_TYPE,
-    HTTP_LATENCY,
-    HTTP_REQUESTS,
-    RATE_LIMITED,
-    REGISTRY,
-    SSE_CLIENTS,
-    WEBHOOK_DELIVERIES,
-    StoreProjections,
-    render,
-)
-from crewwork.observability.pools import activity_interceptors, start_pool_observability
-
-__all__ = [
-    "CONTENT_TYPE",
-    "HTTP_LATENCY",
-    "HTTP_REQUESTS",
-    "RATE_LIMITED",
-    "REGISTRY",
-    "SSE_CLIENTS",
-    "WEBHOOK_DELIVERIES",
-    "ContextFilter",
-    "JsonFormatter",
-    "StoreProjections",
-    "TextFormatter",
-    "activity_interceptors",
-    "configure_logging",
-    "log_context",
-    "mask_secrets_in_text",
-    "render",
-    "start_pool_observability",
-    "work_item_id_from_workflow_id",
-]
+metrics.py  Prometheus metrics (prometheus-client): counters, histograms, the store's projections, the text format
+logs.py     structured logs carrying the work item id and workflow id on every line; secrets masked
+pools.py    a pool process's own instruments (activity interceptors, the metrics endpoint)
+tracing.py  OpenTelemetry tracing, off unless the standard OTEL_* variables ask for it
+"""

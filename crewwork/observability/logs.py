@@ -10,11 +10,10 @@ import contextlib
 import contextvars
 import json
 import logging
-import re
 from collections.abc import Iterator
 from typing import Any
 
-from crewwork.transport.redact import MASK, redact
+from crewwork.boundary.masking import mask_text
 
 # ------------------------------------------------------------------------------------------------ logging
 
@@ -66,33 +65,13 @@ class ContextFilter(logging.Filter):
         return True
 
 
-# Secrets never reach a log line: masked in the message, the exception text and every extra field.
-# A URL with a password: scheme://user:password@ (the password ends at the first "@" or "/"), masked in place.
-_URL_WITH_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]+:)[^\s@/]*@")
-_PEM_PRIVATE_KEY = re.compile(
-    r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----.*?(?:-----END \1PRIVATE KEY-----|\Z)", re.S
-)
-_LOG_TOKENS = [
-    re.compile(r"\bcw_[A-Za-z0-9_-]{8,}"),  # crewwork API keys
-    re.compile(r"\bwhsec_[A-Za-z0-9+/=_-]{8,}"),  # webhook secrets
-]
-
-
-def mask_secrets_in_text(text: str) -> str:
-    """Mask database/URL passwords (`scheme://user:***@host`), PEM private keys, bearer tokens and common token
-    prefixes (`sk-`, `cw_`, `ghp_`, `whsec_`, ... see crewwork.transport.redact)."""
-    if not text:
-        return text
-
-    text = _PEM_PRIVATE_KEY.sub(lambda m: f"-----BEGIN {m.group(1)}PRIVATE KEY-----{MASK}", text)
-    text = _URL_WITH_PASSWORD.sub(r"\1***@", text)
-    for pattern in _LOG_TOKENS:
-        text = pattern.sub(MASK, text)
-    return redact(text)
+# Secrets never reach a log line: masked in the message, the exception text and every extra field, by the one table
+# of secret shapes (crewwork/boundary/masking.py: URL passwords in place, PEM private keys, bearer and header values,
+# token prefixes).
 
 
 def _trace_fields(out: dict[str, Any]) -> None:
-    from crewwork import tracing
+    from crewwork.observability import tracing
 
     ids = tracing.current_ids()
     if ids is not None:
@@ -110,7 +89,7 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 6),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": mask_secrets_in_text(record.getMessage()),
+            "msg": mask_text(record.getMessage()),
             "work_item_id": getattr(record, "work_item_id", None),
             "workflow_id": getattr(record, "workflow_id", None),
         }
@@ -118,13 +97,13 @@ class JsonFormatter(logging.Formatter):
         for k, v in record.__dict__.items():
             if k not in self._std and k not in out:
                 value = v if isinstance(v, str | int | float | bool | type(None)) else repr(v)
-                out[k] = mask_secrets_in_text(value) if isinstance(value, str) else value
+                out[k] = mask_text(value) if isinstance(value, str) else value
         if record.exc_info:
-            out["exc"] = mask_secrets_in_text(self.formatException(record.exc_info))
+            out["exc"] = mask_text(self.formatException(record.exc_info))
         elif record.exc_text:
-            out["exc"] = mask_secrets_in_text(record.exc_text)
+            out["exc"] = mask_text(record.exc_text)
         if record.stack_info:
-            out["stack"] = mask_secrets_in_text(self.formatStack(record.stack_info))
+            out["stack"] = mask_text(self.formatStack(record.stack_info))
         return json.dumps(out, default=str)
 
 
@@ -145,7 +124,7 @@ class TextFormatter(logging.Formatter):
         if ids:
             ctx += f" trace={ids['trace_id']}"
         record.ctx = ctx
-        return mask_secrets_in_text(super().format(record))
+        return mask_text(super().format(record))
 
 
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")

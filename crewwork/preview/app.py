@@ -1,6 +1,9 @@
 """The app under preview, in its own sandbox: started through the ordinary `Sandbox.run` (any backend), with the app
 relay as its first process, its output in a platform log file in the workspace that the host tails through
-crewwork.safefs, and stopped by cancelling the run (which kills the whole tree, or removes the container).
+crewwork.boundary.safefs, and stopped through the run's `stop` event: the sandbox kills the whole tree (or the
+container) and still returns what it measured, so a cap the app hit while it kept running (a fork bomb at its process
+cap, a full disk, a worker process the memory cap killed) is evidence like one that ended it. Cancelling the run, the
+fallback when that does not finish within STOP_WAIT_S, kills everything too but leaves no such evidence.
 
 The sandbox is the validated workspace's: same backend, limits, prepared environment and mounts as the tests,
 no network but its own loopback; the only extra mount is the tunnel directory, read-only.
@@ -18,9 +21,9 @@ from pathlib import Path
 
 import httpx
 
-from crewwork import safefs
+from crewwork.boundary import safefs
 from crewwork.models.preview import ReadySpec
-from crewwork.preview.evidence import AppRun
+from crewwork.preview.records import AppRun
 from crewwork.preview.tunnel import Tunnels
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits, SandboxRunResult
 
@@ -31,6 +34,8 @@ LOG_QUIET_S = 0.25
 LOG_SETTLE_MAX_S = 2.0
 """After the probes, the log is read once it has not grown for LOG_QUIET_S, waiting at most LOG_SETTLE_MAX_S."""
 TUNNEL_INSIDE = "/crewwork/preview"
+STOP_WAIT_S = 30.0
+"""How long a stopped app's sandbox may take to report (a container's kill and removal on a loaded engine)."""
 READY_STATUSES = (*range(200, 400), 400, 401, 402, 403)
 POLL_S = 0.25
 
@@ -63,6 +68,7 @@ class AppPreview:
         self.task: asyncio.Task[SandboxRunResult] | None = None
         self._log_fd: int | None = None
         self._log = bytearray()
+        self._stop = asyncio.Event()
         self.started_at = 0.0
 
     async def start(self) -> None:
@@ -80,6 +86,7 @@ class AppPreview:
                 limits=replace(self.limits, max_log_bytes=256 * 1024),
                 env=env,
                 mounts=[*self.mounts, mount],
+                stop=self._stop,
             )
         )
 
@@ -159,6 +166,11 @@ class AppPreview:
                     if any(pattern.search(line) for line in fresh.splitlines()):
                         return True, time.monotonic() - self.started_at, None
                     detail = "no output line matched" if log else "no output yet"
+                    if len(log) >= LOG_CAP:
+                        detail = (
+                            f"not judged: the app's log reached its {LOG_CAP}-byte cap before a line matched, "
+                            "and what it wrote after that is not read"
+                        )
                 else:
                     try:
                         resp = await client.get(ready.http or "/")
@@ -174,27 +186,33 @@ class AppPreview:
         return False, None, detail
 
     def run_record(self) -> AppRun:
-        """What the sandbox measured if the app's run has ended by itself (it was meant to run until stopped)."""
+        """What the sandbox measured of the app's run: once it ended by itself, or once `stop()` ended it (then the
+        caps it hit while it kept running; it did not exit)."""
         if self.task is None or not self.task.done() or self.task.cancelled():
             return AppRun()
         if self.task.exception() is not None:
             return AppRun()
         r = self.task.result()
         return AppRun(
-            exited=True,
-            exit_code=r.exit_code,
+            exited=not r.stopped,
+            exit_code=None if r.stopped else r.exit_code,
             timed_out=r.timed_out,
             oom_killed=r.oom_killed,
             pids_limited=r.pids_limited,
             disk_limited=r.disk_limited,
-            killed_by_signal=r.killed_by_signal,
+            killed_by_signal=None if r.stopped else r.killed_by_signal,
         )
 
     async def stop(self) -> None:
-        """Stop the app (the sandbox kills the whole tree, or removes its container) and close the log."""
+        """Stop the app (the sandbox kills the whole tree, or its container) and close the log. The run's result,
+        caps included, is then in `run_record()`."""
         task = self.task
         if task is not None and not task.done():
-            task.cancel()
+            self._stop.set()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(task), STOP_WAIT_S)
+            if not task.done():
+                task.cancel()
         if task is not None:
             with contextlib.suppress(BaseException):
                 await task

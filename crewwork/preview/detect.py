@@ -1,5 +1,5 @@
 """How to start a repository's app when the work item does not say: a small table of common Python and
-JavaScript apps, decided by a pure function over a few facts read from the workspace (through crewwork.safefs:
+JavaScript apps, decided by a pure function over a few facts read from the workspace (through crewwork.boundary.safefs:
 no link followed, each file bounded). `preview.start.framework` picks a row instead; `preview.start.command`
 skips the table.
 
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from crewwork import safefs
+from crewwork.boundary import safefs
 
 MAX_FACT_BYTES = 256 * 1024
 PY_MODULES = ("main.py", "app.py", "wsgi.py", "app/main.py", "src/main.py")

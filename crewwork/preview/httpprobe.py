@@ -10,7 +10,7 @@ import time
 import httpx
 
 from crewwork.models.preview import HttpProbe
-from crewwork.preview.evidence import MAX_BODY_SEEN, MAX_HEADERS_SEEN, HttpExchange, cut
+from crewwork.preview.records import MAX_BODY_SEEN, MAX_HEADERS_SEEN, HttpExchange, cut
 
 
 async def run_http(client: httpx.AsyncClient, probe: HttpProbe) -> HttpExchange:
@@ -61,19 +61,24 @@ async def _exchange(
     finally:
         await response.aclose()
     seen_headers = [(cut(k, 200), cut(v, 500)) for k, v in response.headers.multi_items()[:MAX_HEADERS_SEEN]]
+    encoding = response.headers.get("content-encoding", "").strip()
+    if encoding.lower() in ("identity", ""):
+        encoding = ""
     return HttpExchange(
         **base,  # type: ignore[arg-type]
         status=response.status_code,
         response_headers=seen_headers,
-        body=_decode(bytes(body), response.headers.get("content-encoding")),
+        body=_decode(bytes(body), encoding),
         body_truncated=truncated,
+        body_encoding=cut(encoding, 40) if encoding else None,
         elapsed_s=round(time.monotonic() - started, 4),
     )
 
 
-def _decode(raw: bytes, encoding: str | None) -> str:
-    # Raw bytes are read (a compressed body cannot be inflated into a bomb); a compressed one is shown as such.
-    if encoding and encoding.lower() not in ("identity", ""):
+def _decode(raw: bytes, encoding: str) -> str:
+    # Raw bytes are read (a compressed body cannot be inflated into a bomb); a compressed one is shown as such, and no
+    # body assertion is judged on it (crewwork/preview/verdict.py).
+    if encoding:
         return f"[{len(raw)} bytes of {cut(encoding, 40)}-encoded body, not decoded]"
     return raw.decode("utf-8", "replace")
 

@@ -13,7 +13,12 @@ going to the platform's log file (at most `cap` bytes), and exits with the app's
 
 from __future__ import annotations
 
-APP_RELAY = r"""
+from crewwork.preview.pipeguard import PIPE_GUARD
+from crewwork.sandbox.pump import RELAY_PUMP
+
+APP_RELAY = (
+    RELAY_PUMP
+    + r"""
 import os, socket, sys, threading, time
 hub, port, log_path, cap = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 argv = sys.argv[6:]
@@ -54,20 +59,6 @@ def connect_unix():
     return s
 idle = threading.BoundedSemaphore(IDLE)
 active = threading.BoundedSemaphore(ACTIVE)
-def pump(a, b, done):
-    try:
-        while True:
-            d = a.recv(65536)
-            if not d:
-                break
-            b.sendall(d)
-    except OSError:
-        pass
-    try:
-        b.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-    done()
 def tunnel():
     try:
         s = connect_unix()
@@ -99,15 +90,7 @@ def tunnel():
         s.close(); active.release()
         return
     s.sendall(b"+")
-    left = [2]
-    def done():
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            a.close(); s.close(); active.release()
-    threading.Thread(target=pump, args=(s, a, done), daemon=True).start()
-    threading.Thread(target=pump, args=(a, s, done), daemon=True).start()
+    splice(s, a, active.release)
 def dialer():
     while True:
         active.acquire()
@@ -119,38 +102,27 @@ out.join(2)
 code = os.waitstatus_to_exitcode(status)
 os._exit(128 - code if code < 0 else code)
 """
+)
 
-BROWSER_RELAY = r"""
+BROWSER_RELAY = (
+    RELAY_PUMP
+    + PIPE_GUARD
+    + r"""
 import os, socket, sys, threading
 front, port, argv = sys.argv[1], int(sys.argv[2]), sys.argv[4:]
+ACTIVE = 64
 lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 lst.bind(("127.0.0.1", port))
 lst.listen(64)
-def pump(a, b):
+def front_door():
+    u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        while True:
-            d = a.recv(65536)
-            if not d:
-                break
-            b.sendall(d)
+        u.connect(front)
     except OSError:
-        pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-def serve():
-    while True:
-        c, _ = lst.accept()
-        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            u.connect(front)
-        except OSError:
-            c.close(); u.close(); continue
-        threading.Thread(target=pump, args=(c, u), daemon=True).start()
-        threading.Thread(target=pump, args=(u, c), daemon=True).start()
+        u.close()
+        raise
+    return u
 parent = os.getpid()
 if os.fork() == 0:
     # The browser's DevTools pipe (fds 3 and 4, from Playwright) must close when the browser exits: keep none of it.
@@ -163,8 +135,23 @@ if os.fork() == 0:
             time.sleep(0.5)
         os._exit(0)
     threading.Thread(target=watchdog, daemon=True).start()
-    serve()
+    serve(lst, front_door, ACTIVE)
     os._exit(0)
 lst.close()
+# Chromium talks to the driver through the guard (crewwork/preview/pipeguard.py): two fresh pipes take the place of
+# fds 3 and 4 for the browser, and a child copies between them and the driver's, bounding what the browser says.
+to_browser_r, to_browser_w = os.pipe()
+from_browser_r, from_browser_w = os.pipe()
+if os.fork() == 0:
+    os.close(to_browser_r)
+    os.close(from_browser_w)
+    guard(3, to_browser_w, from_browser_r, 4, "http://127.0.0.1:%d" % port)
+os.close(to_browser_w)
+os.close(from_browser_r)
+os.dup2(to_browser_r, 3, inheritable=True)
+os.dup2(from_browser_w, 4, inheritable=True)
+os.close(to_browser_r)
+os.close(from_browser_w)
 os.execvp(argv[0], argv)
 """
+)

@@ -3,7 +3,7 @@
 Start the change in its own sandbox (the validated workspace, same backend, limits and environment), wait until it
 is ready, run the HTTP probes from the host through the tunnel's front door and the browser flows in a sandboxed
 Chromium, store what was seen as artifacts, and stop and remove everything. It gathers evidence only; the pure
-`crewwork.preview.grading.grade_preview` decides (through `crewwork.validation.grading.grade`).
+`crewwork.preview.verdict.grade_preview` decides (through `crewwork.validation.grading.grade`).
 
 A preview that cannot start, never becomes ready, exits or hits a cap is evidence, not an error. Only a failure of
 the platform itself (the sandbox machinery, a browser that cannot be launched here) raises `SandboxError`, which the
@@ -25,10 +25,10 @@ from crewwork.models import ArtifactRef, PreviewOutcome, ProbeResult
 from crewwork.models.preview import PreviewSpec
 from crewwork.preview.app import AppPreview
 from crewwork.preview.detect import NotDetected, detect, read_facts, with_port
-from crewwork.preview.evidence import MAX_LOG_TAIL, FlowRecord, HttpExchange, PreviewEvidence, cut
-from crewwork.preview.grading import PreviewVerdict, console_errors
 from crewwork.preview.httpprobe import run_http, transcript
+from crewwork.preview.records import MAX_LOG_TAIL, FlowRecord, HttpExchange, PreviewEvidence, cut
 from crewwork.preview.tunnel import Tunnels
+from crewwork.preview.verdict import PreviewVerdict, console_errors
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
 
 HEARTBEAT_EVERY_S = 2.0
@@ -214,10 +214,10 @@ async def _run(
             # What the app wrote while answering the probes, and a moment for a crash the last probe caused to
             # show as one.
             log = await app.settled_log() if (http or flows) else app.log()
-            await asyncio.sleep(0)
-            run = app.run_record()
         finally:
             await app.stop()
+        # Read once the app is stopped: its sandbox then reports every cap it hit, also those it survived.
+        run = app.run_record()
     tail = log[-MAX_LOG_TAIL:].decode("utf-8", "replace")
     ev = PreviewEvidence(
         command=argv,
@@ -279,11 +279,25 @@ def flow_transcript(f: FlowRecord) -> bytes:
     if f.page_crashed:
         lines.append("the page crashed")
     lines.append("")
-    lines.append(f"console ({len(f.console)}):")
-    lines += [f"  [{c.type}] {c.text}" + (f"  ({c.location})" if c.location else "") for c in f.console]
+    lines.append(
+        f"console ({max(f.console_seen, len(f.console))} messages, {f.console_errors_seen} errors; "
+        f"{len(f.console)} kept):"
+    )
+    lines += [
+        f"  {'#' + str(c.seq) + ' ' if c.seq else ''}[{c.type}] {c.text}" + (f"  ({c.location})" if c.location else "")
+        for c in f.console
+    ]
+    lines.append(f"uncaught errors ({max(f.page_errors_seen, len(f.page_errors))}; {len(f.page_errors)} kept):")
     lines += [f"  [uncaught] {e}" for e in f.page_errors]
-    lines.append(f"failed requests ({len(f.failed_requests)}):")
+    failed_seen = max(f.failed_requests_seen, len(f.failed_requests))
+    lines.append(f"failed requests ({failed_seen}; {len(f.failed_requests)} kept):")
     lines += [f"  {r.method} {r.url}: {r.failure}" for r in f.failed_requests]
+    if f.cut:
+        lines.append("cut by a bound (cannot change the verdict):")
+        lines += [f"  {c}" for c in f.cut]
+    if f.not_judged:
+        lines.append("NOT JUDGED (a bound cut what could decide the verdict):")
+        lines += [f"  {c}" for c in f.not_judged]
     lines.append("")
     lines.append("page text at the end:")
     lines.append(f.page_text)

@@ -9,8 +9,14 @@
 Two directories, so that neither side can pose as the other: the browser cannot offer the host fake tunnels (and so
 answer the HTTP probes itself), and the app cannot take its own tunnels away from the probes.
 
-Everything arriving from either side is untrusted bytes: the hub accepts a bounded number of idle tunnels, each
-one answers a one-byte protocol within a deadline, and an exchange stops at a size and an idle time.
+Everything arriving from either side is untrusted bytes, and every connection costs the host a descriptor, so each
+kind is capped per preview (crewwork.sandbox.pump.Gate; one over a cap is closed as it arrives): the hub holds at most
+MAX_HUB_PENDING connections that have not said hello yet (each gets ACK_TIMEOUT_S to say it) and MAX_IDLE_TUNNELS
+idle tunnels; the front door serves at most MAX_FRONT connections at once (each waits at most FRONT_WAIT_S for a
+tunnel), and each exchange stops at MAX_EXCHANGE_BYTES a direction and IDLE_TIMEOUT_S without a byte. One preview
+therefore holds at most MAX_HUB_PENDING + MAX_IDLE_TUNNELS + 2 * MAX_FRONT descriptors of the worker, plus the
+ACCEPT_BACKLOG connections of each socket that the loop accepts in one go before it closes the ones over a cap,
+whatever its app or page opens.
 """
 
 from __future__ import annotations
@@ -22,10 +28,16 @@ import uuid
 from pathlib import Path
 
 from crewwork.preview.relay import APP_RELAY, BROWSER_RELAY
+from crewwork.sandbox.pump import Gate, splice
 
 HELLO = b"CW1\n"
 MAX_IDLE_TUNNELS = 32
+MAX_HUB_PENDING = 8
+MAX_FRONT = 64
+ACCEPT_BACKLOG = 16
+"""Each socket's listen backlog, which is also how many connections the loop accepts at once before any is closed."""
 ACK_TIMEOUT_S = 6.0
+FRONT_WAIT_S = 10.0
 IDLE_TIMEOUT_S = 120.0
 MAX_EXCHANGE_BYTES = 256 * 1024 * 1024
 
@@ -49,6 +61,10 @@ class Tunnels:
         self._servers: list[asyncio.AbstractServer] = []
         self._dirfd: int | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.hub_gate = Gate(MAX_HUB_PENDING)
+        """Hub connections that have not said hello yet."""
+        self.front_gate = Gate(MAX_FRONT)
+        """Front-door connections being served (waiting for a tunnel, or carrying bytes through one)."""
 
     @property
     def hub_dir(self) -> Path:
@@ -87,8 +103,9 @@ class Tunnels:
         self.browser_relay.write_text(BROWSER_RELAY)
         self._dirfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            self._servers.append(await asyncio.start_unix_server(self._on_hub, path=self.short(self.hub)))
-            self._servers.append(await asyncio.start_unix_server(self._on_front, path=self.short(self.front)))
+            for handler, sock in ((self._on_hub, self.hub), (self._on_front, self.front)):
+                server = await asyncio.start_unix_server(handler, path=self.short(sock), backlog=ACCEPT_BACKLOG)
+                self._servers.append(server)
             for sock in (self.hub, self.front):
                 os.chmod(sock, 0o666)
         except BaseException:
@@ -116,11 +133,16 @@ class Tunnels:
                 d.rmdir()
 
     async def _on_hub(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.hub_gate.enter():
+            writer.close()
+            return
         try:
             hello = await asyncio.wait_for(reader.readexactly(len(HELLO)), ACK_TIMEOUT_S)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             writer.close()
             return
+        finally:
+            self.hub_gate.leave()
         if hello != HELLO or self._idle.full():
             writer.close()
             return
@@ -156,32 +178,16 @@ class Tunnels:
         assert task is not None
         self._tasks.add(task)
         try:
-            try:
-                up_r, up_w = await self.connect(10.0)
-            except ConnectionError:
-                return
-            try:
-                await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
-            finally:
-                up_w.close()
+            async with self.front_gate.holding(writer) as admitted:
+                if not admitted:
+                    return
+                try:
+                    up = await self.connect(FRONT_WAIT_S)
+                except ConnectionError:
+                    return
+                try:
+                    await splice((reader, writer), up, idle_s=IDLE_TIMEOUT_S, max_bytes=MAX_EXCHANGE_BYTES)
+                finally:
+                    up[1].close()
         finally:
             self._tasks.discard(task)
-            writer.close()
-
-
-async def _pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-    total = 0
-    try:
-        while total < MAX_EXCHANGE_BYTES:
-            data = await asyncio.wait_for(r.read(65536), IDLE_TIMEOUT_S)
-            if not data:
-                break
-            total += len(data)
-            w.write(data)
-            await w.drain()
-    except (OSError, TimeoutError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            if w.can_write_eof():
-                w.write_eof()

@@ -3,12 +3,12 @@
 A tenant names its repository's URL, and the processes that dial it (the API's `ls-remote` at registration and
 submission, every pool's mirror fetch, the control pool's landing push) sit inside the operator's network. So a
 remote is reachable only at a *public* address unless the operator's allowlist (`CREWWORK_REPO_ALLOW_NETWORKS`,
-CIDRs) says otherwise: the categories and the check are `crewwork.outbound`'s (loopback, private, link-local with
+CIDRs) says otherwise: the categories and the check are `crewwork.boundary.outbound`'s (loopback, private, link-local with
 the cloud metadata service, shared, reserved, multicast, unspecified, and IPv6 forms embedding one of them).
 
 The host is judged by what git would connect to: an address in any spelling the system resolver reads
 (`2130706433`, `0x7f.1`, `0177.0.0.1`, `127.1`, `0`, `[::ffff:127.0.0.1]`) is that address; a name is resolved
-once and *every* address it resolves to must pass. The URL grammar (`crewwork.urls`) has already refused
+once and *every* address it resolves to must pass. The URL grammar (`crewwork.boundary.urls`) has already refused
 user info in http(s) URLs, hosts starting with `-`, trailing dots, `%`-escapes and anything but `[A-Za-z0-9._-]`
 or a bracketed IPv6 literal in a host, and paths git would read into the host (`@[`, a `%` git would decode again),
 so what is judged here is the host git is given.
@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crewwork.outbound import (
+from crewwork.boundary.outbound import (
     RESOLVE_TIMEOUT_S,
     IPAddress,
     OutboundPolicy,
@@ -47,9 +47,9 @@ from crewwork.outbound import (
     Unresolvable,
     parse_networks,
 )
+from crewwork.boundary.urls import DEFAULT_PORTS, RepoURL
 from crewwork.repos.credentials import GitAuth
 from crewwork.repos.git import DEFAULT_SSH_COMMAND, RemoteAddressRefused, RemoteUnavailable
-from crewwork.urls import DEFAULT_PORTS, RepoURL
 
 ALLOW_SETTING = "CREWWORK_REPO_ALLOW_NETWORKS"
 

@@ -25,10 +25,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crewwork.boundary.masking import Redactor
+from crewwork.boundary.urls import RepoURL, redact_url
 from crewwork.config.repos import RepoCredential, matches
 from crewwork.models import TenantRef
-from crewwork.transport.redact import Redactor
-from crewwork.urls import RepoURL, redact_url
 
 # Directories every sandbox backend exposes (bwrap binds these read-only; the Docker image has its own, but the
 # worker's files under them would be visible to the bwrap backend on the same host).

@@ -5,7 +5,7 @@ terminal prompts, no trace variables inherited from the worker) plus the remote'
 that switch off what a hostile remote or repository could use: hooks, protocol helpers other than the one in use,
 redirects, submodule recursion, automatic gc. Error text is masked (`GitAuth.redact`) before it is raised.
 
-The containment-hardened workspace operations (private git directories, trees, diffs) stay in `crewwork.gitops`;
+The containment-hardened workspace operations (private git directories, trees, diffs) stay in `crewwork.workspace.gitops`;
 this module is the network half and the mirror's own bookkeeping. Commands on a mirror name it with `--git-dir`, so
 git never discovers a repository from a directory.
 """
@@ -21,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from crewwork import childio
+from crewwork.boundary import hostproc
+from crewwork.boundary.urls import RepoURL, redact_url
 from crewwork.repos.credentials import GitAuth
-from crewwork.urls import RepoURL, redact_url
+from crewwork.workspace import childio
 
 # Environment variables host git may inherit from the worker; everything else is dropped (GIT_TRACE_CURL would
 # log headers, GIT_SSH/GIT_ASKPASS/SSH_AUTH_SOCK would bring the operator's own identity, GIT_DIR would redirect).
@@ -169,13 +170,18 @@ async def run_git(
     """Run git with the hardening options (on `git_dir` when given) and `config` (more `key=value` settings, given
     as `-c`), started through `wrap` (a confinement's argv) with `pass_fds` inherited; output is returned redacted.
     Never raises for a non-zero exit."""
-    proc = await asyncio.create_subprocess_exec(
+    argv = [
         *wrap,
         "git",
         *hardening(scheme, fsck=fsck),
         *(arg for kv in config for arg in ("-c", kv)),
         *([f"--git-dir={git_dir}"] if git_dir is not None else []),
         *args,
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        # The memory bound first: rlimits are inherited through the confinement and by git's own children
+        # (index-pack, remote helpers).
+        *hostproc.bounded(argv, hostproc.Profile.GIT),
         cwd=str(cwd),
         env=git_env(auth, env),
         stdin=asyncio.subprocess.PIPE if input_bytes is not None else asyncio.subprocess.DEVNULL,
@@ -188,7 +194,7 @@ async def run_git(
     if input_bytes is not None:
         assert proc.stdin is not None
         # Fed here, beside `communicate` (which then only reads and waits), not by it: it writes without looking, and
-        # on uvloop a child gone already made that a RuntimeError (crewwork/childio.py).
+        # on uvloop a child gone already made that a RuntimeError (crewwork/workspace/childio.py).
         feeding = asyncio.ensure_future(childio.feed_and_close(proc.stdin, input_bytes))
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout_s)

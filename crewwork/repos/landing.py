@@ -16,6 +16,7 @@ with `crewwork.repos.local.LOCAL_SERVER_CONFIG`, confined to the git directory w
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -60,32 +61,137 @@ async def land_by_push(
     ref = f"refs/heads/{branch}"
     async with cache.using(remote, base_commit) as (gitdir, _stats):
         tree = await _tree_of_change(gitdir, base_commit, diff, scratch)
-        current = (await remote.ls_remote(ref)).get(ref)
-        if current is not None:
-            if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit, message):
-                return Landed(branch, current, False, remote.name)
-            raise LandingConflictError(
-                f"{remote.name} already has {branch} at {current[:12]} with different content; refusing to move it"
-            )
-        res = await run_git(
-            ["commit-tree", tree, "-p", base_commit, "-F", "-"], cwd=gitdir, input_bytes=message.encode()
-        )
-        commit = res.out.strip()
-        if res.code != 0 or not commit:
-            raise RuntimeError(f"git commit-tree failed in the mirror of {remote.name}: {res.err.strip()}")
-        try:
-            await remote.push_branch(gitdir, commit, branch, expected_old=None)
-        except PushRejected as exc:
-            # Lost a race: with ourselves (a retried landing running alongside) is fine, with anyone else is not.
-            current = (await remote.ls_remote(ref)).get(ref)
-            if current is not None and await _is_same_change(
-                remote, gitdir, work_item_id, current, tree, base_commit, message
-            ):
-                return Landed(branch, current, False, remote.name)
-            raise LandingConflictError(str(exc)) from exc
+        commit = await _commit(gitdir, remote, tree, base_commit, message)
+        # The push is the check: it creates the branch only where it does not exist (compare-and-swap under the
+        # server's ref lock). No `ls-remote` first: that would be one more round trip to the remote on every landing
+        # to learn what a rejected push tells us anyway (bench/attempt.py, docs/performance.md). Only where the
+        # branch exists is it read: this landing's own earlier try (a retry, or one running alongside) is fine; the
+        # change as it was pushed for review on the forge (`push_for_review`) is moved to the landed commit by a
+        # second compare-and-swap; anything else there is someone else's, never overwritten.
+        expected: str | None = None
+        while True:
+            try:
+                status = await remote.push_branch(gitdir, commit, branch, expected_old=expected)
+                break
+            except PushRejected as exc:
+                current = (await remote.ls_remote(ref)).get(ref)
+                if current is None:
+                    raise LandingConflictError(str(exc)) from exc
+                if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit, message):
+                    return Landed(branch, current, False, remote.name)
+                if (
+                    expected is None
+                    and await _review_attempt_of(remote, gitdir, work_item_id, current, base_commit) is not None
+                ):
+                    expected = current
+                    continue
+                raise LandingConflictError(
+                    f"{remote.name} already has {branch} at {current[:12]} with different content; refusing to move it"
+                ) from exc
+        if status.startswith("="):
+            # Already there, the very same commit object (a retry within the same second rebuilds it byte for byte):
+            # this landing's own, nothing was pushed.
+            return Landed(branch, commit, False, remote.name)
         # Keep the landed commit reachable in the mirror (nothing else refers to it there).
         await run_git(["update-ref", f"refs/crewwork/landed/{work_item_id}", commit], cwd=gitdir, git_dir=gitdir)
         return Landed(branch, commit, True, remote.name)
+
+
+async def _commit(gitdir: Path, remote: Remote, tree: str, parent: str, message: str) -> str:
+    res = await run_git(["commit-tree", tree, "-p", parent, "-F", "-"], cwd=gitdir, input_bytes=message.encode())
+    commit = res.out.strip()
+    if res.code != 0 or not commit:
+        raise RuntimeError(f"git commit-tree failed in the mirror of {remote.name}: {res.err.strip()}")
+    return commit
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Review on the forge: before an item lands, the attempt awaiting review is pushed to its delivery branch as a review
+# commit, so the forge's pull request shows the change people review there (crewwork/api/forge_intake.py).
+
+REVIEW_TRAILER = "Crewwork-Review-Of"
+_REVIEW_OF = re.compile(rf"^{REVIEW_TRAILER}: (\S+) attempt (\d+)$", re.M)
+
+
+def review_message(work_item_id: str, attempt: int) -> str:
+    """The message of the commit that shows attempt `attempt`'s change for review (never the landed commit)."""
+    return (
+        f"crewwork {work_item_id}: attempt {attempt}, awaiting review\n\n"
+        f"The change validated on attempt {attempt}, shown for review. It lands (as a new commit on this branch) only "
+        f"when a person approves it.\n\n{REVIEW_TRAILER}: {work_item_id} attempt {attempt}\n"
+    )
+
+
+@dataclass(frozen=True)
+class ReviewPushed:
+    branch: str
+    commit: str
+    created: bool
+    """False when the branch already showed this attempt's change."""
+
+
+async def push_for_review(
+    cache: MirrorCache,
+    remote: Remote,
+    *,
+    work_item_id: str,
+    base_commit: str,
+    diff: str,
+    attempt: int,
+    scratch: Path,
+) -> ReviewPushed:
+    """Show attempt `attempt`'s change on the item's delivery branch `crewwork/<id>` as a review commit (crewwork's
+    identity, `review_message`), by compare-and-swap: created when the branch does not exist, moved only from an
+    earlier review commit of this item (the previous attempt under review). A branch holding anything else, or the
+    landed change, is left alone (LandingConflictError). The landing later moves it from the review commit to the
+    landed one (`land_by_push`)."""
+    branch = delivery_branch(work_item_id)
+    ref = f"refs/heads/{branch}"
+    message = review_message(work_item_id, attempt)
+    async with cache.using(remote, base_commit) as (gitdir, _stats):
+        tree = await _tree_of_change(gitdir, base_commit, diff, scratch)
+        current = (await remote.ls_remote(ref)).get(ref)
+        if current is not None:
+            if await _is_same_change(remote, gitdir, work_item_id, current, tree, base_commit, message):
+                return ReviewPushed(branch, current, False)
+            shown = await _review_attempt_of(remote, gitdir, work_item_id, current, base_commit)
+            if shown is None:
+                raise LandingConflictError(
+                    f"{remote.name} has {branch} at {current[:12]}, which is not a review commit of {work_item_id}; "
+                    "refusing to move it"
+                )
+            if shown > attempt:
+                # A late push of an earlier attempt (a stale intake loop) never replaces a later one on the forge.
+                raise LandingConflictError(
+                    f"{remote.name} shows attempt {shown} of {work_item_id} on {branch}; not moving it back to "
+                    f"attempt {attempt}"
+                )
+        commit = await _commit(gitdir, remote, tree, base_commit, message)
+        try:
+            await remote.push_branch(gitdir, commit, branch, expected_old=current)
+        except PushRejected as exc:
+            raise LandingConflictError(str(exc)) from exc
+        await run_git(["update-ref", f"refs/crewwork/review/{work_item_id}", commit], cwd=gitdir, git_dir=gitdir)
+        return ReviewPushed(branch, commit, True)
+
+
+async def _review_attempt_of(remote: Remote, gitdir: Path, work_item_id: str, commit: str, parent: str) -> int | None:
+    """The attempt `commit` shows for review, if it is exactly a review commit crewwork writes for this item on
+    `parent` (rebuilt from its tree, identity and `review_message`, it hashes to `commit`), else None."""
+    if not await _has(gitdir, commit):
+        await remote.fetch(gitdir, f"+refs/heads/{delivery_branch(work_item_id)}:refs/crewwork/remote/{work_item_id}")
+    res = await run_git(["show", "-s", "--format=%T%n%B", commit], cwd=gitdir, git_dir=gitdir)
+    if res.code != 0:
+        return None
+    tree, _, body = res.out.partition("\n")
+    found = _REVIEW_OF.search(body)
+    if found is None or found.group(1) != work_item_id:
+        return None
+    attempt = int(found.group(2))
+    same = await _is_same_change(
+        remote, gitdir, work_item_id, commit, tree.strip(), parent, review_message(work_item_id, attempt)
+    )
+    return attempt if same else None
 
 
 async def _tree_of_change(gitdir: Path, base_commit: str, diff: str, scratch: Path) -> str:
@@ -147,7 +253,7 @@ async def _has(gitdir: Path, commit: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Evidence hook (crewwork/evidence): a landed change's signed bundle, pushed as a git note on its commit.
+# Evidence hook (crewwork/attestation): a landed change's signed bundle, pushed as a git note on its commit.
 
 NOTES_PREFIX = "refs/notes/crewwork/"
 

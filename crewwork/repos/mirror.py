@@ -14,7 +14,7 @@ Layout under the root (`CREWWORK_MIRROR_DIR`, default DATA/mirrors):
 Concurrency: several pool processes on one host share the cache. The first clone of a repository happens in
 `.tmp/` under the fetch lock and is renamed into place, so a half-cloned mirror is never seen. Fetches take the
 fetch lock; readers need none (git adds objects and moves refs atomically). A workspace reads the mirror's objects
-(crewwork.gitops.PrivateGit's alternates) for as long as it lives, so an activity holds the mirror (`hold`: a
+(crewwork.workspace.gitops.PrivateGit's alternates) for as long as it lives, so an activity holds the mirror (`hold`: a
 shared flock on its use lock, released with the workspace, or by the kernel if the process dies). Eviction (least
 recently used first, beyond `max_bytes`) takes both locks without waiting and skips a mirror that is held,
 being fetched, or still has worktrees.
@@ -39,9 +39,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from crewwork.boundary.urls import RepoURL
 from crewwork.repos.git import RemoteNotFound, git_env, hardening, run_git
 from crewwork.repos.remote import HEADS_AND_TAGS, Remote
-from crewwork.urls import RepoURL
 
 log = logging.getLogger("crewwork.repos.mirror")
 
@@ -283,11 +283,55 @@ class MirrorCache:
             for fd in fds:
                 os.close(fd)
 
+    def sweep(self, min_age_s: float) -> list[str]:
+        """Remove what processes that died on this host left in the cache (the host sweep, crewwork/workspace/
+        sweep.py): a clone that never finished or an evicted mirror still in `.tmp/`, and git's own lock files
+        (`*.lock`) in a mirror, which make every later fetch fail ("File exists"). Only for a mirror whose fetch lock
+        no live process holds (cloning and fetching hold it), and only what is older than `min_age_s`."""
+        removed: list[str] = []
+        cutoff = time.time() - min_age_s
+        tmp_root = self.root / ".tmp"
+        for gitdir in sorted({*self.root.glob("*.git"), *tmp_root.glob("*.git")}):
+            stem = gitdir.name.removesuffix(".git")
+            stem = stem.rsplit("-", 1)[0] if gitdir.parent == tmp_root else stem
+            lock = self.root / ".locks" / f"{stem}.fetch"
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # being cloned or fetched right now
+                if gitdir.parent == tmp_root:
+                    if _mtime(gitdir) < cutoff:
+                        shutil.rmtree(gitdir, ignore_errors=True)
+                        removed.append(str(gitdir))
+                    continue
+                for stale in [*gitdir.glob("*.lock"), *(gitdir / "refs").rglob("*.lock")]:
+                    if not stale.is_symlink() and _mtime(stale) < cutoff:
+                        with contextlib.suppress(OSError):
+                            stale.unlink()
+                            removed.append(str(stale))
+            finally:
+                os.close(fd)
+        for trash in tmp_root.glob("evicted-*"):
+            if _mtime(trash) < cutoff:
+                shutil.rmtree(trash, ignore_errors=True)
+                removed.append(str(trash))
+        return removed
+
     async def prune(self, url: RepoURL) -> None:
         """Forget worktrees of this mirror whose directories are gone (a crashed or cleaned-up attempt)."""
         gitdir = self.path(url)
         if gitdir.is_dir():
             await run_git(["worktree", "prune"], cwd=gitdir, git_dir=gitdir, timeout_s=60)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return float("inf")
 
 
 def _prune_worktrees(gitdir: Path) -> None:

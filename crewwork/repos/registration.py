@@ -1,7 +1,7 @@
 """The checks of a repository where it enters, with nothing that keeps or changes one: its URL under operator policy,
 the address host git may connect to, the credential it names, the ref on the remote (`git ls-remote`, or the local
 repository read through its confinement), and the forge a pull request would go to. The API process registers
-repositories and checks submissions with this alone; crewwork/repos/service.py adds this host's mirrors, landing and
+repositories and checks submissions with this alone; crewwork/repos/worker.py adds this host's mirrors, landing and
 pull requests for the workers.
 
 A repository is named everywhere by its *locator*, the normalised URL (`RepoURL.url`: a remote URL, or an absolute
@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from crewwork.boundary.masking import Redactor
+from crewwork.boundary.outbound import Resolver
+from crewwork.boundary.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
 from crewwork.config import Settings
 from crewwork.config.repos import ForgeConfig
 from crewwork.forge import forge_for
 from crewwork.models import PullRequestSpec, TenantRef
-from crewwork.outbound import Resolver
 from crewwork.repos.address import RemoteAddressPolicy
-from crewwork.repos.credentials import CredentialError, Credentials, GitAuth
+from crewwork.repos.credentials import CredentialError, Credentials, GitAuth, read_secret
 from crewwork.repos.git import RemoteAddressRefused, RemoteError, RemoteNotFound, run_git
 from crewwork.repos.local import UnsafeLocalRepository, confine, local_git_dir
 from crewwork.repos.remote import Remote
-from crewwork.transport.redact import Redactor
-from crewwork.urls import RepoURL, RepoURLError, parse_repo_url, redact_url
 
 
 class _Configured:
@@ -177,6 +177,29 @@ class RepositoryChecks:
                 )
             return forge
         return None
+
+    def intake_forge(self, url: RepoURL, tenant: TenantRef | None) -> ForgeConfig:
+        """The operator's forge that hosts `url`, for intake from its events: RepoPolicyError when none is
+        configured (CREWWORK_FORGES), the URL names no owner/repository on it, or its credential is not an
+        https_token available to `tenant`."""
+        forge = forge_for(url, self.settings.forges)
+        if forge is None:
+            raise RepoPolicyError(f"no forge is configured for {url.url} (CREWWORK_FORGES), so it has no events")
+        if url.owner_and_name is None:
+            raise RepoPolicyError(f"{url.url} does not name an owner/repository on the forge")
+        cred = self.settings.repo_credentials.get(forge.credential)
+        if cred is None or cred.kind != "https_token":
+            raise RepoPolicyError(f"the forge's credential {forge.credential!r} is not a configured https_token")
+        try:
+            self.credentials.select(url, tenant, forge.credential)
+        except CredentialError as exc:
+            raise RepoPolicyError(f"the forge's credential: {exc}") from None
+        return forge
+
+    def forge_token(self, forge: ForgeConfig) -> str:
+        """The token of `forge`'s credential, read now (CredentialError when it cannot be)."""
+        cred = self.settings.repo_credentials[forge.credential]
+        return read_secret(forge.credential, cred.secret_file, self.credentials.exposed)
 
 
 def checked_local_git_dir(url: RepoURL) -> Path:

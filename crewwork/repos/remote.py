@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crewwork.boundary.urls import RepoURL
 from crewwork.repos.address import RemoteAddressPolicy, pinned_invocation
 from crewwork.repos.credentials import GitAuth
 from crewwork.repos.git import (
@@ -24,7 +25,6 @@ from crewwork.repos.git import (
     run_git,
 )
 from crewwork.repos.local import Confined, UnsafeLocalRepository, local_git_dir, local_server
-from crewwork.urls import RepoURL
 
 HEADS_AND_TAGS = ("+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
 

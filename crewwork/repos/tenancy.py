@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crewwork.boundary.urls import RepoURL
 from crewwork.config import Settings
 from crewwork.models import EnvironmentSpec, RepoSpec
 from crewwork.repos.credentials import CredentialError
@@ -22,7 +23,6 @@ from crewwork.repos.registration import RepoPolicyError, RepositoryChecks, check
 from crewwork.store.repositories import RepositoryExists
 from crewwork.store.store import Store
 from crewwork.store.views import StoredRepository
-from crewwork.urls import RepoURL
 
 # Kernel interfaces: never a repository, whatever they resolve to (`/proc/self/cwd` is the service's own checkout).
 PSEUDO_FS = (Path("/proc"), Path("/sys"), Path("/dev"))

@@ -9,31 +9,28 @@ What a tenant names is parsed here, once, before git sees anything:
   through `refs/heads/` and `refs/tags/`; an object id only to a commit reachable from them, that is, one the remote
   served (a commit the host made in the mirror and never pushed is not the tenant's to read). Git is then given the
   full commit id, never the tenant's text.
-- a **path** is a `TreePath` (crewwork.paths rules: relative, no `..`, no `.git` in any spelling, no control
+- a **path** is a `TreePath` (crewwork.boundary.paths rules: relative, no `..`, no `.git` in any spelling, no control
   characters) resolved against the commit's tree listing (`resolve`): a symlink *in the tree* is followed lexically
   when it stays inside the tree, refused when it leaves it (absolute, or `..` above the root) or reaches `.git`; a
   submodule is an entry with a commit id, never entered. The host filesystem is never consulted.
 
-Every git command is `crewwork.gitops.run_git` (hardened config, `--git-dir`, no protocol allowed so nothing is
-fetched lazily) with a bounded output and a timeout, or the two streaming readers below with the same options.
+Every git command is `crewwork.workspace.gitops.run_git` (hardened config, `--git-dir`, no protocol allowed so nothing is
+fetched lazily, the query profile's memory bound) with a bounded output and a timeout, or one of the two streaming
+readers of crewwork.repos.gitproc with the same options.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from crewwork import childio
-from crewwork.gitops import HARDENED_CONFIG, WORKSPACE_CONFIG, GitOutputTooLarge, run_git
-from crewwork.paths import PathRefused, RelPath, is_dotgit
-from crewwork.repos.git import git_env
+from crewwork.boundary import hostproc
+from crewwork.boundary.paths import PathRefused, RelPath, is_dotgit
+from crewwork.workspace.gitops import WORKSPACE_CONFIG, GitOutputTooLarge, run_git
 
 MAX_REF_CHARS = 256
 MAX_SYMLINK_HOPS = 16
@@ -42,11 +39,19 @@ MAX_LINK_BYTES = 4096
 _REF_BASE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]*")
 _REF_SUFFIX = re.compile(r"(?:~[0-9]{1,5}|\^[0-9]?)*")
 _HEX = re.compile(r"[0-9a-f]{7,64}")
+_CONTROL = re.compile(r"[\x00-\x1f]")
+# A component that could be `.git` (crewwork.boundary.paths.is_dotgit: case, HFS+ ignorable code points between the
+# letters, NTFS suffixes, `git~1`) holds g, i and t in this order with at most ignorable code points between them.
+_MAYBE_DOTGIT = re.compile(
+    "g[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]*i[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]*t",
+    re.IGNORECASE,
+)
 
 
 class TreeError(ValueError):
     """A request about a tree that cannot be answered; the message is safe to show the tenant. `code` says which kind:
-    `invalid_ref`, `invalid_path`, `invalid_argument`, `not_found`, `too_large`, `timeout`."""
+    `invalid_ref`, `invalid_path`, `invalid_argument`, `not_found`, `too_large`, `timeout`, `limit_exceeded` (git
+    needed more memory or CPU than its bound, crewwork.boundary.hostproc)."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -54,7 +59,7 @@ class TreeError(ValueError):
 
 
 class TreePath(RelPath):
-    """A path inside a repository's tree, as a tenant names it (crewwork.paths.RelPath's rules; `.crewwork/` is an
+    """A path inside a repository's tree, as a tenant names it (crewwork.boundary.paths.RelPath's rules; `.crewwork/` is an
     ordinary directory of a repository here)."""
 
     allow_platform: ClassVar[bool] = True
@@ -68,7 +73,7 @@ def parse_path(raw: str, *, allow_root: bool = False) -> tuple[str, ...]:
     try:
         return TreePath.parse(raw).parts
     except PathRefused as exc:
-        # crewwork.paths words its .git refusal for changes; here nothing is changed, only never read.
+        # crewwork.boundary.paths words its .git refusal for changes; here nothing is changed, only never read.
         why = str(exc).replace("reaches a .git directory, which no change may touch", "names .git, which is never read")
         raise TreeError(why, "invalid_path") from None
 
@@ -152,8 +157,9 @@ class TreeIndex:
     commit: str
     entries: dict[str, Entry]
     children: dict[str, list[str]] = field(default_factory=dict)
+    """Each directory's entries, sorted."""
     skipped: int = 0
-    """Entries whose names are not UTF-8 or that crewwork.paths refuses (`.git` spellings): never shown."""
+    """Entries whose names are not UTF-8 or that crewwork.boundary.paths refuses (`.git` spellings): never shown."""
 
     @property
     def files(self) -> list[Entry]:
@@ -191,8 +197,8 @@ class _Lru:
 
 
 _REACHABLE = _Lru(4096)
-_INDEXES = _Lru(16, max_weight=2_000_000)
-"""Tree listings held by one process: 16 commits, ~2M entries in all (a few hundred MB at most)."""
+_INDEXES = _Lru(16, max_weight=1_000_000)
+"""Tree listings held by one process: 16 commits, 1M entries in all (~400 bytes each: ~400 MiB at most)."""
 
 
 # ---------------------------------------------------------------------------------------------- refs
@@ -210,10 +216,22 @@ async def _git(
             max_output=max_output,
             timeout_s=timeout_s,
             input_bytes=input_bytes,
+            profile=hostproc.Profile.QUERY,
         )
     except TimeoutError:
         raise TreeError(f"git {args[0]} took longer than {timeout_s:g} s", "timeout") from None
+    if res.code != 0 and hostproc.exhausted(res.code, res.err):
+        raise limit_exceeded(args[0]) from None
     return res.code, res.out, res.raw
+
+
+def limit_exceeded(command: str) -> TreeError:
+    mib = hostproc.limits(hostproc.Profile.QUERY).memory_bytes // hostproc.MIB
+    return TreeError(
+        f"git {command} needed more than its bound of {mib} MiB of memory (CREWWORK_GIT_QUERY_MEMORY_MB) or its CPU "
+        "time; ask for less (a narrower path, a simpler pattern)",
+        "limit_exceeded",
+    )
 
 
 async def _rev(git_dir: Path, spec: str, timeout_s: float) -> str | None:
@@ -278,7 +296,7 @@ async def resolve_commit(git_dir: Path, raw: object, *, scope: str, timeout_s: f
 
 
 async def load_index(
-    git_dir: Path, commit: str, *, scope: str, max_entries: int = 1_000_000, timeout_s: float = 30.0
+    git_dir: Path, commit: str, *, scope: str, max_entries: int = 500_000, timeout_s: float = 30.0
 ) -> TreeIndex:
     """The tree listing of `commit` (cached per `scope` and commit: a commit's tree never changes)."""
     key = (scope, str(git_dir), commit)
@@ -303,6 +321,13 @@ async def load_index(
         raise TreeError(f"the tree of {commit[:12]} has more than {max_entries} entries", "too_large") from None
     if code != 0:
         raise TreeError(f"commit {commit[:12]} has no readable tree here", "not_found")
+    # Up to `max_entries` records of pure Python work: in a thread, so a serving event loop keeps answering.
+    index = await asyncio.to_thread(_parse_listing, commit, raw, max_entries)
+    _INDEXES.put(key, index)
+    return index
+
+
+def _parse_listing(commit: str, raw: bytes, max_entries: int) -> TreeIndex:
     index = TreeIndex(commit, {}, {"": []})
     records = raw.split(b"\x00")
     if len(records) > max_entries + 1:
@@ -319,7 +344,8 @@ async def load_index(
         except UnicodeDecodeError:
             index.skipped += 1
             continue
-        if any(is_dotgit(p) for p in path.split("/")) or any(ord(c) < 0x20 for c in path):
+        # The regular expressions only pick out the few paths that need the exact (slow) checks.
+        if _CONTROL.search(path) or (_MAYBE_DOTGIT.search(path) and any(is_dotgit(p) for p in path.split("/"))):
             index.skipped += 1
             continue
         size = int(fields[3]) if fields[3].isdigit() else None
@@ -329,7 +355,8 @@ async def load_index(
         index.children.setdefault(parent, []).append(path)
         if entry.is_dir:
             index.children.setdefault(path, [])
-    _INDEXES.put(key, index)
+    for names in index.children.values():  # sorted here, in the thread, once: never per request on the event loop
+        names.sort()
     return index
 
 
@@ -411,122 +438,3 @@ async def read_blob(git_dir: Path, sha: str, *, max_bytes: int, timeout_s: float
     if code != 0:
         raise TreeError(f"object {sha[:12]} is not readable here", "not_found")
     return raw
-
-
-async def read_blobs(git_dir: Path, shas: Iterable[str], *, timeout_s: float) -> AsyncIterator[tuple[str, bytes]]:
-    """(sha, content) of each blob, in order, through one `git cat-file --batch` (callers filter sizes first from the
-    listing, so each blob is already known to be small)."""
-    wanted = [s for s in shas if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", s)]
-    if not wanted:
-        return
-    proc = await _spawn(git_dir, "cat-file", "--batch")
-    assert proc.stdin is not None and proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-
-    async def ask() -> None:
-        assert proc.stdin is not None
-        try:
-            for sha in wanted:
-                if not await childio.feed_all(proc.stdin, sha.encode() + b"\n"):
-                    return
-        finally:
-            childio.close(proc.stdin)
-
-    writer = asyncio.ensure_future(ask())
-    try:
-        for sha in wanted:
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                raise TreeError(f"reading blobs took longer than {timeout_s:g} s", "timeout")
-            header = (await asyncio.wait_for(proc.stdout.readline(), left_s)).decode().split()
-            if len(header) == 2 and header[1] == "missing":
-                continue
-            if len(header) != 3:
-                raise TreeError("git cat-file answered unexpectedly", "not_found")
-            size = int(header[2])
-            data = await asyncio.wait_for(proc.stdout.readexactly(size + 1), max(0.1, deadline - time.monotonic()))
-            if header[1] == "blob":
-                yield sha, data[:-1]
-    except TimeoutError:
-        raise TreeError(f"reading blobs took longer than {timeout_s:g} s", "timeout") from None
-    finally:
-        writer.cancel()
-        await _reap(proc)
-
-
-async def _spawn(git_dir: Path, *args: str) -> asyncio.subprocess.Process:
-    argv = ["git"]
-    for item in (*HARDENED_CONFIG, *WORKSPACE_CONFIG):
-        argv += ["-c", item]
-    argv += [f"--git-dir={git_dir}", *args]
-    return await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=str(git_dir),
-        env=git_env(),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        limit=1024 * 1024,
-        start_new_session=True,
-    )
-
-
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    with contextlib.suppress(BaseException):
-        await asyncio.wait_for(asyncio.shield(proc.wait()), 10)
-
-
-# ---------------------------------------------------------------------------------------------- output
-
-
-@dataclass
-class Bounded:
-    """A command's output cut at a byte bound or a deadline: `truncated` / `timed_out` say which."""
-
-    data: bytes
-    truncated: bool = False
-    timed_out: bool = False
-
-
-async def run_bounded(git_dir: Path, *args: str, max_bytes: int, timeout_s: float, stdin: bytes = b"") -> Bounded:
-    """Run a read-only git command on `git_dir` and keep at most `max_bytes` of its output, stopping it there or at
-    the deadline (what it printed until then is kept). Raises TreeError(`not_found`) when git fails without output."""
-    proc = await _spawn(git_dir, *args)
-    assert proc.stdin is not None and proc.stdout is not None
-    out = bytearray()
-    result = Bounded(b"")
-    try:
-        await childio.feed_all(proc.stdin, stdin)
-        childio.close(proc.stdin)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                result.timed_out = True
-                break
-            try:
-                chunk = await asyncio.wait_for(proc.stdout.read(64 * 1024), left_s)
-            except TimeoutError:
-                result.timed_out = True
-                break
-            if not chunk:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), max(0.1, deadline - time.monotonic()))
-                break
-            out.extend(chunk)
-            if len(out) > max_bytes:
-                result.truncated = True
-                del out[max_bytes:]
-                break
-    finally:
-        await _reap(proc)
-    result.data = bytes(out)
-    if proc.returncode not in (0, None, -9) and not out and not result.timed_out and not result.truncated:
-        # `git grep` exits 1 for "no match": callers that can see that pass it on themselves.
-        if args and args[0] == "grep" and proc.returncode == 1:
-            return result
-        raise TreeError(f"git {args[0]} found nothing to show", "not_found")
-    return result

@@ -3,7 +3,7 @@
 Typical use:
 
     from crewwork.config.sandbox import SandboxSettings, resolve_limits
-    from crewwork.sandbox.registry import best_available, get_sandbox
+    from crewwork.sandbox.backends import best_available, get_sandbox
 
     settings = SandboxSettings()
     name, why = best_available(settings)

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,25 +29,52 @@ class ProcessOutcome:
     truncated: bool
     timed_out: bool
     duration_s: float
+    stopped: bool = False
 
 
-class _Capture:
+class OutputCapture:
+    """A command's output kept within `cap` bytes: the first half and the **last** half, with a line between them
+    saying how much was not kept. The end of a test run's output is where its summary is, so a command that prints
+    more than the cap (by accident, or to push the summary out of the evidence) still has it kept."""
+
     def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.buf = bytearray()
-        self.truncated = False
+        self.cap = max(cap, 2)
+        self.head = bytearray()
+        self.tail: deque[bytes] = deque()
+        self.tail_len = 0
+        self.total = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.cap
+
+    def add(self, chunk: bytes | None) -> None:
+        if not chunk:
+            return
+        self.total += len(chunk)
+        room = self.cap // 2 - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if not chunk:
+            return
+        self.tail.append(chunk)
+        self.tail_len += len(chunk)
+        keep = self.cap - self.cap // 2
+        while self.tail and self.tail_len - len(self.tail[0]) >= keep:
+            self.tail_len -= len(self.tail.popleft())
+
+    def value(self) -> bytes:
+        tail = b"".join(self.tail)[-(self.cap - self.cap // 2) :] if self.tail else b""
+        if not self.truncated:
+            return bytes(self.head) + tail
+        lost = self.total - len(self.head) - len(tail)
+        return bytes(self.head) + f"\n[… {lost} bytes of output not kept here …]\n".encode() + tail
 
     async def drain(self, stream: asyncio.StreamReader) -> None:
-        while True:
-            chunk = await stream.read(_CHUNK)
-            if not chunk:
-                return
-            room = self.cap - len(self.buf)
-            if room > 0:
-                self.buf += chunk[:room]
-            if len(chunk) > room:
-                # Keep reading and discarding so a chatty command never blocks on a full pipe.
-                self.truncated = True
+        # Reads to the end (discarding the middle) so a chatty command never blocks on a full pipe.
+        while chunk := await stream.read(_CHUNK):
+            self.add(chunk)
 
 
 def _killpg(pid: int) -> None:
@@ -64,9 +92,10 @@ async def run_process(
     preexec_fn: Callable[[], None] | None = None,
     kill_extra: Callable[[], None] | None = None,
     pass_fds: Sequence[int] = (),
+    stop: asyncio.Event | None = None,
 ) -> ProcessOutcome:
-    """Run `argv`; on timeout or cancellation SIGKILL the process group (and `kill_extra`, e.g. a cgroup)."""
-    out, err = _Capture(max_log_bytes), _Capture(max_log_bytes)
+    """Run `argv`; on timeout, `stop` or cancellation SIGKILL the process group (and `kill_extra`, e.g. a cgroup)."""
+    out, err = OutputCapture(max_log_bytes), OutputCapture(max_log_bytes)
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -87,14 +116,20 @@ async def run_process(
         if kill_extra is not None:
             kill_extra()
 
-    timed_out = False
+    timed_out = stopped = False
+    waiter = asyncio.ensure_future(proc.wait())
+    stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
     try:
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=timeout_s)
-        except TimeoutError:
-            timed_out = True
+        done, _ = await asyncio.wait(
+            {waiter} | ({stopper} if stopper is not None else set()),
+            timeout=timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if waiter not in done:
+            stopped = stopper is not None and stopper in done
+            timed_out = not stopped
             kill_tree()
-            await proc.wait()
+            await waiter
         duration = time.monotonic() - start
         # Leftover descendants die with the group; if one escaped it, the pipes may stay open.
         _killpg(proc.pid)
@@ -108,6 +143,7 @@ async def run_process(
                 await readers
     except asyncio.CancelledError:
         kill_tree()
+        waiter.cancel()
         readers.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.shield(proc.wait())
@@ -115,13 +151,17 @@ async def run_process(
         with contextlib.suppress(BaseException):
             await readers
         raise
+    finally:
+        if stopper is not None:
+            stopper.cancel()
     return ProcessOutcome(
         returncode=proc.returncode,
-        stdout=bytes(out.buf),
-        stderr=bytes(err.buf),
+        stdout=out.value(),
+        stderr=err.value(),
         truncated=out.truncated or err.truncated,
         timed_out=timed_out,
         duration_s=duration,
+        stopped=stopped,
     )
 
 

@@ -15,15 +15,16 @@ paths themselves (`Sandbox.remaps` is False), which callers learn through `Sandb
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from crewwork.boundary.safefs import chown_tree
 from crewwork.config.sandbox import SandboxLimits as SandboxLimits
 from crewwork.models import SandboxReport
-from crewwork.safefs import chown_tree
 from crewwork.sandbox.disk import is_full
 
 if TYPE_CHECKING:
@@ -105,6 +106,8 @@ class SandboxRunResult:
     peak_memory_bytes: int | None = None
     enforcement: str = ""
     truncated: bool = False
+    stopped: bool = False
+    """The caller stopped the run (its `stop` event) before it ended by itself; the cap flags still say what it hit."""
 
     @property
     def ok(self) -> bool:
@@ -132,6 +135,8 @@ class SandboxRunResult:
             return "disk"
         if self.command_not_found:
             return "command_not_found"
+        if self.stopped:
+            return "stopped"
         if self.killed_by_signal is not None:
             return f"signal-{self.killed_by_signal}"
         return "exit" if self.exit_code is not None else "unknown"
@@ -217,13 +222,15 @@ class Sandbox(abc.ABC):
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
         mounts: Sequence[Mount] = (),
+        stop: asyncio.Event | None = None,
     ) -> SandboxRunResult:
         """Run `argv` with cwd = `workspace` (seen at `workspace_inside`; writable, like a private /tmp and the
         writable `mounts`), and nothing else of the host but the system directories.
 
         The environment inside is exactly PATH, LANG, HOME plus `env`; the caller's own environment never
         leaks in. Caps being hit show up as flags in the result. Cancelling the awaiting task kills
-        everything the run started.
+        everything the run started. Setting `stop` kills it too, but the run still returns its result (`stopped`,
+        with every cap it hit flagged): how a long-running command (a preview's app) ends with its evidence.
         """
 
 

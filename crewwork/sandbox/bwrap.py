@@ -239,6 +239,7 @@ class BwrapSandbox(Sandbox):
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
         mounts: Sequence[Mount] = (),
+        stop: asyncio.Event | None = None,
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
         toolchain = await self.toolchain()
@@ -249,7 +250,7 @@ class BwrapSandbox(Sandbox):
         seccomp_fd = filter_fd() if self.config.seccomp else None
         data_fds = _synthetic_fds()
         try:
-            return await self._run(argv, ws, limits, env, mounts, toolchain, seccomp_fd, data_fds)
+            return await self._run(argv, ws, limits, env, mounts, toolchain, seccomp_fd, data_fds, stop)
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
@@ -266,11 +267,14 @@ class BwrapSandbox(Sandbox):
         toolchain: Toolchain,
         seccomp_fd: int | None,
         data_fds: Sequence[tuple[int, str]],
+        stop: asyncio.Event | None = None,
     ) -> SandboxRunResult:
         status_r, status_w = os.pipe()
         try:
             cmd = self.command(argv, ws, limits, mounts, toolchain, seccomp_fd, data_fds, status_w)
-            return await self._run_command(cmd, ws, limits, env, toolchain, seccomp_fd, data_fds, status_r, status_w)
+            return await self._run_command(
+                cmd, ws, limits, env, toolchain, seccomp_fd, data_fds, status_r, status_w, stop
+            )
         finally:
             for fd in (status_r, status_w):
                 with contextlib.suppress(OSError):
@@ -287,6 +291,7 @@ class BwrapSandbox(Sandbox):
         data_fds: Sequence[tuple[int, str]],
         status_r: int,
         status_w: int,
+        stop: asyncio.Event | None = None,
     ) -> SandboxRunResult:
         """Run the built command line; `status_w` is bwrap's --json-status-fd, read back from `status_r`."""
         cg: RunCgroup | None = None
@@ -320,6 +325,7 @@ class BwrapSandbox(Sandbox):
                 pass_fds=((seccomp_fd,) if seccomp_fd is not None else ())
                 + tuple(fd for fd, _ in data_fds)
                 + (status_w,),
+                stop=stop,
             )
             oom = cg.oom_killed() if cg else False
             pids_hit = cg.pids_limited() if cg else False
@@ -361,6 +367,7 @@ class BwrapSandbox(Sandbox):
             stdout=outcome.stdout,
             stderr=outcome.stderr,
             timed_out=outcome.timed_out,
+            stopped=outcome.stopped,
             oom_killed=oom,
             pids_limited=pids_hit,
             disk_limited=not not_found and disk_limited(ws, exit_code, outcome.stdout, outcome.stderr),

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from crewwork.config.sandbox import DEFAULT_IMAGE, SandboxSettings
+from crewwork.sandbox.backends import SANDBOXES, best_available, get_sandbox
 from crewwork.sandbox.base import SandboxError, SandboxLimits, SandboxRunResult
 from crewwork.sandbox.image import build_image
-from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
 
 
 def add_sandbox_commands(subparsers: Any) -> argparse.ArgumentParser:

@@ -27,8 +27,9 @@ from pathlib import Path
 from crewwork.config.sandbox import SandboxLimits, SandboxSettings
 
 MOUNT_OPTIONS = "loop,nosuid,nodev,noatime"
-# A file system with less than this left is full for any practical purpose: the run hit the cap.
-FULL_BYTES = 256 * 1024
+# A file system with less than this left is full for any practical purpose: the run hit the cap. Programs write in
+# buffers of up to 1 MiB (a 1 MiB write fails with 600 KiB left, and the program stops there), so the margin is 2 MiB.
+FULL_BYTES = 2 * 1024 * 1024
 FULL_INODES = 8
 
 

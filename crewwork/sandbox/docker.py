@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from crewwork.config.sandbox import DockerConfig, SandboxSettings
-from crewwork.sandbox._proc import signal_from_returncode
+from crewwork.sandbox._proc import OutputCapture, signal_from_returncode
 from crewwork.sandbox.base import (
     WORKSPACE,
     Mount,
@@ -37,6 +37,8 @@ from crewwork.sandbox.base import (
     disk_limited,
     hand_over,
 )
+from crewwork.sandbox.containerstats import CgroupWatcher, RunscCounter
+from crewwork.sandbox.orphans import OWNER_LABEL, process_identity
 
 AVAILABILITY_TTL_S = 5.0
 T = TypeVar("T")
@@ -48,15 +50,13 @@ _last_reap = 0.0
 # Beyond the run's own timeout, how long to wait for the engine to report the (killed) container's exit.
 WAIT_GRACE_S = 120
 _AVAILABILITY: dict[str, tuple[float, tuple[bool, str]]] = {}
-# The runtime deletes a container's cgroup (and its counters) as soon as it exits, and v1 cgroups send no
-# notification, so counters are sampled this often while it runs.
-CGROUP_POLL_S = 0.01
 ENGINE_HINT = "start a Docker engine (as root: `.ci/docker-up.sh`, or `apt-get install -y docker.io && dockerd &`)"
 IMAGE_HINT = "build it with `crewwork sandbox build-image` or set CREWWORK_SANDBOX_DOCKER_IMAGE to a local image"
 # gVisor runs the command's processes inside its own kernel, invisible to host pid cgroups, and it fails
-# to start with an OCI pids limit on cgroup v1 hosts; it does enforce RLIMIT_NPROC, whose failures can
-# only be recognised by how programs report them. For runc they back up the sampled cgroup counter, which
-# can miss a cap hit in the last few milliseconds before exit.
+# to start with an OCI pids limit on cgroup v1 hosts; it does enforce RLIMIT_NPROC. Its own count of the
+# sandbox's tasks (crewwork/sandbox/containerstats.py) is sampled while the container runs: at the cap means the
+# cap was hit. How programs report a failed fork backs that up (and, for runc, the sampled cgroup
+# counter, which can miss a cap hit in the last few milliseconds before exit).
 FORK_FAILURE_MARKERS = (
     b"Cannot fork",
     b"fork: retry",
@@ -177,6 +177,8 @@ class DockerSandbox(Sandbox):
                 "crewwork.sandbox": self.name,
                 # Lets any worker remove the container if the one that started it died mid-run.
                 DEADLINE_LABEL: str(int(time.time() + limits.timeout_s + ORPHAN_GRACE_S)),
+                # Lets this host's sweep remove it as soon as that process is gone (reap_dead_owners).
+                OWNER_LABEL: process_identity(),
             },
             detach=True,
             stdin_open=False,
@@ -197,6 +199,7 @@ class DockerSandbox(Sandbox):
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
         mounts: Sequence[Mount] = (),
+        stop: asyncio.Event | None = None,
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
         kwargs = self.container_kwargs(argv, ws, limits, env, mounts)
@@ -205,7 +208,7 @@ class DockerSandbox(Sandbox):
         await asyncio.to_thread(reap_orphans, client)
         container = await asyncio.to_thread(self._create, client, kwargs)
         try:
-            return await self._run_container(container, limits, ws)
+            return await self._run_container(container, limits, ws, stop)
         finally:
             # Also on cancellation: the container (and so the whole process tree) must not outlive us.
             await asyncio.shield(asyncio.to_thread(_remove, container))
@@ -223,16 +226,26 @@ class DockerSandbox(Sandbox):
         except docker.errors.DockerException as exc:
             raise SandboxError(f"Docker engine error: {exc}") from exc
 
+    def _runsc_path(self) -> str:
+        """The runsc binary the engine runs (its registered path), for reading gVisor's own counters."""
+        try:
+            runtimes = self.client().info().get("Runtimes") or {}
+            return str((runtimes.get("runsc") or {}).get("path") or "runsc")
+        except Exception:
+            return "runsc"
+
     def user(self) -> str:
         """The container's user: the unprivileged sandbox uid (never root, also when the worker is root)."""
         owner = self.settings.owner()
         return f"{owner[0]}:{owner[1]}" if owner is not None else f"{os.geteuid()}:{os.getegid()}"
 
-    async def _run_container(self, container: Any, limits: SandboxLimits, ws: Path) -> SandboxRunResult:
+    async def _run_container(
+        self, container: Any, limits: SandboxLimits, ws: Path, stop: asyncio.Event | None = None
+    ) -> SandboxRunResult:
         docker = _docker()
         import requests
 
-        out, err = _Capture(limits.max_log_bytes), _Capture(limits.max_log_bytes)
+        out, err = OutputCapture(limits.max_log_bytes), OutputCapture(limits.max_log_bytes)
         try:
             # Attach before start so not a byte of output is missed; the stream ends when the container exits.
             sock = await asyncio.to_thread(
@@ -243,7 +256,9 @@ class DockerSandbox(Sandbox):
         reader = _own_thread(_drain, sock, out, err)
         # Sampling starts before the container does: a command killed by the OOM killer within milliseconds (its
         # cgroup is deleted at exit) must still have been seen.
-        watcher = _CgroupWatcher(container.id)
+        watcher = CgroupWatcher(container.id)
+        if self.runtime == "runsc":
+            watcher.runsc = RunscCounter(await asyncio.to_thread(self._runsc_path), container.id, limits.pids)
         poller = _own_thread(watcher.poll)
         started = time.monotonic()
         try:
@@ -267,11 +282,17 @@ class DockerSandbox(Sandbox):
         # The SDK's default request timeout (120 s) would cut long runs short; the deadline is ours.
         wait_timeout = int(limits.timeout_s) + WAIT_GRACE_S
         waiter = _own_thread(container.wait, timeout=wait_timeout)
-        timed_out = False
+        timed_out = stopped = False
+        stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
         try:
-            done, _ = await asyncio.wait({waiter}, timeout=limits.timeout_s)
-            if not done:
-                timed_out = True
+            done, _ = await asyncio.wait(
+                {waiter} | ({stopper} if stopper is not None else set()),
+                timeout=limits.timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if waiter not in done:
+                stopped = stopper is not None and stopper in done
+                timed_out = not stopped
                 await asyncio.to_thread(_kill, container)
             status = await waiter
             duration = time.monotonic() - started
@@ -280,6 +301,8 @@ class DockerSandbox(Sandbox):
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxError(f"waiting for the sandbox container failed: {exc}") from exc
         finally:
+            if stopper is not None:
+                stopper.cancel()
             watcher.stop.set()
             with contextlib.suppress(BaseException):
                 await asyncio.shield(poller)
@@ -293,19 +316,21 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"the container runtime reported: {state['Error']}")
         oom = bool(state.get("OOMKilled")) or watcher.oom_killed
         pids_hit = watcher.pids_limited
+        stdout, stderr = out.value(), err.value()
         if not pids_hit and exit_code != 0:
-            pids_hit = any(m in err.buf or m in out.buf for m in FORK_FAILURE_MARKERS)
+            pids_hit = any(m in stderr or m in stdout for m in FORK_FAILURE_MARKERS)
         return SandboxRunResult(
             backend=self.name,
             isolated=True,
             exit_code=exit_code,
             duration_s=duration,
-            stdout=bytes(out.buf),
-            stderr=bytes(err.buf),
+            stdout=stdout,
+            stderr=stderr,
             timed_out=timed_out,
+            stopped=stopped,
             oom_killed=oom,
             pids_limited=pids_hit,
-            disk_limited=disk_limited(ws, exit_code, bytes(out.buf), bytes(err.buf)),
+            disk_limited=disk_limited(ws, exit_code, stdout, stderr),
             killed_by_signal=signal_from_returncode(exit_code, shell_style=True),
             peak_memory_bytes=watcher.peak_memory_bytes,
             enforcement=f"docker+{self.runtime}" if self.runtime else "docker",
@@ -419,23 +444,7 @@ def _runtime_message(message: str) -> str:
     return message[:500]
 
 
-class _Capture:
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.buf = bytearray()
-        self.truncated = False
-
-    def add(self, chunk: bytes | None) -> None:
-        if not chunk:
-            return
-        room = self.cap - len(self.buf)
-        if room > 0:
-            self.buf += chunk[:room]
-        if len(chunk) > room:
-            self.truncated = True
-
-
-def _drain(stream: Any, out: _Capture, err: _Capture) -> None:
+def _drain(stream: Any, out: OutputCapture, err: OutputCapture) -> None:
     for chunk_out, chunk_err in stream:
         out.add(chunk_out)
         err.add(chunk_err)
@@ -448,72 +457,13 @@ def _kill(container: Any) -> None:
 
 
 def _remove(container: Any) -> None:
+    """Remove the container; one already gone (or going) is what we wanted, not an error. NotFound is a subclass
+    of APIError, so it must be told apart inside the handler: a suppress() around it never saw it."""
     docker = _docker()
-    with contextlib.suppress(docker.errors.NotFound):
-        try:
-            container.remove(force=True)
-        except docker.errors.APIError as exc:
-            if "already in progress" not in str(exc):
-                raise SandboxError(f"removing sandbox container {container.id[:12]} failed: {exc}") from exc
-
-
-class _CgroupWatcher:
-    """Samples the container's cgroup counters while it runs: the runtime deletes the group at exit.
-
-    Works for a local engine with the cgroupfs driver (v1 or v2) or the systemd driver (v2). Elsewhere the
-    counters stay unknown and only Docker's own OOMKilled flag is reported.
-    """
-
-    def __init__(self, container_id: str) -> None:
-        root = Path("/sys/fs/cgroup")
-        self.files: dict[str, list[Path]] = {
-            "pids": [
-                root / "pids/docker" / container_id / "pids.events",
-                root / "docker" / container_id / "pids.events",
-                root / "system.slice" / f"docker-{container_id}.scope" / "pids.events",
-            ],
-            "peak": [
-                root / "memory/docker" / container_id / "memory.max_usage_in_bytes",
-                root / "docker" / container_id / "memory.peak",
-                root / "system.slice" / f"docker-{container_id}.scope" / "memory.peak",
-            ],
-            "oom": [
-                root / "memory/docker" / container_id / "memory.oom_control",
-                root / "docker" / container_id / "memory.events",
-                root / "system.slice" / f"docker-{container_id}.scope" / "memory.events",
-            ],
-        }
-        self.stop = threading.Event()
-        self.pids_limited = False
-        self.oom_killed = False
-        self.peak_memory_bytes: int | None = None
-
-    def sample(self) -> None:
-        for kind, paths in self.files.items():
-            for p in paths:
-                try:
-                    text = p.read_text()
-                except OSError:
-                    continue
-                if kind == "pids":
-                    self.pids_limited |= _kv(text).get("max", 0) > 0
-                elif kind == "oom":
-                    self.oom_killed |= _kv(text).get("oom_kill", 0) > 0
-                elif text.strip().isdigit():
-                    self.peak_memory_bytes = max(self.peak_memory_bytes or 0, int(text))
-                break
-
-    def poll(self) -> None:
-        """Runs in a thread until `stop` is set; one final sample catches counters of a fast exit."""
-        while not self.stop.wait(CGROUP_POLL_S):
-            self.sample()
-        self.sample()
-
-
-def _kv(text: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as exc:
+        if "already in progress" not in str(exc):
+            raise SandboxError(f"removing sandbox container {container.id[:12]} failed: {exc}") from exc

@@ -49,6 +49,14 @@ STDLIB_SKIP_NESTED = ("test", "tests", "idle_test")
 # and to install a work item's dependencies from mounted wheels. Operators add more with --package.
 IMAGE_PACKAGES = ("pytest", "pip", "setuptools", "wheel")
 IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The C and C++ runtimes native programs expect of any Linux (agent CLIs' native binaries, compiled wheels such as
+# pydantic-core): copied from the host where present, whether or not the interpreter itself links them.
+RUNTIME_LIBS = (
+    "libgcc_s.so.1", "libstdc++.so.6", "libpthread.so.0", "libdl.so.2", "libm.so.6", "librt.so.1", "libutil.so.1",
+    "libresolv.so.2", "libz.so.1",
+)  # fmt: skip
+LAYOUT = "3: runtime libraries"
+"""Part of the fingerprint: bumped when what the image holds changes (so `--if-stale` rebuilds an older image)."""
 
 
 class _RootfsTar:
@@ -185,6 +193,14 @@ def _shared_libs(binaries: list[str]) -> set[str]:
     return libs
 
 
+def _host_lib(name: str) -> str | None:
+    for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu",
+              "/lib64", "/usr/lib64", "/lib", "/usr/lib"):  # fmt: skip
+        if os.path.exists(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return None
+
+
 def _elf_files(tree: str) -> list[str]:
     return [
         os.path.join(root, f)
@@ -224,7 +240,7 @@ def fingerprint(packages: Sequence[str] = IMAGE_PACKAGES) -> str:
     import hashlib
 
     dists = [f"{d.metadata['Name']}=={d.version}" for d in distribution_closure(packages)]
-    text = "\n".join([os.path.realpath(sys.executable), sys.version, repr(STDLIB_SKIP), *dists])
+    text = "\n".join([os.path.realpath(sys.executable), sys.version, repr(STDLIB_SKIP), LAYOUT, *dists])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -266,7 +282,8 @@ def write_rootfs_tar(out: io.BufferedWriter, packages: Sequence[str] = IMAGE_PAC
         for f in Path(base, libdir).glob("libpython*.so*"):
             rootfs.add(str(f))
             elf.append(str(f))
-    for path in [*tools, exe, *sorted(_shared_libs(elf))]:
+    runtime = [p for p in (_host_lib(n) for n in RUNTIME_LIBS) if p]
+    for path in [*tools, exe, *sorted(_shared_libs(elf + runtime) | set(runtime))]:
         rootfs.add(path)
     # git execs helpers from git-core; without them `git diff` inside fails confusingly.
     if shutil.which("git", path="/usr/bin:/bin") and os.path.isdir("/usr/lib/git-core"):

@@ -61,6 +61,7 @@ class LocalSandbox(Sandbox):
         limits: SandboxLimits,
         env: Mapping[str, str] | None = None,
         mounts: Sequence[Mount] = (),
+        stop: asyncio.Event | None = None,
     ) -> SandboxRunResult:
         ws = check_argv_and_workspace(argv, workspace)
         check_mounts(mounts)  # nothing to mount (the command sees the host), but a missing source is an error
@@ -78,6 +79,7 @@ class LocalSandbox(Sandbox):
                 timeout_s=limits.timeout_s,
                 max_log_bytes=limits.max_log_bytes,
                 preexec_fn=preexec,
+                stop=stop,
             )
         except (FileNotFoundError, PermissionError) as exc:
             missing = isinstance(exc, FileNotFoundError)
@@ -96,6 +98,7 @@ class LocalSandbox(Sandbox):
             stdout=outcome.stdout,
             stderr=outcome.stderr,
             timed_out=outcome.timed_out,
+            stopped=outcome.stopped,
             disk_limited=disk_limited(ws, shell_status(outcome.returncode), outcome.stdout, outcome.stderr),
             killed_by_signal=signal_from_returncode(outcome.returncode, shell_style=False),
             enforcement=rlimit_enforcement(),

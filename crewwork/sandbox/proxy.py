@@ -34,13 +34,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crewwork.sandbox.pump import RELAY_PUMP, Gate, splice
+
 MAX_HEAD = 64 * 1024
 CONNECT_TIMEOUT_S = 15.0
 IDLE_TIMEOUT_S = 300.0
+MAX_CONNECTIONS = 64
+"""Connections one setup run may hold through the proxy at once; more are closed as they arrive."""
 
-RELAY = r"""
+RELAY = (
+    RELAY_PUMP
+    + r"""
 import os, socket, sys, threading
 sock_path, argv = sys.argv[1], sys.argv[3:]
+ACTIVE = 64
 lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 lst.bind(("127.0.0.1", 0))
@@ -67,29 +74,6 @@ except OSError as e:
     sys.stderr.write(f"crewwork setup network: cannot reach the allowlisting proxy ({e}); under gVisor the "
                      "runtime needs --host-uds=open\n")
     sys.exit(97)
-def pump(a, b):
-    try:
-        while True:
-            d = a.recv(65536)
-            if not d:
-                break
-            b.sendall(d)
-    except OSError:
-        pass
-    for s in (a, b):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-def serve():
-    while True:
-        c, _ = lst.accept()
-        try:
-            u = connect_unix()
-        except OSError:
-            c.close(); continue
-        threading.Thread(target=pump, args=(c, u), daemon=True).start()
-        threading.Thread(target=pump, args=(u, c), daemon=True).start()
 parent = os.getpid()
 if os.fork() == 0:
     try:
@@ -102,11 +86,12 @@ if os.fork() == 0:
             time.sleep(0.5)
         os._exit(0)
     threading.Thread(target=watchdog, daemon=True).start()
-    serve()
+    serve(lst, connect_unix, ACTIVE)
     os._exit(0)
 lst.close()
 os.execvp(argv[0], argv)
 """
+)
 
 
 @dataclass
@@ -117,6 +102,9 @@ class Decision:
     at: float
     bytes_up: int = 0
     bytes_down: int = 0
+
+    def count(self, which: str, n: int) -> None:
+        setattr(self, which, getattr(self, which) + n)
 
 
 def _normalise_entry(entry: str) -> str:
@@ -147,6 +135,7 @@ class AllowlistProxy:
     decisions: list[Decision] = field(default_factory=list)
     _server: asyncio.AbstractServer | None = None
     _dirfd: int | None = None
+    _gate: Gate = field(default_factory=lambda: Gate(MAX_CONNECTIONS))
 
     def __post_init__(self) -> None:
         self.allowlist = [_normalise_entry(e) for e in self.allowlist]
@@ -193,13 +182,12 @@ class AllowlistProxy:
             self.sock_path.unlink()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await self._serve(reader, writer)
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
+        async with self._gate.holding(writer) as admitted:
+            if admitted:
+                with contextlib.suppress(
+                    OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, TimeoutError
+                ):
+                    await self._serve(reader, writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
@@ -244,7 +232,13 @@ class AllowlistProxy:
             else:
                 up_w.write(forward)
                 await up_w.drain()
-            await asyncio.gather(_pipe(reader, up_w, decision, "bytes_up"), _pipe(up_r, writer, decision, "bytes_down"))
+            await splice(
+                (reader, writer),
+                (up_r, up_w),
+                idle_s=IDLE_TIMEOUT_S,
+                count_ab=lambda n: decision.count("bytes_up", n),
+                count_ba=lambda n: decision.count("bytes_down", n),
+            )
         finally:
             with contextlib.suppress(Exception):
                 up_w.close()
@@ -255,23 +249,6 @@ class AllowlistProxy:
             {"target": d.target, "allowed": d.allowed, "method": d.method, "up": d.bytes_up, "down": d.bytes_down}
             for d in self.decisions
         ]
-
-
-async def _pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, d: Decision, counter: str) -> None:
-    try:
-        while True:
-            data = await asyncio.wait_for(r.read(65536), IDLE_TIMEOUT_S)
-            if not data:
-                break
-            setattr(d, counter, getattr(d, counter) + len(data))
-            w.write(data)
-            await w.drain()
-    except (OSError, TimeoutError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            if w.can_write_eof():
-                w.write_eof()
 
 
 async def _reply(writer: asyncio.StreamWriter, status: int, text: str) -> None:

@@ -1,9 +1,11 @@
 """Shared machinery of step activities: an attempt's rank and fenced writes, and the watch that keeps a long attempt alive.
 
 An activity attempt writes with the rank Temporal gave it when it was scheduled: the workflow's step number (in the
-activity's input) and `activity.info().attempt` (`AttemptWriter`). The store accepts its writes only while no write
-of a later-scheduled attempt has been accepted, so an attempt that wakes late is refused at its first write and
-stops there (`StaleAttempt`), before it runs an agent or a test.
+activity's input) and `activity.info().attempt` (`AttemptWriter`). Each of its writes is one value built here (a
+`StateChange`, or the attempt's `FencedWrite` with what it writes: crewwork/store/fencing/vocabulary.py) and handed to
+the store unchanged. The store accepts its writes only while no write of a later-scheduled attempt has been accepted,
+so an attempt that wakes late is refused at its first write and stops there (`StaleAttempt`), before it runs an agent
+or a test.
 
 A long attempt (an agent run, a validation) runs inside `watch`: a background task heartbeats to Temporal and asks
 the store every few seconds whether a later attempt has written; if so, or if the item has ended, it cancels the
@@ -24,7 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 from crewwork.models import WorkItemState
 from crewwork.steps.errors import STALE_ATTEMPT, bad_input
-from crewwork.store.fencing import AttemptRecord, HandedOff, Rank, WriteResult
+from crewwork.store.fencing import AttemptRecord, FencedWrite, HandedOff, Rank, StateChange, WriteResult
 from crewwork.store.leases import WORKSPACE_PREFIX
 from crewwork.store.store import Store
 from crewwork.store.views import NewArtifact
@@ -48,6 +50,11 @@ class AttemptWriter:
     rank: Rank
     writer: str
     """Who wrote, for events: `<activity>#<attempt>`."""
+    write: FencedWrite = field(init=False)
+    """What every write of this attempt presents (built once, here)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "write", FencedWrite(self.work_item_id, self.tenant_id, self.rank, self.writer))
 
     @classmethod
     def of(cls, store: Store, inp: Stepped) -> AttemptWriter:
@@ -70,32 +77,27 @@ class AttemptWriter:
         hand_off_cap: int = 0,
         attempt: AttemptRecord | None = None,
     ) -> WriteResult[list[HandedOff]]:
-        """A fenced state change at this attempt's rank (`FencingStore.set_state`: with `max_in_flight`, a change
-        that frees the item's place hands it to the tenant's first queued items)."""
+        """A fenced state change at this attempt's rank, built here once (`StateChange`: with `max_in_flight`, a
+        change that frees the item's place hands it to the tenant's first queued items)."""
         return await self.store.set_state(
-            work_item_id=self.work_item_id,
-            tenant_id=self.tenant_id,
-            rank=self.rank,
-            state=state,
-            reason=reason,
-            writer=self.writer,
-            fields=fields,
-            event_data=event_data,
-            max_in_flight=max_in_flight,
-            hand_off_cap=hand_off_cap,
-            attempt=attempt,
+            StateChange(
+                self.write,
+                state,
+                reason,
+                fields=fields,
+                event_data=event_data,
+                max_in_flight=max_in_flight,
+                hand_off_cap=hand_off_cap,
+                attempt=attempt,
+            )
         )
 
     async def event(self, type_: str, data: dict[str, Any], artifacts: Sequence[NewArtifact] = ()) -> WriteResult[None]:
-        return await self.store.fenced_event(
-            rank=self.rank,
-            work_item_id=self.work_item_id,
-            tenant_id=self.tenant_id,
-            writer=self.writer,
-            type_=type_,
-            data=data,
-            artifacts=artifacts,
-        )
+        return await self.store.fenced_event(self.write, type_, data, artifacts)
+
+    async def record_attempt(self, record: AttemptRecord) -> WriteResult[list[str | None]]:
+        """This attempt's record (`FencingStore.record_attempt`): the item's failure fingerprints when accepted."""
+        return await self.store.record_attempt(self.write, record)
 
     async def superseded(self) -> str | None:
         """Why this attempt may no longer write (a later-scheduled attempt has, or the item ended), or None."""

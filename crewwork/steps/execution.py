@@ -8,19 +8,19 @@ from pathlib import Path
 
 from temporalio.exceptions import ApplicationError
 
-from crewwork import gitops, safefs
+from crewwork.boundary import safefs
 from crewwork.config import Settings
 from crewwork.config.sandbox import SandboxSettings, resolve_limits
-from crewwork.models import ArtifactRef, SandboxSpec, WorkItemState
+from crewwork.models import ArtifactRef, EvidenceCut, SandboxSpec, WorkItemState
 from crewwork.repos.git import RemoteError
 from crewwork.repos.mirror import MirrorHold
-from crewwork.repos.service import REPO_ERRORS
+from crewwork.repos.worker import REPO_ERRORS
 from crewwork.sandbox.base import Sandbox, SandboxLimits
 from crewwork.sandbox.disk import DiskError, workspace_disk_mb
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.errors import REPOSITORY_ERROR, REPOSITORY_UNAVAILABLE, bad_input
 from crewwork.steps.ports import Ports
-from crewwork.workspace import Workspace, WorkspaceError
+from crewwork.workspace.tree import Workspace, WorkspaceError, gitops
 
 REPORT_DIR = gitops.PLATFORM_DIR
 # The largest test report the host reads back (never more than the artifact limit either).
@@ -31,23 +31,48 @@ def read_report(workspace: Path, rel: str, max_bytes: int) -> tuple[bytes | None
     """The report a test run left at `rel`, read the only way the host reads a workspace file: beneath the
     workspace, no link followed, a single-link regular file, at most `max_bytes`. (content, None), (None, None)
     when there is none, or (None, why it was refused)."""
+    data, refused, _cut = read_report_bounded(workspace, rel, max_bytes)
+    return data, refused
+
+
+def read_report_bounded(
+    workspace: Path, rel: str, max_bytes: int, *, bound: str = "MAX_REPORT_BYTES"
+) -> tuple[bytes | None, str | None, EvidenceCut | None]:
+    """`read_report`, and the decisive cut when the report is over `max_bytes` (`bound` names the bound): a report
+    the host did not read is evidence cut by a bound, never a pass (crewwork.validation.bounded)."""
     try:
-        return safefs.read_bytes(workspace, rel, max_bytes=max_bytes), None
+        return safefs.read_bytes(workspace, rel, max_bytes=max_bytes), None, None
     except FileNotFoundError:
-        return None, None
+        return None, None, None
+    except safefs.TooLarge as exc:
+        cut = EvidenceCut(
+            what=f"test report {rel}",
+            bound=bound,
+            limit=max_bytes,
+            unit="bytes",
+            seen=exc.size,
+            kept=0,
+            decisive=True,
+            why="the host reads no report over its size bound, so nothing in it was judged",
+        )
+        return None, f"{rel}: {exc.reason}", cut
     except safefs.Refused as exc:
-        return None, f"{rel}: {exc.reason}"
+        return None, f"{rel}: {exc.reason}", None
 
 
 def bounded(data: bytes, max_bytes: int) -> bytes:
-    """`data`, cut to fit the operator's artifact limit with a note saying how large it was."""
+    """`data`, cut to fit the operator's artifact limit: its start and its end (where a log's summary is), with a
+    line between them saying how much was left out."""
     if len(data) <= max_bytes:
         return data
-    return data[: max_bytes - 200] + f"\n[truncated: {len(data)} bytes in all]\n".encode()
+    room = max(0, max_bytes - 200)
+    head, tail = data[: room // 2], data[len(data) - (room - room // 2) :] if room else b""
+    note = f"\n[truncated: {len(data)} bytes in all, {len(data) - len(head) - len(tail)} left out here]\n"
+    return head + note.encode() + tail
 
 
 def pick_sandbox(spec: SandboxSpec | None, settings: Settings, image: str | None = None) -> Sandbox:
-    from crewwork.sandbox.registry import best_available, get_sandbox
+    from crewwork.sandbox.backends import best_available, get_sandbox
 
     name = (spec.backend if spec and spec.backend else None) or settings.sandbox.backend
     if name is None:

@@ -13,9 +13,9 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from crewwork.agents.isolation import AgentProcesses
+from crewwork.attestation.publish import Publisher
 from crewwork.config import Settings
-from crewwork.evidence.publish import Publisher
-from crewwork.repos.service import Repositories
+from crewwork.repos.worker import Repositories
 from crewwork.steps.step import Step
 from crewwork.store.store import Store
 
@@ -33,7 +33,7 @@ class Ports:
     settings: Settings
     repos: Repositories
     evidence: Publisher
-    """The operator's evidence signer (crewwork/evidence): landing and on-request bundles."""
+    """The operator's evidence signer (crewwork/attestation): landing and on-request bundles."""
     agent_processes: AgentProcesses
     """The agent slots' child processes (crewwork.agents.isolation); started only by the agent pool."""
     client: Any = None

@@ -10,12 +10,13 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState, is_cancelled_exception
 
+from crewwork.models.pools import Pool
 from crewwork.steps.errors import BAD_INPUT, ITEM_FAILURES, NON_RETRYABLE
 
 CONTROL_TIMEOUT = timedelta(seconds=30)
@@ -46,7 +47,6 @@ still running, CI of 2026-12-04). Measured with a dev server (heartbeat every 2 
 default, 3 s with this cap, so a late heartbeat has 7 s of slack. The price is one heartbeat RPC per running attempt
 every 3 s instead of 8."""
 
-Pool = Literal["control", "agent", "validate"]
 I = TypeVar("I", bound=BaseModel)  # noqa: E741
 R = TypeVar("R")
 

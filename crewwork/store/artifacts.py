@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crewwork.ids import new_id
-from crewwork.store.engine import Database, StoreError
-from crewwork.store.tables import Artifact
+from crewwork.models.ids import new_id
+from crewwork.store.chunking import decode
+from crewwork.store.engine import StoreError
+from crewwork.store.retention import RetentionStore
+from crewwork.store.tables import Artifact, ArtifactChunk, ArtifactPart
 from crewwork.store.views import NewArtifact, StoredArtifact, first_view, select_view, view_of, views_of
 
 
@@ -51,7 +54,7 @@ async def insert_artifacts(s: AsyncSession, artifacts: Sequence[NewArtifact], no
         await conn.execute(ARTIFACT_INSERT, [{**a.columns(), "created_at": now} for a in artifacts])
 
 
-class ArtifactStore(Database):
+class ArtifactStore(RetentionStore):
     async def put_artifact(
         self,
         *,
@@ -75,6 +78,8 @@ class ArtifactStore(Database):
         async def body(s: AsyncSession, started: Callable[[], None]) -> StoredArtifact:
             now = await self.now(s)
             started()
+            # Unfenced, so a late attempt may still put one after its item ended; not once retention has run.
+            await self.refuse_if_retained(s, work_item_id)
             values = {**new.columns(), "created_at": now}
             s.add(Artifact(**values))
             return view_of(StoredArtifact, values)
@@ -84,17 +89,43 @@ class ArtifactStore(Database):
     async def work_item_artifact(
         self, work_item_id: str, artifact_id: str, *, with_content: bool
     ) -> StoredArtifact | None:
-        """One artifact of a work item (its bytes loaded only `with_content`)."""
-        q = select_view(StoredArtifact, Artifact, without=() if with_content else ("content",))
+        """One artifact of a work item (its bytes loaded only `with_content`, and only while retention has not
+        removed them: a removed artifact comes with `removed_at` and no content)."""
+        q = select_view(StoredArtifact, Artifact, without=("content",))
         q = q.where(Artifact.id == artifact_id, Artifact.work_item_id == work_item_id)
         async with self.session() as s:
-            return await first_view(StoredArtifact, s.execute(q))
+            meta = await first_view(StoredArtifact, s.execute(q))
+        if meta is None or not with_content or meta.removed_at is not None:
+            return meta
+        data = await self.artifact_content(artifact_id)
+        if data is None:
+            return replace(meta, removed_at=meta.removed_at or meta.created_at)
+        return replace(meta, content=data)
 
     async def artifact_content(self, artifact_id: str) -> bytes | None:
-        """The bytes of an artifact (the content column is deferred everywhere else)."""
+        """The bytes of an artifact (the content column is deferred everywhere else): inline, or put together from
+        its chunks (crewwork/store/retention.py), read in one statement; None when there is no such artifact or
+        retention removed its bytes."""
+        q = (
+            select(
+                Artifact.content, ArtifactPart.seq, ArtifactChunk.encoding, ArtifactChunk.content, ArtifactChunk.size
+            )
+            .outerjoin(ArtifactPart, ArtifactPart.artifact_id == Artifact.id)
+            .outerjoin(ArtifactChunk, ArtifactChunk.sha256 == ArtifactPart.chunk)
+            .where(Artifact.id == artifact_id)
+            .order_by(ArtifactPart.seq)
+        )
         async with self.session() as s:
-            data = await s.scalar(select(Artifact.content).where(Artifact.id == artifact_id))
-        return None if data is None else bytes(data)
+            rows = (await s.execute(q)).all()
+        if not rows:
+            return None
+        if rows[0][0] is not None:
+            return bytes(rows[0][0])
+        if rows[0][1] is None:
+            return None  # no parts: removed by retention
+        if any(r[3] is None for r in rows):
+            raise StoreError(f"artifact {artifact_id} names a chunk that is not stored")
+        return b"".join(decode(r[2], r[3], int(r[4])) for r in rows)
 
     async def list_artifacts(self, work_item_id: str) -> list[StoredArtifact]:
         """A work item's artifacts, oldest first (without their bytes)."""

@@ -1,4 +1,4 @@
-"""What the invariant checker (crewwork/invariants.py) reads: a snapshot of work items with their events, attempt
+"""What the invariant checker (tests/invariants.py) reads: a snapshot of work items with their events, attempt
 records and workspace lease grants, as frozen values.
 
 Everything is read in one session, so the items, events, attempts and leases are of one moment as far as the database

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from crewwork.ids import is_tenant_id, new_id
+from crewwork.models.ids import is_tenant_id, new_id
 from crewwork.store.engine import Database
 from crewwork.store.tables import ApiKey, Tenant
 

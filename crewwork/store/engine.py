@@ -144,7 +144,7 @@ class Database:
         self._autocommit_engine = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.server_writes = server_writes and not self.is_sqlite
         """PostgreSQL: fenced writes run as one call of a server-side function (migration 0008) instead of one round
-        trip per statement (crewwork/store/fencing.py). `server_writes=False` (the setting
+        trip per statement (crewwork/store/fencing/rule.py). `server_writes=False` (the setting
         `CREWWORK_STORE_SERVER_WRITES`) runs the Python path, which SQLite always runs (docs/performance.md, "Fourth
         round")."""
 
@@ -213,7 +213,7 @@ class Database:
         A pooled connection found dead on first use (`connection_invalidated`) runs the statement once more on a
         fresh connection. The statement can only have run already if the server committed it and died before its
         answer; for a fenced write that is the same scheduled attempt writing twice at one rank, which the fence
-        accepts as it accepts a local activity re-run (crewwork/store/fencing.py)."""
+        accepts as it accepts a local activity re-run (crewwork/store/fencing/rule.py)."""
         return await self._autocommit(stmt, params, lambda result: result.scalar_one())
 
     async def autocommit_first(self, stmt: Any, params: dict[str, Any] | None = None) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from crewwork.masking import mask_secrets
+from crewwork.boundary.masking import mask_secrets
 from crewwork.store.engine import Database
 from crewwork.store.tables import Event
 from crewwork.store.views import StoredEvent, select_view, views_of
@@ -76,6 +76,17 @@ class EventStore(Database):
         async with self.session() as s:
             rows = (await s.execute(sql)).all()
         return {(int(p), str(x)) for p, x in rows}
+
+    async def events_of_type(self, work_item_id: str, type_: str, limit: int = 1000) -> list[StoredEvent]:
+        """The item's events of one type, oldest first (its review decisions, ...)."""
+        async with self.session() as s:
+            q = (
+                select_view(StoredEvent, Event)
+                .where(Event.work_item_id == work_item_id, Event.type == type_)
+                .order_by(Event.id)
+                .limit(limit)
+            )
+            return await views_of(StoredEvent, s.execute(q))
 
     async def has_event(self, work_item_id: str, type_: str, **data: Any) -> bool:
         """Whether the item has an event of `type_` whose data holds every given key with the given value."""

@@ -1,7 +1,7 @@
 """Workspace leases: at most one work item at a time works on a repository's target branch.
 
 A lease is a row with holder, grant number and expiry on the database clock, renewed by the holder; every grant and
-its end is kept in `lease_history`, so exclusivity can be checked after the fact (crewwork/invariants.py). Grant
+its end is kept in `lease_history`, so exclusivity can be checked after the fact (tests/invariants.py). Grant
 numbers come from a per-key counter (`fences`), so later grants of a key always number higher. Leases give
 liveness and exclusion only: who may *write* a work item's state is decided by fencing (crewwork.store.fencing)."""
 

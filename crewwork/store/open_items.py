@@ -1,4 +1,4 @@
-"""Open work items, oldest first: what the reconciler (crewwork/reconcile.py) walks, a batch per pass, through the
+"""Open work items, oldest first: what the reconciler (crewwork/admission/reconcile.py) walks, a batch per pass, through the
 partial index `ix_work_items_open` (migration 0009)."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class OpenItemStore(Database):
         return [OpenItem(r.id, r.tenant_id, r.workflow_id, r.state, r.created_at, bool(r.mock)) for r in rows]
 
     async def admitted_unstarted(self, before: float, max_rank: int, limit: int) -> list[OpenItem]:
-        """Items admitted before their workflow started (crewwork/starts.py: state `admitted`, fence mark at most
+        """Items admitted before their workflow started (crewwork/admission/starts.py: state `admitted`, fence mark at most
         `max_rank`, so no workflow wrote them) whose admission was written before `before` (database clock), oldest
         first: the reconciler's check for a start that was lost, without waiting for its minimum age."""
         t = WorkItem

@@ -21,9 +21,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crewwork import tracing
 from crewwork.client.webhooks import SECRET_PREFIX
-from crewwork.ids import new_id
+from crewwork.models.ids import new_id
+from crewwork.observability import tracing
 from crewwork.store.engine import Database
 from crewwork.store.tables import OutboxMessage, Webhook, WorkItem
 

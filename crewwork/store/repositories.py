@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 
-from crewwork.ids import new_id
 from crewwork.models import TenantRef
+from crewwork.models.ids import new_id
 from crewwork.store.engine import Database
 from crewwork.store.tables import Repository, Tenant
 from crewwork.store.views import StoredRepository, first_view, select_view, view_of, views_of

@@ -27,6 +27,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # BIGINT on PostgreSQL, INTEGER (the rowid alias, so it autoincrements) on SQLite.
 BigIntPK = BigInteger().with_variant(Integer, "sqlite")
 
+# Inline artifacts big enough to be stored by content (crewwork/store/retention.py): ix_artifacts_inline's rows.
+COMPACTABLE = "content IS NOT NULL AND size >= 2048"
 # Not terminal (crewwork.models.TERMINAL_STATES): the rows of the partial index ix_work_items_open.
 OPEN_ITEMS = "state NOT IN ('succeeded', 'failed', 'rejected', 'cancelled', 'dead')"
 
@@ -70,7 +72,7 @@ class WorkItem(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     fence_rank: Mapped[int] = mapped_column(BigInteger, default=0)
-    """The highest rank accepted for this item (crewwork/store/fencing.py): a write ranked lower is rejected."""
+    """The highest rank accepted for this item (crewwork/store/fencing/rule.py): a write ranked lower is rejected."""
     result_rank: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     state_rank: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
@@ -79,6 +81,11 @@ class WorkItem(Base):
     mock: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    """When the last accepted write changed the item: for a terminal item, when it ended (nothing writes it after)."""
+    legal_hold: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """A legal hold (migration 0010): while set, retention keeps the item whole (`reason`, `set_by`, `set_at`)."""
+    retained_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When retention removed the item's details (crewwork/store/retention.py); None while they are all kept."""
 
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_work_items_tenant_idempotency"),
@@ -92,6 +99,14 @@ class WorkItem(Base):
             "id",
             postgresql_where=text(OPEN_ITEMS),
             sqlite_where=text(OPEN_ITEMS),
+        ),
+        # The items retention has not visited, by when they were last written (migration 0010).
+        Index(
+            "ix_work_items_unretained",
+            "updated_at",
+            "id",
+            postgresql_where=text("retained_at IS NULL"),
+            sqlite_where=text("retained_at IS NULL"),
         ),
     )
 
@@ -184,8 +199,49 @@ class Artifact(Base):
     content_type: Mapped[str] = mapped_column(String(100))
     size: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
-    content: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True, nullable=True)
+    """The bytes, inline, as every write stores them; NULL once compacted into `artifact_chunks` (its
+    `artifact_parts`), or removed by retention (`removed_at`). Migration 0010."""
     created_at: Mapped[float] = mapped_column(Float)
+    removed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When retention removed the bytes; the row stays, with the name, size and SHA-256 a signed statement names."""
+
+    __table_args__ = (
+        # The artifacts worth compacting (crewwork/store/retention.py): 2 KiB or more.
+        Index(
+            "ix_artifacts_inline",
+            "created_at",
+            "id",
+            postgresql_where=text(COMPACTABLE),
+            sqlite_where=text(COMPACTABLE),
+        ),
+    )
+
+
+class ArtifactChunk(Base):
+    """A piece of artifact content, stored once however many artifacts hold it (migration 0010): keyed by the
+    SHA-256 of its bytes, zlib-compressed where that pays (`encoding`). `referenced_at` is raised by every compaction
+    that names it, so that the collection of unreferenced chunks, which spares recently named ones, never races a
+    compaction (crewwork/store/retention.py)."""
+
+    __tablename__ = "artifact_chunks"
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    size: Mapped[int] = mapped_column(Integer)
+    """Bytes before encoding."""
+    encoding: Mapped[str] = mapped_column(String(16))
+    """`raw` or `zlib`."""
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[float] = mapped_column(Float)
+    referenced_at: Mapped[float] = mapped_column(Float)
+
+
+class ArtifactPart(Base):
+    """An artifact's content as its chunks, in order (migration 0010)."""
+
+    __tablename__ = "artifact_parts"
+    artifact_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chunk: Mapped[str] = mapped_column(String(64), index=True)
 
 
 # ---------------------------------------------------------------- webhooks and the outbox (migration 0002)
@@ -242,7 +298,7 @@ class Repository(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     url: Mapped[str] = mapped_column(Text)
-    """The normalised URL (crewwork.urls), for a local repository its resolved absolute path."""
+    """The normalised URL (crewwork.boundary.urls), for a local repository its resolved absolute path."""
     default_ref: Mapped[str] = mapped_column(String(256), default="HEAD")
     credential: Mapped[str | None] = mapped_column(String(128), nullable=True)
     """The NAME of an operator-held credential (CREWWORK_REPO_CREDENTIALS); never the secret."""
@@ -252,3 +308,179 @@ class Repository(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
     __table_args__ = (UniqueConstraint("tenant_id", "url", name="uq_repositories_tenant_url"),)
+
+
+# ---------------------------------------------------------------- forge intake (migration 0011)
+
+
+class ForgeSubscription(Base):
+    """A registered repository's subscription to its forge's events (docs/forge.md): the webhook secret the forge
+    signs deliveries with (kept, not hashed: verifying an HMAC needs it, as signing one does for `webhooks`), and
+    the tenant's trigger settings (label, mention, who is trusted, what a triggered item runs)."""
+
+    __tablename__ = "forge_subscriptions"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    repository_id: Mapped[str] = mapped_column(ForeignKey("repositories.id", ondelete="CASCADE"), unique=True)
+    dialect: Mapped[str] = mapped_column(String(16))
+    secret: Mapped[str] = mapped_column(String(128))
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ForgeDelivery(Base):
+    """One webhook delivery a subscription accepted, by the forge's delivery id: a second delivery with the same id
+    (a retry, a redelivery, a replay) is answered as a duplicate and changes nothing."""
+
+    __tablename__ = "forge_deliveries"
+    subscription_id: Mapped[str] = mapped_column(
+        ForeignKey("forge_subscriptions.id", ondelete="CASCADE"), primary_key=True
+    )
+    delivery_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    event: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(32))
+    received_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class ForgeTrigger(Base):
+    """A trigger (an issue labelled, a command in a comment) queued for the intake (crewwork/api/forge_intake.py),
+    once per subscription and trigger key, whatever delivered it: the outbox row of intake. The intake claims due
+    rows, checks the actor's permission on the forge, and submits a work item or posts one refusal."""
+
+    __tablename__ = "forge_triggers"
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    subscription_id: Mapped[str] = mapped_column(ForeignKey("forge_subscriptions.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    trigger_key: Mapped[str] = mapped_column(String(160))
+    trigger: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    """pending | submitted | refused | failed"""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    work_item_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    done_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("subscription_id", "trigger_key", name="uq_forge_triggers_key"),
+        Index("ix_forge_triggers_due", "status", "next_attempt_at"),
+    )
+
+
+class ForgeProgress(Base):
+    """The one progress comment of a work item a forge trigger made (crewwork/api/forge_intake.py): where it is on
+    the forge and what it last said. The intake compares what the item's comment should say now with `posted`, and
+    posts or edits it when they differ, so a forge that is down delays the comment and loses nothing."""
+
+    __tablename__ = "forge_progress"
+    work_item_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    subscription_id: Mapped[str] = mapped_column(ForeignKey("forge_subscriptions.id", ondelete="CASCADE"))
+    issue_number: Mapped[int] = mapped_column(Integer)
+    comment_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    posted: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    """SHA-256 of the body last posted."""
+    done: Mapped[bool] = mapped_column(default=False)
+    """The item ended and its last word is on the forge."""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    """Failed posts in a row."""
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    review_shown: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    """`<attempt>:<diff sha256>` of the attempt shown for review on the forge (migration 0012)."""
+    review_pull_url: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    """The pull request it is shown in."""
+
+    __table_args__ = (Index("ix_forge_progress_due", "done", "next_attempt_at"),)
+
+
+# ---------------------------------------------------------------- error intake (migration 0013)
+
+
+class ErrorProject(Base):
+    """A registered repository's error intake (docs/errors-intake.md): the project an app's Sentry DSN names. `id` is
+    the DSN's numeric project id; `public_key` the DSN's key (an app ships it, so it is an address, not a secret of
+    weight: it only lets its holder report errors, within the project's rate). `fence_secret` is never shown: it
+    keys the nonce that fences the error's text in the instruction (crewwork/forge/untrusted.py)."""
+
+    __tablename__ = "error_projects"
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    repository_id: Mapped[str] = mapped_column(ForeignKey("repositories.id", ondelete="CASCADE"), unique=True)
+    public_key: Mapped[str] = mapped_column(String(64), unique=True)
+    fence_secret: Mapped[str] = mapped_column(String(64))
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ErrorGroup(Base):
+    """All reports of one error (one fingerprint) of a project: ONE work item at a time, a count and the last time
+    it was seen. `status` is the intake's queue (pending -> submitted | failed); `generation` counts the items the
+    group has had (a report after the group's item ended starts the next one)."""
+
+    __tablename__ = "error_groups"
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("error_projects.id", ondelete="CASCADE"))
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    title: Mapped[str] = mapped_column(Text)
+    sample: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """The first report of this generation: exception type, message, stack trace (bounded), platform, event id."""
+    count: Mapped[int] = mapped_column(BigInteger, default=1)
+    """Reports of this generation."""
+    total: Mapped[int] = mapped_column(BigInteger, default=1)
+    """Reports of every generation."""
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    """pending | submitted | failed"""
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    work_item_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    previous_work_item_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    __table_args__ = (
+        UniqueConstraint("project_id", "fingerprint", name="uq_error_groups_fingerprint"),
+        Index("ix_error_groups_due", "status", "next_attempt_at"),
+    )
+
+
+# ---------------------------------------------------------------- baselines and flaky tests (migration 0014)
+
+
+class ValidationBaseline(Base):
+    """What a work item's validation command showed on a base commit (crewwork.validation.baseline), cached per
+    tenant, repository, base commit and definition (command, setup, report path, timeout, environment, sandbox):
+    a later item on the same base reuses it instead of running it again. Never shared across tenants (the tenant is
+    part of the key), and only usable runs are kept."""
+
+    __tablename__ = "validation_baselines"
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    repository: Mapped[str] = mapped_column(String(300), primary_key=True)
+    """The registration's id, or `unregistered:<url>`."""
+    base_commit: Mapped[str] = mapped_column(String(64), primary_key=True)
+    definition: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """SHA-256 of the definition (crewwork.validation.baseline.definition_key)."""
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON)
+    """The run's RunFacts and its log's artifact ref."""
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class FlakyTest(Base):
+    """A test of a repository seen flaky (failed, then passed in a rerun of the same tree): the repository's flaky
+    list, shown by the API and the CLI."""
+
+    __tablename__ = "flaky_tests"
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    repository: Mapped[str] = mapped_column(String(300), primary_key=True)
+    test_id: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    times: Mapped[int] = mapped_column(Integer, default=1)
+    """Validations that saw it flaky."""
+    first_seen_at: Mapped[float] = mapped_column(Float)
+    last_seen_at: Mapped[float] = mapped_column(Float)
+    last_work_item_id: Mapped[str] = mapped_column(String(64))
+    last_attempt: Mapped[int] = mapped_column(Integer)
+    last_runs: Mapped[str] = mapped_column(Text)
+    """`id: failed in ...; passed in ...` of the last validation that saw it."""

@@ -59,7 +59,7 @@ _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
 
 @dataclass(frozen=True, slots=True)
 class StoredWorkItem:
-    """A submitted work item as last written (the rank marks are the fencing state: crewwork/store/fencing.py)."""
+    """A submitted work item as last written (the rank marks are the fencing state: crewwork/store/fencing/rule.py)."""
 
     id: str
     tenant_id: str
@@ -82,6 +82,10 @@ class StoredWorkItem:
     mock: bool
     created_at: float
     updated_at: float
+    legal_hold: dict[str, Any] | None = None
+    """A legal hold (`reason`, `set_by`, `set_at`): retention keeps the item whole while it is set."""
+    retained_at: float | None = None
+    """When retention removed the item's details (events, attempt details, artifacts' bytes), or None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +138,8 @@ class StoredArtifact(_ArtifactMeta):
 
     created_at: float
     content: bytes | None = None
+    removed_at: float | None = None
+    """When retention removed the bytes (the name, size and SHA-256 stay), or None."""
 
     @property
     def content_bytes(self) -> bytes:
@@ -181,3 +187,17 @@ class StoredRepository:
     environment: dict[str, Any] | None
     auto_registered: bool
     created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFlakyTest:
+    """One test of a repository seen flaky (crewwork/store/baselines.py)."""
+
+    repository: str
+    test_id: str
+    times: int
+    first_seen_at: float
+    last_seen_at: float
+    last_work_item_id: str
+    last_attempt: int
+    last_runs: str

@@ -9,9 +9,9 @@ from sqlalchemy import JSON, Float, Table, bindparam, cast, func, insert, litera
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import IntegrityError
 
-from crewwork.ids import new_id
-from crewwork.masking import mask_secrets
+from crewwork.boundary.masking import mask_secrets
 from crewwork.models import WorkItemSpec, WorkItemState
+from crewwork.models.ids import new_id
 from crewwork.store.engine import Database, StoreError
 from crewwork.store.fencing import SUBMISSION
 from crewwork.store.tables import Event, WorkItem
@@ -20,7 +20,7 @@ from crewwork.store.views import StoredWorkItem, first_view, select_view, view_o
 
 @dataclass(frozen=True, slots=True)
 class StartRow:
-    """The columns a workflow start needs (crewwork/starts.py)."""
+    """The columns a workflow start needs (crewwork/admission/starts.py)."""
 
     id: str
     tenant_id: str
@@ -235,7 +235,7 @@ class WorkItemStore(Database):
             return await first_view(StoredWorkItem, s.execute(q))
 
     async def start_row(self, work_item_id: str) -> StartRow | None:
-        """What starting the item's workflow needs (crewwork/starts.py), in one round trip outside a transaction:
+        """What starting the item's workflow needs (crewwork/admission/starts.py), in one round trip outside a transaction:
         the hand-off starts the workflow of every queued item it admits, and the full row's read (an ORM session,
         every column made a view) was a third of that start's CPU in the control pool (py-spy, bench/trace.py)."""
         t = WorkItem
@@ -254,6 +254,11 @@ class WorkItemStore(Database):
             return None
         return StartRow(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7])
 
+    def _spec_text(self, *path: str) -> Any:
+        """A text field of the stored submission (`spec`), as SQL (SQLAlchemy's JSON path: JSON_EXTRACT on SQLite,
+        `#>>` on PostgreSQL)."""
+        return WorkItem.spec[path].as_string()
+
     async def list_work_items(
         self,
         tenant_id: str | None,
@@ -266,10 +271,12 @@ class WorkItemStore(Database):
         created_before: float | None = None,
         labels: dict[str, str] | None = None,
         search: str | None = None,
+        repo: str | None = None,
+        agent: str | None = None,
     ) -> list[StoredWorkItem]:
         """Newest first, keyset-paginated on (created_at, id): the items strictly before `before`. `tenant_id`
-        None is every tenant's (an admin's listing). `labels` must all match; `search` is an id prefix or text in
-        the repository locator."""
+        None is every tenant's (an admin's listing). `labels` must all match; `search` is an id prefix, text in the
+        repository locator or in the instruction; `repo` text in the repository locator; `agent` the agent's name."""
         q = select_view(StoredWorkItem, WorkItem)
         if tenant_id is not None:
             q = q.where(WorkItem.tenant_id == tenant_id)
@@ -288,13 +295,26 @@ class WorkItemStore(Database):
             else:
                 q = q.where(cast(WorkItem.labels, JSONB).op("@>")(cast(cast(labels, JSON), JSONB)))
         if search:
-            like = search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            like = _like(search)
             q = q.where(
-                or_(WorkItem.id.like(f"{like}%", escape="\\"), WorkItem.repo_url.like(f"%{like}%", escape="\\"))
+                or_(
+                    WorkItem.id.like(f"{like}%", escape="\\"),
+                    WorkItem.repo_url.like(f"%{like}%", escape="\\"),
+                    self._spec_text("instruction").like(f"%{like}%", escape="\\"),
+                )
             )
+        if repo:
+            q = q.where(WorkItem.repo_url.like(f"%{_like(repo)}%", escape="\\"))
+        if agent:
+            q = q.where(self._spec_text("agent", "name") == agent)
         if before is not None:
             # A row-value comparison, so PostgreSQL seeks the (tenant, created_at, id) index instead of filtering.
             q = q.where(tuple_(WorkItem.created_at, WorkItem.id) < tuple_(*before))
         q = q.order_by(WorkItem.created_at.desc(), WorkItem.id.desc()).limit(limit)
         async with self.session() as s:
             return await views_of(StoredWorkItem, s.execute(q))
+
+
+def _like(text: str) -> str:
+    """`text` for a LIKE pattern with `\\` as the escape character: its wildcards taken literally."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

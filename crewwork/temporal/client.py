@@ -5,8 +5,8 @@ from __future__ import annotations
 from temporalio.client import Client, TLSConfig
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from crewwork import tracing
 from crewwork.config import Settings
+from crewwork.observability import tracing
 
 
 async def connect(settings: Settings) -> Client:

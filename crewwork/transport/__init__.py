@@ -5,6 +5,7 @@
 `AgentError`).
 """
 
+from crewwork.boundary.masking import Redactor, redact
 from crewwork.transport.client import ChatResult, ModelClient, Usage
 from crewwork.transport.config import (
     ENV_ENDPOINTS,
@@ -16,7 +17,6 @@ from crewwork.transport.config import (
     parse_transport_config,
 )
 from crewwork.transport.errors import ProviderRejected, ProviderUnavailable, parse_retry_after
-from crewwork.transport.redact import Redactor, redact
 
 __all__ = [
     "ENV_ENDPOINTS",

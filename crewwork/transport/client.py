@@ -25,7 +25,8 @@ from typing import Any
 
 import httpx
 
-from crewwork import tracing
+from crewwork.boundary.masking import Redactor
+from crewwork.observability import tracing
 from crewwork.transport.config import EndpointConfig, TransportConfig
 from crewwork.transport.errors import (
     ProviderRejected,
@@ -36,7 +37,6 @@ from crewwork.transport.errors import (
     provider_message,
     rejected_cause,
 )
-from crewwork.transport.redact import Redactor
 
 
 @dataclass(frozen=True)

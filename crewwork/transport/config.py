@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -27,6 +27,8 @@ ENV_ENDPOINTS = "CREWWORK_MODEL_ENDPOINTS"
 
 WORKLOADS = ("edit", "chat", "summary")
 
+Protocol = Literal["chat", "responses", "messages"]
+_CHAT: tuple[Protocol, ...] = ("chat",)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _ENDPOINT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -45,6 +47,11 @@ class EndpointConfig(BaseModel):
     ``{base_url}/chat/completions``."""
     model: str = Field(min_length=1, max_length=256)
     """Model name as the server knows it (``gpt-4o-mini``, ``qwen2.5-coder:7b``, ``gemini-2.0-flash``)."""
+    protocols: list[Protocol] = Field(default_factory=lambda: list(_CHAT), min_length=1)
+    """The protocols this endpoint speaks, for the model gateway (docs/gateway.md): `chat` (OpenAI Chat Completions,
+    ``{base_url}/chat/completions``), `responses` (OpenAI Responses, ``{base_url}/responses``), `messages` (Anthropic
+    Messages, ``{base_url}/messages``, the key sent as ``x-api-key``). An agent CLI's calls go to the endpoints of its
+    route that speak its protocol; the model agent speaks `chat`."""
     api_key_env: str | None = None
     """Name of the environment variable (on the agent worker) holding the API key, sent as a Bearer token.
     None for servers without auth (Ollama, llama.cpp). Never the key itself."""

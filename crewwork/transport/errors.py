@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Mapping
 
-from crewwork.errors import AgentError, AgentInfraError
+from crewwork.models.errors import AgentError, AgentInfraError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 

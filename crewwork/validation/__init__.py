@@ -6,8 +6,9 @@ writes the packet for the next attempt, and `PARSERS` is the registry of test-re
 """
 
 from crewwork.validation.diagnostics import build_diagnostics
+from crewwork.validation.evidence import ValidationEvidence
 from crewwork.validation.fingerprint import fingerprint
-from crewwork.validation.grading import Cause, ValidationEvidence, Verdict, grade
+from crewwork.validation.grading import Cause, Verdict, grade
 from crewwork.validation.parsers import PARSERS, ParsedReport, parse_report
 
 __all__ = [

@@ -10,12 +10,13 @@ printed: every section has a share of `max_chars`, and the whole is cut to `max_
 from __future__ import annotations
 
 from crewwork.models import DiffStats
-from crewwork.preview.grading import console_errors
+from crewwork.preview.verdict import console_errors
 from crewwork.validation.grading import Cause, ValidationEvidence, Verdict
 
 DEFAULT_MAX_CHARS = 16_000
 MAX_TESTS_LISTED = 30
 MAX_FILES_LISTED = 50
+MAX_CUTS_LISTED = 10
 TRUNCATION_MARK = "\n[… diagnostics cut to size …]\n"
 
 # What each cause usually means for the agent, in one sentence: the cause class alone is jargon.
@@ -41,6 +42,9 @@ HINTS: dict[Cause, str] = {
     "conftest.py, pytest configuration), which is reset before validation. Change the code under test instead.",
     Cause.signal: "The test process was killed by a signal. Look for crashes in native code or code that "
     "kills its own process.",
+    Cause.not_judged: "A bound cut evidence that could decide the verdict (a report too large to read, output cut "
+    "before its summary or a listed test), so the attempt was not judged. Keep test output and reports small: do not "
+    "print or report more than the bounds named below.",
     Cause.report_unparseable: "The test run left no trustworthy report. Do not change how the tests report "
     "their results; see the output below for what happened.",
     Cause.exit_mismatch: "The test command's exit code and its test report disagree. Do not change how the "
@@ -57,6 +61,15 @@ HINTS: dict[Cause, str] = {
     Cause.preview_not_ready: "The tests passed, but the app never answered its readiness check. It must listen "
     "on 127.0.0.1:$PORT (the port is in the environment) and answer there.",
     Cause.probe_missing: "The tests passed, but some declared probes left no evidence; that never passes.",
+    Cause.suspected_tampering: "The report was not believed: what the test runner itself saw differs from what "
+    "it reported, or the change adds code that reaches into the test runner (hooks, report objects, pytest "
+    "internals). Remove that code; fix the code under test so the tests genuinely pass.",
+    Cause.security_finding: "The tests passed, but the change introduces what the security scanners block: a "
+    "hard-coded secret, or unsafe code (shell=True with built commands, eval, yaml.load ...). The findings below say "
+    "where; remove the secret (read it from the environment) or write the code safely. Suppression comments do not "
+    "count.",
+    Cause.scan_failed: "The tests passed, but a required security scanner gave no evidence (it crashed, timed out "
+    "or left no readable SARIF). Keep changed files small and readable.",
     Cause.probe_failure: "The tests passed, but the running app failed an acceptance probe: an HTTP answer or "
     "what a browser saw. The probes below say what was expected and what came back; fix the app, not the probes.",
 }
@@ -86,6 +99,36 @@ def build_diagnostics(
         counts = ", ".join(f"{n} {k}" for k, n in sorted(verdict.counts.items()) if n)
         header.append(f"Tests executed: {verdict.tests_executed}" + (f" ({counts})" if counts else ""))
     sections: list[str] = ["\n".join(header)]
+    if verdict.cuts:
+        body = "\n".join(f"- {'DECIDES: ' if c.decisive else ''}{c.describe()}" for c in verdict.cuts[:MAX_CUTS_LISTED])
+        sections.append(_section("Evidence cut by bounds", _head(body, max_chars // 5)))
+
+    if verdict.doubts or verdict.runner_reach:
+        body = "\n".join(f"- {d}" for d in verdict.doubts)
+        if verdict.runner_reach:
+            body += ("\n" if body else "") + "Lines of the change that reach into the test runner:\n"
+            body += "\n".join(f"- {r}" for r in verdict.runner_reach)
+        sections.append(_section("Why the report was not believed", _head(body, max_chars // 5)))
+    if verdict.weakened:
+        body = "\n".join(f"- {w}" for w in verdict.weakened)
+        sections.append(_section("Checks the change weakens instead of satisfying", _head(body, max_chars // 6)))
+    scan = evidence.scan if evidence is not None else None
+    if scan is not None and (scan.findings or scan.errors):
+        body = "\n".join(f"- {f.describe()}" for f in scan.findings[:50])
+        if scan.errors:
+            body += ("\n" if body else "") + "\n".join(f"- scanner gave no evidence: {e}" for e in scan.errors)
+        sections.append(_section("What the security scanners found in the change", _head(body, max_chars // 6)))
+
+    if verdict.baseline:
+        body = verdict.baseline
+        for title, ids in (
+            ("Failing at the base commit too (not this change's fault)", verdict.pre_existing),
+            ("Flaky (failed, then passed on the same tree; they do not decide)", verdict.flaky),
+            ("Fixed by this change", verdict.fixed),
+        ):
+            if ids:
+                body += f"\n{title}: " + ", ".join(ids[:10]) + (f" (+{len(ids) - 10} more)" if len(ids) > 10 else "")
+        sections.append(_section("Baseline on the base commit", _head(body, max_chars // 6)))
 
     if review_comment and review_comment.strip():
         sections.append(_section("Reviewer's comment", _head(review_comment.strip(), max_chars // 4)))

@@ -1,9 +1,9 @@
 """Grading: the pure decision whether one attempt succeeded, from the evidence the platform gathered itself.
 
 The validation activity only gathers evidence (did the diff apply, what did the sandbox report, which bytes
-did the test run leave as its report) into a `ValidationEvidence`; `grade` decides. Because `grade` is a pure
-function of saved evidence, any attempt can be re-graded later, with a fixed parser or a changed rule, without
-re-running it.
+did the test run leave as its report, what the outcome witness recorded) into a `ValidationEvidence`
+(crewwork.validation.evidence); `grade` decides. Because `grade` is a pure function of saved evidence, any attempt
+can be re-graded later, with a fixed parser or a changed rule, without re-running it.
 
 The rules, in the order they are applied (the first that matches decides the `Cause`):
 
@@ -16,20 +16,36 @@ The rules, in the order they are applied (the first that matches decides the `Ca
 6. ``command_not_found``  the validation command does not exist or is not executable in the sandbox (the
    submission's fault: the attempt is recorded and fails, it is never an infrastructure retry).
 7. ``setup_failed``    a setup command exited non-zero.
-8. ``report_unparseable``  no usable report: missing when one was expected, malformed, refused by the host
-   (a symlink, a FIFO, a directory, a hard link, over the size bound), or its declared counts contradict its
-   test cases.
-9. ``no_tests``        the report shows no executed test (collected nothing, or everything skipped).
-10. ``exit_mismatch``   exit code and report disagree: exit 0 with failing tests, or a non-zero exit with no
+8. ``suspected_tampering``  the outcome witness disagrees with the report or the exit code, could not finish, or
+   recorded nothing although the command runs pytest (crewwork.validation.witness); or the change adds code that
+   reaches into the test runner (crewwork.validation.reach) and the submission did not allow runner code. Never a
+   pass, whatever review is set to; the verdict's `doubts` say why.
+9. ``not_judged``      a bound cut evidence that could decide the verdict (crewwork.validation.bounded): the
+   report over the host's or the parser's size bound or nested past its depth bound, or terminal output cut
+   before its summary line or a listed test. Never a pass; the verdict's `cuts` say what was cut and why.
+   (A bound that cuts only what cannot decide, such as passing test cases past a sample whose counts stay
+   exact, is recorded in `cuts` and judged normally.)
+10. ``report_unparseable``  no usable report: missing when one was expected, malformed, refused by the host
+   (a symlink, a FIFO, a directory, a hard link), or its declared counts contradict its test cases.
+11. ``no_tests``        the report shows no executed test (collected nothing, or everything skipped).
+12. ``exit_mismatch``   exit code and report disagree: exit 0 with failing tests, or a non-zero exit with no
    failing test. Neither an edited report nor a forced exit code alone can fake a pass.
-11. ``test_failure``   with ``fail_to_pass``/``pass_to_pass`` lists: a fail_to_pass test did not pass, or a
+13. ``test_failure``   with ``fail_to_pass``/``pass_to_pass`` lists: a fail_to_pass test did not pass, or a
    pass_to_pass test did not pass (missing from the report or skipped counts as not passing); without lists:
-   any failed or errored test.
-12-17. When the work item declares a preview (`validation.preview`), the tests passed and the live preview
-   decides, by `crewwork.preview.grading.grade_preview`'s rules: ``preview_not_started``, ``preview_limit``,
+   any failed or errored test. With lists, tests the lists do not name neither pass nor fail the attempt (a failing
+   one makes the exit code non-zero, which then agrees with the report); the verdict names them.
+   Without lists and with a usable baseline (``validation.baseline``, crewwork.validation.baseline): a failing test
+   that failed at the base commit too is ``pre_existing`` (named; it blocks only with ``baseline: block``), one
+   that failed in the change's run and passed in a usable rerun of the same tree is ``flaky`` (named; it neither
+   passes nor fails the attempt), and only the rest, the change's ``regressions``, fail it; at least one test must
+   pass that is neither. A failing base test the change makes pass is named ``fixed``. A baseline that is not
+   usable (cut by a bound, not believed, no report) is named in ``baseline`` and changes nothing.
+14-19. When the work item declares a preview (`validation.preview`), the tests passed and the live preview
+   decides, by `crewwork.preview.verdict.grade_preview`'s rules: ``preview_not_started``, ``preview_limit``,
    ``preview_crashed``, ``preview_not_ready``, ``probe_missing`` (declared probes without evidence: never a
    pass), ``probe_failure``.
-18. ``passed``        everything above held: a non-empty diff, passing tests and (where declared) every probe
+20-21. Then the scanners (`validation.scanners`, docs/scanners.md): ``security_finding``, ``scan_failed``.
+22. ``passed``        everything above held: a non-empty diff, passing tests and (where declared) every probe
    passing, measured by the platform.
 
 An agent's own claim of success is never an input here.
@@ -37,192 +53,34 @@ An agent's own claim of success is never an input here.
 
 from __future__ import annotations
 
-import enum
-from typing import Any, TypedDict
-
-from pydantic import BaseModel, ConfigDict, Field
+import dataclasses
 
 from crewwork.models import (
-    ArtifactRef,
-    PreviewOutcome,
-    ResetPath,
-    SandboxReport,
     TestCaseResult,
-    ValidationOutcome,
 )
-from crewwork.models.preview import PreviewSpec
-from crewwork.preview.evidence import PreviewEvidence
-from crewwork.preview.grading import PreviewVerdict, grade_preview
+from crewwork.preview.verdict import grade_preview
+from crewwork.validation.baseline import MAX_BASELINE_FAILING, RunFacts, usable_baseline
+from crewwork.validation.comparison import against_baseline, baseline_note
+from crewwork.validation.evidence import ValidationEvidence
 from crewwork.validation.fingerprint import fingerprint
 from crewwork.validation.parsers import ParsedReport, normalize_test_id, parse_report
-
-# Tests carried in a verdict (and so through Temporal): the failing ones first, then listed ones. The full
-# per-test results stay in the report artifact and can be re-graded at any time.
-MAX_VERDICT_TESTS = 200
-MAX_VERDICT_MESSAGE_CHARS = 1_500
-MAX_VERDICT_FAILING_IDS = 500
-MAX_TAIL_CHARS = 64 * 1024
-
-
-class Cause(enum.StrEnum):
-    """The closed set of verdict causes. Fingerprints and the breaker group failures by these."""
-
-    passed = "passed"
-    test_failure = "test_failure"
-    no_tests = "no_tests"
-    empty_diff = "empty_diff"
-    patch_failed = "patch_failed"
-    setup_failed = "setup_failed"
-    timeout = "timeout"
-    oom = "oom"
-    pids = "pids"
-    disk = "disk"
-    signal = "signal"
-    command_not_found = "command_not_found"
-    no_effective_change = "no_effective_change"
-    report_unparseable = "report_unparseable"
-    exit_mismatch = "exit_mismatch"
-    infrastructure = "infrastructure"
-    preview_not_started = "preview_not_started"
-    preview_limit = "preview_limit"
-    preview_crashed = "preview_crashed"
-    preview_not_ready = "preview_not_ready"
-    probe_missing = "probe_missing"
-    probe_failure = "probe_failure"
-
-
-class ValidationEvidence(BaseModel):
-    """Everything grading looks at, as gathered by the validation activity. Serialisable (bytes as base64)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64")
-
-    diff_nonempty: bool = Field(description="The attempt's diff changes at least one file.")
-    patch_applied: bool = Field(
-        default=True, description="The diff applied cleanly to a fresh checkout of the base commit."
-    )
-    exit_code: int | None = Field(default=None, description="Exit code of the test command; None if none exists.")
-    timed_out: bool = Field(default=False, description="The sandbox's wall-clock cap ended the run.")
-    oom_killed: bool = Field(default=False, description="The sandbox's memory cap killed the run.")
-    pids_limited: bool = Field(default=False, description="The sandbox's process cap was hit.")
-    disk_limited: bool = Field(default=False, description="The workspace or scratch space filled up (disk cap).")
-    command_not_found: bool = Field(
-        default=False, description="The test command does not exist or is not executable inside the sandbox."
-    )
-    effective_change: bool = Field(
-        default=True, description="Something the diff changed survived the reset of protected test infrastructure."
-    )
-    protected_reset: list[str] = Field(
-        default_factory=list, description="`path (why)` of each protected path reset before the run."
-    )
-    report_refused: str | None = Field(
-        default=None, description="Why the host refused to read the report (symlink, FIFO, directory, size ...)."
-    )
-    killed_by_signal: int | None = Field(default=None, description="Signal number that killed the test command.")
-    setup_exit_code: int | None = Field(
-        default=None,
-        description="Exit code of the first failing setup command; None or 0 when setup was fine.",
-    )
-    infrastructure_error: str | None = Field(
-        default=None, description="Why the platform could not run validation at all (not the agent's fault)."
-    )
-    report: bytes | None = Field(
-        default=None, description="The raw machine-readable report the test run wrote; None if it wrote none."
-    )
-    report_format: str | None = Field(
-        default="junit",
-        description="Parser name (a key of PARSERS) for `report`. None: no report expected, so the pytest "
-        "terminal summary in `stdout_tail` is parsed instead.",
-    )
-    stdout_tail: str = Field(default="", description="Bounded tail of the test command's stdout.")
-    stderr_tail: str = Field(default="", description="Bounded tail of the test command's stderr.")
-    fail_to_pass: list[str] = Field(default_factory=list, description="Test ids that must pass after the change.")
-    pass_to_pass: list[str] = Field(default_factory=list, description="Test ids that must keep passing.")
-    preview_spec: PreviewSpec | None = Field(
-        default=None, description="The declared preview and probes; None: the tests alone decide."
-    )
-    preview: PreviewEvidence | None = Field(
-        default=None, description="What the preview showed; None with a declared preview is missing evidence."
-    )
-
-    @classmethod
-    def from_sandbox(cls, sandbox: SandboxReport, **facts: Any) -> ValidationEvidence:
-        """Evidence from a run's `SandboxReport` (exit code, limits hit, bounded output tails) plus `facts`, the
-        fields the activity saw around the run (diff_nonempty, report, fail_to_pass, setup_exit_code, ...)."""
-        return cls(
-            exit_code=sandbox.exit_code,
-            timed_out=sandbox.timed_out,
-            oom_killed=sandbox.oom_killed,
-            pids_limited=sandbox.pids_limited,
-            disk_limited=sandbox.disk_limited,
-            command_not_found=sandbox.command_not_found,
-            killed_by_signal=sandbox.killed_by_signal,
-            stdout_tail=sandbox.stdout_tail[-MAX_TAIL_CHARS:],
-            stderr_tail=sandbox.stderr_tail[-MAX_TAIL_CHARS:],
-            **facts,
-        )
-
-
-class Verdict(BaseModel):
-    """The decision on one attempt, with the facts it rests on (bounded, so it can travel via Temporal)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    passed: bool = Field(description="True only when cause is `passed`.")
-    cause: Cause = Field(description="Which rule decided; see the module docstring.")
-    reason: str = Field(description="One human sentence saying why.")
-    exit_code: int | None = None
-    tests: list[TestCaseResult] = Field(
-        default_factory=list,
-        description="At most MAX_VERDICT_TESTS results, non-passing and listed tests first.",
-    )
-    tests_executed: int = Field(default=0, description="Tests that ran (passed, failed or errored).")
-    counts: dict[str, int] = Field(default_factory=dict, description="Outcome -> number of tests.")
-    failing_tests: list[str] = Field(
-        default_factory=list, description="Sorted ids of the tests that made this attempt fail."
-    )
-    error_signature: str | None = Field(
-        default=None, description="A short raw error line for failures without failing tests (fingerprinted)."
-    )
-    report_format: str | None = Field(default=None, description="Parser whose output was used, if any.")
-    fingerprint: str = Field(default="", description="Stable id of this failure mode (see fingerprint.py).")
-    preview: PreviewVerdict | None = Field(default=None, description="The preview's own verdict, when it ran.")
-
-    def to_outcome(
-        self,
-        *,
-        sandbox: SandboxReport | None = None,
-        log_ref: ArtifactRef | None = None,
-        report_ref: ArtifactRef | None = None,
-        diagnostics: str | None = None,
-        protected_reset: list[ResetPath] | None = None,
-        preview: PreviewOutcome | None = None,
-    ) -> ValidationOutcome:
-        """The `ValidationOutcome` the store and workflow carry."""
-        return ValidationOutcome(
-            passed=self.passed,
-            reason=self.reason,
-            cause=self.cause.value,
-            exit_code=self.exit_code,
-            tests=list(self.tests),
-            tests_executed=self.tests_executed,
-            sandbox=sandbox,
-            log_ref=log_ref,
-            report_ref=report_ref,
-            diagnostics=diagnostics,
-            fingerprint=self.fingerprint or None,
-            protected_reset=list(protected_reset or []),
-            preview=preview,
-        )
+from crewwork.validation.scanners.decide import scan_decision
+from crewwork.validation.verdict_tests import MAX_VERDICT_FAILING_IDS as MAX_VERDICT_FAILING_IDS
+from crewwork.validation.verdict_tests import MAX_VERDICT_MESSAGE_CHARS as MAX_VERDICT_MESSAGE_CHARS
+from crewwork.validation.verdict_tests import MAX_VERDICT_TESTS as MAX_VERDICT_TESTS
+from crewwork.validation.verdict_tests import test_fields as _test_fields
+from crewwork.validation.verdicts import MAX_PROTECTED_RESET_SHOWN as MAX_PROTECTED_RESET_SHOWN
+from crewwork.validation.verdicts import Cause as Cause
+from crewwork.validation.verdicts import Verdict as Verdict
+from crewwork.validation.verdicts import fail as _fail
+from crewwork.validation.verdicts import plural as _plural
+from crewwork.validation.witness import MAX_DOUBTS, witness_doubts
 
 
 def grade(evidence: ValidationEvidence) -> Verdict:
     """Decide one attempt from its evidence. Pure and deterministic; never raises on bad evidence."""
     verdict = _decide(evidence)
     return verdict.model_copy(update={"fingerprint": fingerprint(verdict)})
-
-
-def _fail(cause: Cause, reason: str, **kw: object) -> Verdict:
-    return Verdict(passed=False, cause=cause, reason=reason, **kw)  # type: ignore[arg-type]
 
 
 def _last_line(*texts: str) -> str | None:
@@ -233,12 +91,21 @@ def _last_line(*texts: str) -> str | None:
     return None
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def _decide(ev: ValidationEvidence) -> Verdict:
+    verdict = _decide_run(ev)
+    decided = scan_decision(ev.scan, ev.scan_required) if ev.scan is not None and verdict.passed else None
+    if decided is None:
+        return verdict
+    update = {"passed": False, "cause": Cause(decided[0]), "reason": decided[1], "error_signature": decided[2]}
+    return verdict.model_copy(update=update)
+
+
+def _decide_run(ev: ValidationEvidence) -> Verdict:
     verdict = _decide_tests(ev)
+    if ev.baseline is not None and verdict.baseline is None:
+        verdict = verdict.model_copy(update={"baseline": baseline_note(ev.baseline)})
+    if ev.runner_reach or ev.weakened:
+        verdict = verdict.model_copy(update={"runner_reach": ev.runner_reach, "weakened": ev.weakened})
     if not verdict.passed or ev.preview_spec is None:
         return verdict
     pv = grade_preview(ev.preview_spec, ev.preview)
@@ -327,6 +194,32 @@ def _decide_tests(ev: ValidationEvidence) -> Verdict:
         return _fail(Cause.infrastructure, "The test command left no exit code.", error_signature=signature)
 
     parsed, missing_reason = _parse(ev)
+    doubts = _doubts(ev, parsed if missing_reason is None and parsed.ok and not parsed.inconsistent else None)
+    if doubts:
+        kept = doubts[:MAX_DOUBTS]
+        if len(doubts) > MAX_DOUBTS:
+            kept.append(f"... and {len(doubts) - MAX_DOUBTS} more")
+        return _fail(
+            Cause.suspected_tampering,
+            f"Suspected tampering with the test runner: {doubts[0]}"
+            + (f" (and {_plural(len(doubts) - 1, 'more reason')})" if len(doubts) > 1 else "")
+            + ". The report is not believed.",
+            exit_code=ev.exit_code,
+            error_signature=f"tampering: {doubts[0]}"[:300],
+            doubts=kept,
+            **_test_fields(parsed if parsed.ok else None, ev, failing=set()),
+        )
+    cuts = [*ev.cuts, *parsed.cuts]
+    decisive = [c for c in cuts if c.decisive]
+    if decisive:
+        shown = "; ".join(c.describe() for c in decisive[:3])
+        return _fail(
+            Cause.not_judged,
+            f"Not judged: a bound cut evidence that could decide the verdict ({shown}).",
+            exit_code=ev.exit_code,
+            error_signature=f"cut: {', '.join(sorted({c.what for c in decisive}))}"[:300],
+            **_test_fields(parsed if parsed.ok else None, ev, failing=set(), cuts=cuts),
+        )
     if missing_reason is not None or not parsed.ok or parsed.inconsistent:
         why = missing_reason or parsed.error or "the report could not be read"
         # Whatever the terminal output shows still helps the next attempt, but it cannot make a pass.
@@ -388,17 +281,28 @@ def _decide_tests(ev: ValidationEvidence) -> Verdict:
                 **_test_fields(parsed, ev, failing=failing),
             )
         listed = len(set(ev.fail_to_pass) | set(ev.pass_to_pass))
+        unlisted = sorted(t.id for t in parsed.tests if t.outcome in ("failed", "error"))
+        note = (
+            f"; {_plural(bad, 'test')} the lists do not name failed, which does not decide (first: {unlisted[0]})"
+            if bad and unlisted
+            else ""
+        )
         return Verdict(
             passed=True,
             cause=Cause.passed,
             reason=f"All {_plural(listed, 'listed test')} passed ({parsed.executed} tests ran, exit code "
-            f"{ev.exit_code}).",
+            f"{ev.exit_code}{note}).",
             exit_code=ev.exit_code,
+            unlisted_failing=unlisted[:MAX_VERDICT_FAILING_IDS],
             **fields,
         )
 
     if bad > 0:
         failing = {t.id for t in parsed.tests if t.outcome in ("failed", "error")}
+        base = usable_baseline(ev.baseline)
+        # Only when every failing test is known by id: a failure cut from the report could be a regression.
+        if base is not None and len(failing) == bad:
+            return against_baseline(ev, parsed, failing, base)
         return _fail(
             Cause.test_failure,
             f"{_plural(bad, 'test')} of {parsed.executed} failed (exit code {ev.exit_code}).",
@@ -414,18 +318,48 @@ def _decide_tests(ev: ValidationEvidence) -> Verdict:
     )
 
 
+def _doubts(ev: ValidationEvidence, parsed: ParsedReport | None) -> list[str]:
+    """Every reason not to believe the report: the witness's, the host's refusals of it, and (unless the submission
+    allows runner code) the lines of the change that reach into the runner."""
+    cut = any(c.decisive and c.what.startswith("witness") for c in ev.cuts)
+    doubts = [f"the host refused a witness stream: {r}" for r in ev.witness_refused]
+    if not cut:
+        doubts += witness_doubts(
+            expected=ev.witness_expected,
+            streams=ev.witness_streams,
+            parsed=parsed,
+            exit_code=ev.exit_code,
+            listed=[*ev.fail_to_pass, *ev.pass_to_pass],
+            changed=ev.changed_paths,
+            report_path=ev.report_path,
+        )
+    if ev.runner_reach and not ev.runner_code_allowed:
+        doubts.append(
+            f"the change adds {_plural(max(ev.runner_reach_total, len(ev.runner_reach)), 'line')} that reach into "
+            f"the test runner (first: {ev.runner_reach[0]})"
+        )
+    return doubts
+
+
 def _parse(ev: ValidationEvidence) -> tuple[ParsedReport, str | None]:
-    """The report to judge by, and a reason if the expected report is missing."""
+    """The report to judge by, and a reason if the expected report is missing. The listed tests are kept whatever
+    the parser's bounds; terminal output is parsed knowing how it was cut."""
+    keep = [*ev.fail_to_pass, *ev.pass_to_pass]
     if ev.report_format is None:
-        return parse_report("pytest_terminal", ev.stdout_tail), None
+        return parse_report("pytest_terminal", ev.stdout_tail, keep=keep, input_cut=ev.stdout_cut), None
+    # A fallback to the terminal output only helps the diagnostics: its cuts never decide (the report does).
     if ev.report_refused is not None:
-        fallback = parse_report("pytest_terminal", ev.stdout_tail)
+        fallback = _without_cuts(parse_report("pytest_terminal", ev.stdout_tail))
         return fallback, f"the host refused to read the report: {ev.report_refused}"
     if ev.report is None:
         # Still read the terminal output for the diagnostics, but a missing expected report never passes.
-        fallback = parse_report("pytest_terminal", ev.stdout_tail)
+        fallback = _without_cuts(parse_report("pytest_terminal", ev.stdout_tail))
         return fallback, f"the expected {ev.report_format} report was not written"
-    return parse_report(ev.report_format, ev.report), None
+    return parse_report(ev.report_format, ev.report, keep=keep), None
+
+
+def _without_cuts(parsed: ParsedReport) -> ParsedReport:
+    return dataclasses.replace(parsed, cuts=())
 
 
 def _not_passing(ids: list[str], results: dict[str, TestCaseResult]) -> dict[str, str]:
@@ -440,50 +374,30 @@ def _not_passing(ids: list[str], results: dict[str, TestCaseResult]) -> dict[str
     return bad
 
 
-class _TestFields(TypedDict, total=False):
-    tests: list[TestCaseResult]
-    tests_executed: int
-    counts: dict[str, int]
-    failing_tests: list[str]
-    report_format: str | None
-
-
-def _test_fields(parsed: ParsedReport | None, ev: ValidationEvidence, *, failing: set[str]) -> _TestFields:
-    """Bounded test facts for a verdict: failing tests first, then listed ones, then the rest."""
-    if parsed is None:
-        return {"failing_tests": sorted(failing)[:MAX_VERDICT_FAILING_IDS]}
-    results = parsed.by_id()
-    listed = [normalize_test_id(i) for i in (*ev.fail_to_pass, *ev.pass_to_pass)]
-    order: list[TestCaseResult] = []
-    seen: set[str] = set()
-
-    def take(result: TestCaseResult) -> None:
-        if result.id not in seen and len(order) < MAX_VERDICT_TESTS:
-            seen.add(result.id)
-            order.append(_bounded(result))
-
-    for test_id in sorted(failing):
-        if test_id in results:
-            take(results[test_id])
-    for result in parsed.tests:
-        if result.outcome in ("failed", "error"):
-            take(result)
-    for test_id in listed:
-        if test_id in results:
-            take(results[test_id])
-    for result in parsed.tests:
-        take(result)
-    return {
-        "tests": order,
-        "tests_executed": parsed.executed,
-        "counts": dict(parsed.counts),
-        "failing_tests": sorted(failing)[:MAX_VERDICT_FAILING_IDS],
-        "report_format": parsed.format,
-    }
-
-
-def _bounded(result: TestCaseResult) -> TestCaseResult:
-    if result.message is None or len(result.message) <= MAX_VERDICT_MESSAGE_CHARS:
-        return result
-    keep = MAX_VERDICT_MESSAGE_CHARS // 2
-    return result.model_copy(update={"message": result.message[:keep] + "\n…\n" + result.message[-keep:]})
+def run_facts(ev: ValidationEvidence, label: str, candidates: set[str] | None = None) -> RunFacts:
+    """What one extra run (the baseline, or a rerun of the change's tree: `candidates` are the tests to watch)
+    gives grading: usable only when graded `passed` or `test_failure` with every failing test known by id."""
+    verdict = grade(ev)
+    if verdict.cause not in (Cause.passed, Cause.test_failure):
+        return RunFacts(label=label, usable=False, cause=verdict.cause.value, reason=verdict.reason)
+    parsed, _ = _parse(ev)
+    failing = sorted({t.id for t in parsed.tests if t.outcome in ("failed", "error")})
+    if len(failing) != parsed.not_passing or len(failing) > MAX_BASELINE_FAILING:
+        return RunFacts(
+            label=label,
+            usable=False,
+            cause=Cause.not_judged.value,
+            reason=f"{parsed.not_passing} failing tests, {len(failing)} known by id (at most "
+            f"MAX_BASELINE_FAILING = {MAX_BASELINE_FAILING} are kept)",
+            executed=parsed.executed,
+        )
+    passed = sorted(t.id for t in parsed.tests if t.outcome == "passed" and t.id in (candidates or set()))
+    return RunFacts(
+        label=label,
+        usable=True,
+        cause=verdict.cause.value,
+        reason=verdict.reason,
+        executed=parsed.executed,
+        failing=failing if candidates is None else [t for t in failing if t in candidates],
+        passed=passed,
+    )

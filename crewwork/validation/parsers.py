@@ -7,8 +7,14 @@ another test runner is one function and one registry line.
 Reports are written inside the sandbox by code the agent may have changed, so they are untrusted input:
 
 * XML is parsed with expat directly and any DOCTYPE, entity declaration or external entity is refused, which
-  rules out billion-laughs and external-entity tricks (a JUnit report never needs a DOCTYPE).
-* Sizes are bounded: the report itself, the number of test cases kept, and every message.
+  rules out billion-laughs and external-entity tricks (a JUnit report never needs a DOCTYPE); elements nested
+  deeper than MAX_XML_DEPTH are refused too. Time and memory are linear in the report's size, which is bounded.
+* Sizes are bounded without losing what decides (crewwork.validation.bounded): counts are exact over every test
+  case; failed and errored cases are kept up to MAX_FAILURES_KEPT, the rest up to MAX_CASES, the tests a work
+  item lists (`keep`) always; messages are cut to MAX_MESSAGE_CHARS, and only the first MAX_FAILURE_MESSAGES
+  failures keep one. A bound that still cuts what could decide (a report over MAX_REPORT_BYTES or MAX_XML_DEPTH,
+  terminal output cut before its summary or a listed test) is a decisive `Cut` in ``ParsedReport.cuts``: grading
+  then says `not_judged`, never a pass.
 * Anything that cannot be read comes back as ``ParsedReport(ok=False, error=...)``, never as an exception and
   never as a pass.
 """
@@ -16,19 +22,26 @@ Reports are written inside the sandbox by code the agent may have changed, so th
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 from xml.parsers import expat
 
 from crewwork.models import TestCaseResult
+from crewwork.validation.bounded import Cut, Sample
 
 Outcome = Literal["passed", "failed", "error", "skipped"]
 
 # A pytest JUnit report of a very large suite is a few MiB; anything far beyond that is not a report we trust.
 MAX_REPORT_BYTES = 32 * 1024 * 1024
-# Results kept per report. Counts stay exact beyond this; only the per-test list is cut.
+# Passing and skipped results kept per report. Counts stay exact beyond this; only the per-test list is sampled.
 MAX_CASES = 50_000
+# Failed and errored results kept per report (each also counted): every one decides, so their bound is their own.
+MAX_FAILURES_KEPT = 50_000
+# Failures that keep their message; later ones keep their id and outcome (messages are for people, not verdicts).
+MAX_FAILURE_MESSAGES = 2_000
+# JUnit nests testsuites > testsuite > testcase > failure; a few levels more for nested suites. Deeper is hostile.
+MAX_XML_DEPTH = 64
 # Characters kept of one test's failure message (head of the message, tail of the traceback).
 MAX_MESSAGE_CHARS = 4_000
 MAX_TEST_ID_CHARS = 1_000
@@ -49,11 +62,12 @@ class ParsedReport:
     ok: bool
     """False when the report could not be read at all; then `error` says why and nothing else is trusted."""
     tests: tuple[TestCaseResult, ...] = ()
-    """Per-test results, at most `MAX_CASES`, one per test id (duplicates merged, worse outcome wins)."""
+    """Per-test results, one per test id (duplicates merged, worse outcome wins): every failed and errored one up to
+    MAX_FAILURES_KEPT, every listed one, the others up to MAX_CASES."""
     counts: dict[str, int] = field(default_factory=dict)
     """Exact counts per outcome over every test case seen, including those not kept in `tests`."""
-    truncated: bool = False
-    """More test cases were seen than kept."""
+    cuts: tuple[Cut, ...] = ()
+    """What a bound cut, and whether it could decide the verdict (crewwork.validation.bounded)."""
     error: str | None = None
     """Why the report is unusable (`ok` is False) or why it is not trusted (declared counts disagree)."""
     inconsistent: bool = False
@@ -73,11 +87,34 @@ class ParsedReport:
         return {t.id: t for t in self.tests}
 
 
-Parser = Callable[[bytes | str], ParsedReport]
+class Parser(Protocol):
+    """bytes in, a `ParsedReport` out. `keep`: test ids kept whatever the bounds (a work item's listed tests);
+    `input_cut`: how the data was already cut before it reached the parser (a tail of terminal output)."""
+
+    def __call__(
+        self, data: bytes | str, *, keep: Collection[str] = ..., input_cut: Cut | None = ...
+    ) -> ParsedReport: ...
 
 
-def _unparseable(fmt: str, why: str) -> ParsedReport:
-    return ParsedReport(format=fmt, ok=False, error=why)
+def _unparseable(fmt: str, why: str, cut: Cut | None = None) -> ParsedReport:
+    return ParsedReport(format=fmt, ok=False, error=why, cuts=(cut,) if cut is not None else ())
+
+
+def _too_large(fmt: str, size: int) -> ParsedReport:
+    return _unparseable(
+        fmt,
+        f"report is {size} bytes, more than the {MAX_REPORT_BYTES} allowed",
+        Cut(
+            what=f"{fmt} report",
+            bound="MAX_REPORT_BYTES",
+            limit=MAX_REPORT_BYTES,
+            unit="bytes",
+            seen=size,
+            kept=0,
+            decisive=True,
+            why="nothing of a report over its size bound is read, so nothing in it was judged",
+        ),
+    )
 
 
 def _bound_message(head: str | None, body: str | None) -> str | None:
@@ -95,40 +132,82 @@ def _bound_message(head: str | None, body: str | None) -> str | None:
     return text or None
 
 
-class _Accumulator:
-    """Collects results with bounded memory, merging duplicate ids."""
+def _merge(prior: TestCaseResult, new: TestCaseResult) -> TestCaseResult:
+    """One test id seen twice: the worse outcome wins. pytest reports a teardown error as a second <testcase> with
+    the same id; both messages are kept so the assertion of the call phase is not lost behind the teardown error."""
+    worse = new.outcome if _SEVERITY[new.outcome] > _SEVERITY[prior.outcome] else prior.outcome
+    merged = prior.message
+    if new.outcome in ("failed", "error") and new.message and new.message != prior.message:
+        merged = _bound_message(None, f"{prior.message}\n\n{new.message}" if prior.message else new.message)
+    if worse == prior.outcome and merged == prior.message:
+        return prior
+    return TestCaseResult(id=prior.id, outcome=worse, message=merged)
 
-    def __init__(self) -> None:
-        self.results: dict[str, TestCaseResult] = {}
-        self.counts: dict[str, int] = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
-        self.truncated = False
+
+class _Accumulator:
+    """Collects results within the bounds (a `Sample`: failures and listed tests kept, the rest sampled, counts
+    exact), merging duplicate ids."""
+
+    def __init__(self, keep: Collection[str] = ()) -> None:
+        self.sample: Sample[TestCaseResult] = Sample(
+            what="test cases",
+            deciding=frozenset({"failed", "error"}),
+            keep_deciding=MAX_FAILURES_KEPT,
+            deciding_bound="MAX_FAILURES_KEPT",
+            keep_rest=MAX_CASES,
+            rest_bound="MAX_CASES",
+            merge=_merge,
+            kind_of=lambda r: r.outcome,
+            must_keep=frozenset(normalize_test_id(k)[:MAX_TEST_ID_CHARS] for k in keep),
+        )
+        self.messages = 0
+        self.messages_dropped = 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {k: self.sample.counts.get(k, 0) for k in ("passed", "failed", "error", "skipped")}
 
     def add(self, test_id: str, outcome: Outcome, message: str | None) -> None:
         test_id = test_id[:MAX_TEST_ID_CHARS]
-        self.counts[outcome] += 1
-        prior = self.results.get(test_id)
-        if prior is not None:
-            # pytest reports a teardown error as a second <testcase> with the same id; keep both messages so
-            # the assertion of the call phase is not lost behind the teardown error.
-            worse = outcome if _SEVERITY[outcome] > _SEVERITY[prior.outcome] else prior.outcome
-            merged = prior.message
-            if outcome in ("failed", "error") and message and message != prior.message:
-                merged = _bound_message(None, f"{prior.message}\n\n{message}" if prior.message else message)
-            if worse != prior.outcome or merged != prior.message:
-                self.results[test_id] = TestCaseResult(id=test_id, outcome=worse, message=merged)
-            return
-        if len(self.results) >= MAX_CASES:
-            self.truncated = True
-            return
-        self.results[test_id] = TestCaseResult(id=test_id, outcome=outcome, message=message)
+        if message is not None and test_id not in self.sample.items:
+            if self.messages >= MAX_FAILURE_MESSAGES and outcome in ("failed", "error"):
+                message = None
+                self.messages_dropped += 1
+            elif outcome in ("failed", "error"):
+                self.messages += 1
+        self.sample.add(test_id, TestCaseResult(id=test_id, outcome=outcome, message=message))
 
-    def report(self, fmt: str, *, inconsistent: bool = False, error: str | None = None) -> ParsedReport:
+    def cuts(self) -> list[Cut]:
+        cuts = self.sample.cuts()
+        if self.messages_dropped:
+            cuts.append(
+                Cut(
+                    what="failure messages",
+                    bound="MAX_FAILURE_MESSAGES",
+                    limit=MAX_FAILURE_MESSAGES,
+                    seen=self.messages + self.messages_dropped,
+                    kept=self.messages,
+                    decisive=False,
+                    why="every failure is kept with its id and outcome; only the later ones' messages are not",
+                )
+            )
+        return cuts
+
+    def report(
+        self,
+        fmt: str,
+        *,
+        inconsistent: bool = False,
+        error: str | None = None,
+        counts: dict[str, int] | None = None,
+        cuts: list[Cut] | None = None,
+    ) -> ParsedReport:
         return ParsedReport(
             format=fmt,
             ok=True,
-            tests=tuple(self.results.values()),
-            counts=dict(self.counts),
-            truncated=self.truncated,
+            tests=tuple(self.sample.items.values()),
+            counts=counts if counts is not None else self.counts,
+            cuts=tuple([*self.cuts(), *(cuts or [])]),
             inconsistent=inconsistent,
             error=error,
         )
@@ -183,10 +262,14 @@ class _RefusedXML(Exception):
     pass
 
 
+class _TooDeep(_RefusedXML):
+    pass
+
+
 _CHILD_OUTCOME: dict[str, Outcome] = {"failure": "failed", "error": "error", "skipped": "skipped"}
 
 
-def parse_junit(data: bytes | str) -> ParsedReport:
+def parse_junit(data: bytes | str, *, keep: Collection[str] = (), input_cut: Cut | None = None) -> ParsedReport:
     """JUnit XML as written by pytest ``--junitxml`` (xunit1 or xunit2) and by most other runners.
 
     The root is ``<testsuites>`` or ``<testsuite>``; each ``<testcase classname= name=>`` passed unless it
@@ -195,11 +278,28 @@ def parse_junit(data: bytes | str) -> ParsedReport:
     fmt = "junit"
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if len(raw) > MAX_REPORT_BYTES:
-        return _unparseable(fmt, f"report is {len(raw)} bytes, more than the {MAX_REPORT_BYTES} allowed")
+        return _too_large(fmt, len(raw))
+    if input_cut is not None:
+        # Part of an XML document is no report: whatever was cut could hold a failure.
+        return _unparseable(fmt, f"the report was cut before parsing ({input_cut.describe()})", input_cut)
     if not raw.strip():
         return _unparseable(fmt, "report is empty")
     try:
-        return _parse_junit_xml(raw)
+        return _parse_junit_xml(raw, keep)
+    except _TooDeep as exc:
+        return _unparseable(
+            fmt,
+            str(exc),
+            Cut(
+                what="junit report",
+                bound="MAX_XML_DEPTH",
+                limit=MAX_XML_DEPTH,
+                unit="levels",
+                kept=0,
+                decisive=True,
+                why="a report nested past its depth bound is not read, so nothing in it was judged",
+            ),
+        )
     except _RefusedXML as exc:
         return _unparseable(fmt, str(exc))
     except expat.ExpatError as exc:
@@ -208,8 +308,8 @@ def parse_junit(data: bytes | str) -> ParsedReport:
         return _unparseable(fmt, f"report could not be read ({type(exc).__name__})")
 
 
-def _parse_junit_xml(raw: bytes) -> ParsedReport:
-    acc = _Accumulator()
+def _parse_junit_xml(raw: bytes, keep: Collection[str]) -> ParsedReport:
+    acc = _Accumulator(keep)
     stack: list[str] = []
     suite_names: list[str] = []
     # Per open <testsuite>: [declared failures+errors or None, seen failures+errors].
@@ -236,6 +336,8 @@ def _parse_junit_xml(raw: bytes) -> ParsedReport:
         nonlocal case, case_outcome, case_head, body_len, collecting_body
         if not stack and tag not in ("testsuites", "testsuite"):
             raise _RefusedXML(f"root element is <{tag[:50]}>, not <testsuites> or <testsuite>")
+        if len(stack) >= MAX_XML_DEPTH:
+            raise _TooDeep(f"report nests elements deeper than {MAX_XML_DEPTH} levels (MAX_XML_DEPTH); refused")
         stack.append(tag)
         if tag == "testsuite":
             suite_names.append(attrs.get("name", ""))
@@ -347,17 +449,29 @@ _COUNT_OUTCOME: dict[str, Outcome] = {
 }
 
 
-def parse_pytest_terminal(data: bytes | str) -> ParsedReport:
+def parse_pytest_terminal(
+    data: bytes | str, *, keep: Collection[str] = (), input_cut: Cut | None = None
+) -> ParsedReport:
     """Fallback when no report file exists: pytest's terminal output (the tail is enough).
 
     Counts come from the final summary line, which must be present; per-test ids come from ``-v`` lines and
     the ``-r`` short summary, so a test not named there is simply unknown (and a listed test that is unknown
-    counts as not passing).
+    counts as not passing). When the output was cut before it got here (`input_cut`: only a tail was kept), a
+    missing summary line or a listed test that is not named is a decisive cut: what was cut could have held it.
     """
     fmt = "pytest_terminal"
     text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
     if len(text) > MAX_REPORT_BYTES:
         text = text[-MAX_REPORT_BYTES:]
+        input_cut = input_cut or Cut(
+            what="test output",
+            bound="MAX_REPORT_BYTES",
+            limit=MAX_REPORT_BYTES,
+            unit="bytes",
+            seen=len(data),
+            kept=MAX_REPORT_BYTES,
+            decisive=False,
+        )
     counts: dict[str, int] | None = None
     per_test: dict[str, tuple[Outcome, str | None]] = {}
     for line in text.splitlines():
@@ -380,13 +494,35 @@ def parse_pytest_terminal(data: bytes | str) -> ParsedReport:
             if prior is None or _SEVERITY[outcome] >= _SEVERITY[prior[0]]:
                 per_test[test_id] = (outcome, _bound_message(msg, None) or (prior[1] if prior else None))
     if counts is None:
+        if input_cut is not None:
+            return _unparseable(
+                fmt,
+                "no pytest summary line in the kept output, which was cut",
+                input_cut.model_copy(
+                    update={"decisive": True, "why": "the summary line could have been in what was not kept"}
+                ),
+            )
         return _unparseable(fmt, "no pytest summary line found in the output")
-    acc = _Accumulator()
+    acc = _Accumulator(keep)
     for test_id, (outcome, msg) in per_test.items():
         acc.add(test_id, outcome, msg)
+    cuts: list[Cut] = []
+    if input_cut is not None:
+        unnamed = sorted({normalize_test_id(k) for k in keep} - set(per_test))
+        if unnamed:
+            cuts.append(
+                input_cut.model_copy(
+                    update={
+                        "decisive": True,
+                        "why": f"{len(unnamed)} listed test(s) not named in the kept output (first: "
+                        f"{unnamed[0][:200]}); their lines could have been in what was not kept",
+                    }
+                )
+            )
+        else:
+            cuts.append(input_cut)
     # The summary line is authoritative for counts; per-test lines may be partial (only a tail was kept).
-    acc.counts = counts
-    return acc.report(fmt)
+    return acc.report(fmt, counts=counts, cuts=cuts)
 
 
 PARSERS: dict[str, Parser] = {
@@ -396,12 +532,15 @@ PARSERS: dict[str, Parser] = {
 """Report format name -> parser. Adding a runner is one parser function and one line here."""
 
 
-def parse_report(fmt: str, data: bytes | str) -> ParsedReport:
-    """Parse with the named parser. An unknown format or a parser bug gives an unparseable report."""
+def parse_report(
+    fmt: str, data: bytes | str, *, keep: Collection[str] = (), input_cut: Cut | None = None
+) -> ParsedReport:
+    """Parse with the named parser (`keep`, `input_cut`: see `Parser`). An unknown format or a parser bug gives an
+    unparseable report."""
     parser = PARSERS.get(fmt)
     if parser is None:
         return _unparseable(fmt, f"no parser registered for report format {fmt!r}")
     try:
-        return parser(data)
+        return parser(data, keep=keep, input_cut=input_cut)
     except Exception as exc:  # a parser bug must never turn into a pass or escape into the activity
         return _unparseable(fmt, f"parser {fmt!r} failed ({type(exc).__name__})")

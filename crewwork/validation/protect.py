@@ -14,8 +14,15 @@ applied), before anything is written into the validation workspace. What is prot
 - the pytest plugins the repository ships: modules named in a base `conftest.py`'s `pytest_plugins` or by `-p`
   in the base configuration's `addopts`, as `name.py` or a `name/` package at the root, under `src/` or next to
   a conftest (also when the change creates them: a new file cannot shadow an installed plugin);
-- modules that would shadow the test runner when the repository root is on `sys.path` (`pytest.py`, `pytest/`,
-  `_pytest/`, `py.py`, `pluggy`, `sitecustomize.py`, `usercustomize.py` at the root);
+- modules that would shadow the test runner when the repository root (or `src/`, in an editable install) is on
+  `sys.path` (`pytest.py`, `pytest/`, `_pytest/`, `py.py`, `pluggy`, and `json`, `unittest`, which the outcome
+  witness imports, there), and interpreter start-up hooks anywhere
+  (`sitecustomize.py`, `usercustomize.py`: imported before pytest and its plugins wherever their directory is on
+  `sys.path`);
+- the configuration of each checker the validation command names (`ruff`, `mypy`, `flake8`, `pylint`, `pyright`,
+  `coverage` or `pytest --cov`): its own files (`ruff.toml`, `mypy.ini`, `.flake8`, `.pylintrc`,
+  `pyrightconfig.json`, `.coveragerc`, ...) anywhere, and a pyproject.toml whose `[tool.NAME]` table changed (the
+  whole file, as for pytest's tables);
 - compiled bytecode anywhere (`__pycache__/`, `*.pyc`, `*.pyo`): an unchecked-hash `.pyc` is imported instead
   of its (restored) source.
 
@@ -23,31 +30,56 @@ A submission widens the set with `validation.protect.paths` and narrows the *def
 `validation.protect.exclude` (or drops all defaults with `validation.protect.defaults: false`); `test_files` and
 `protect.paths` always hold. Each reset is reported with its reason.
 
-Honest limit: code under test runs inside the test process, so a change can still tamper with the runner from a
-module the tests import. Protection removes the configuration and plugin routes, the report is read by the host
-without trusting it, and the exit code is cross-checked with the report; review is the backstop for the rest.
+Code under test still runs inside the test process, so a change can tamper with the runner from a module the tests
+import; protection removes the configuration and plugin routes, and the rest is the outcome witness's and the scan's
+(crewwork.validation.witness, crewwork.validation.reach; docs/lifecycle.md says what remains).
 """
 
 from __future__ import annotations
 
 import ast
 import configparser
+import re
 import shlex
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from crewwork.gitops import PrivateGit, Tree
+from crewwork.boundary.paths import PLATFORM_DIR, PathPattern
 from crewwork.models import ResetPath, ValidationSpec
-from crewwork.paths import PLATFORM_DIR, PathPattern
+from crewwork.workspace.gitops import PrivateGit, Tree
 
 CONFIG_NAMES = frozenset(
     {"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg"}
 )
 RUNNER_SHADOWS = frozenset(
-    {"pytest.py", "pytest", "_pytest", "py.py", "pluggy", "pluggy.py", "sitecustomize.py", "usercustomize.py"}
-)
+    {"pytest.py", "pytest", "_pytest", "py.py", "pluggy", "pluggy.py", "sitecustomize.py", "usercustomize.py",
+     # the standard modules the outcome witness imports (crewwork/validation/witness_plugin.py)
+     "json.py", "json", "unittest.py", "unittest"}
+)  # fmt: skip
+STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
+CHECKER_CONFIGS: dict[str, frozenset[str]] = {
+    "ruff": frozenset({"ruff.toml", ".ruff.toml"}),
+    "mypy": frozenset({"mypy.ini", ".mypy.ini"}),
+    "flake8": frozenset({".flake8"}),
+    "pylint": frozenset({".pylintrc", "pylintrc"}),
+    "coverage": frozenset({".coveragerc"}),
+    "pyright": frozenset({"pyrightconfig.json"}),
+}
+"""The configuration files of each checker a validation command can run (setup.cfg and tox.ini are protected anyway);
+its `[tool.NAME]` table in a pyproject.toml counts too."""
+_CHECKER_WORD = re.compile(r"(?<![\w.-])(ruff|mypy|flake8|pylint|coverage|pyright)(?![\w-])|--cov\b")
+
+
+def checkers_in(command: Iterable[str]) -> set[str]:
+    """The checkers a validation command names (`pytest --cov` runs coverage)."""
+    found = set()
+    for m in _CHECKER_WORD.finditer(" ".join(command)):
+        found.add(m.group(1) or "coverage")
+    return found
+
+
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
@@ -59,6 +91,8 @@ class Protection:
     paths: list[PathPattern] = field(default_factory=list)
     exclude: list[PathPattern] = field(default_factory=list)
     defaults: bool = True
+    checkers: set[str] = field(default_factory=set)
+    """Checkers the validation command runs, whose configuration is protected like pytest's."""
     plugin_modules: set[str] = field(default_factory=set)
     plugin_roots: set[str] = field(default_factory=lambda: {"", "src/"})
 
@@ -69,6 +103,7 @@ class Protection:
             paths=list(spec.protect.paths),
             exclude=list(spec.protect.exclude),
             defaults=spec.protect.defaults,
+            checkers=checkers_in(spec.command),
         )
 
     def explicit_reason(self, path: str) -> str | None:
@@ -89,8 +124,18 @@ class Protection:
             return f"test configuration ({name})"
         if "__pycache__" in parts or name.endswith((".pyc", ".pyo")):
             return "compiled bytecode (imported instead of its source)"
+        for checker in sorted(self.checkers):
+            if name in CHECKER_CONFIGS[checker]:
+                return f"configuration of {checker}, which the validation command runs ({name})"
+        if name in STARTUP_HOOKS:
+            return (
+                f"an interpreter start-up hook ({name}), imported before the test runner wherever its directory is on "
+                "sys.path"
+            )
         if parts[0] in RUNNER_SHADOWS:
             return f"would shadow the test runner ({parts[0]} at the repository root)"
+        if parts[0] == "src" and len(parts) > 1 and parts[1] in RUNNER_SHADOWS:
+            return f"would shadow the test runner ({parts[1]} under src/, on sys.path in an editable install)"
         for mod in self.plugin_modules:
             rel = mod.replace(".", "/")
             for root in self.plugin_roots:
@@ -112,7 +157,9 @@ def conftest_plugins(source: str) -> set[str]:
     """Module names in a conftest's top-level `pytest_plugins = ...` (a string or a list/tuple of strings)."""
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        # A repository's file that Python's own parser gives up on (`x = a.b.b...` 200,000 deep is a RecursionError,
+        # 200,000 unary minus signs a MemoryError): pytest could not import it either.
         return set()
     out: set[str] = set()
     for node in tree.body:
@@ -165,12 +212,26 @@ def pytest_tables(data: bytes | None) -> Any:
         return ("unreadable",)
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError, MemoryError):
+        # tomllib recurses per nested array or inline table: `a = [[[[...` is a RecursionError, not a decode error.
         return ("unparseable",)
     tool = doc.get("tool", {}) if isinstance(doc.get("tool"), dict) else {}
     project = doc.get("project", {}) if isinstance(doc.get("project"), dict) else {}
     eps = project.get("entry-points", {}) if isinstance(project.get("entry-points"), dict) else {}
     return {"tool.pytest": tool.get("pytest"), "pytest11": eps.get("pytest11")}
+
+
+def tool_tables(data: bytes | None, names: Iterable[str]) -> Any:
+    """The `[tool.NAME]` tables of a pyproject.toml for each of `names`, or a marker when it cannot be parsed."""
+    text = _text(data)
+    if text is None:
+        return ("unreadable",)
+    try:
+        doc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError, MemoryError):
+        return ("unparseable",)
+    tool = doc.get("tool", {}) if isinstance(doc.get("tool"), dict) else {}
+    return {name: tool.get(name) for name in sorted(names)}
 
 
 def _pyproject_addopts(data: bytes | None) -> list[str]:
@@ -196,13 +257,17 @@ async def _blob(git: PrivateGit, tree: Tree, path: bytes) -> bytes | None:
 
 
 async def discover_plugins(git: PrivateGit, base: Tree, prot: Protection) -> None:
-    """Fill in the plugin modules and their roots from the base commit's conftests and configuration."""
+    """Fill in the plugin modules and their roots from the base commit's conftests and configuration. Each distinct
+    conftest is read and parsed once, however many paths hold it."""
+    parsed: dict[str, set[str]] = {}
     for path in base:
         name = path.rsplit(b"/", 1)[-1]
         if name == b"conftest.py":
-            text = _text(await _blob(git, base, path))
-            if text:
-                prot.plugin_modules |= conftest_plugins(text)
+            sha = base[path].sha
+            if sha not in parsed:
+                text = _text(await _blob(git, base, path))
+                parsed[sha] = conftest_plugins(text) if text else set()
+            prot.plugin_modules |= parsed[sha]
             parent = path[: -len(name)].decode("utf-8", "replace")
             prot.plugin_roots.add(parent)
     addopts: list[str] = []
@@ -220,13 +285,22 @@ async def discover_plugins(git: PrivateGit, base: Tree, prot: Protection) -> Non
     prot.plugin_modules |= addopts_plugins(addopts)
 
 
+WITNESS_NAMES = frozenset({b"crewwork_witness.py", b"crewwork_witness"})
+"""Names that would shadow the outcome witness plugin (`-p crewwork_witness`) wherever a directory of the tree is on
+sys.path, as the workspace root is under `python -m pytest`: the platform's, at any depth."""
+
+
+def _shadows_witness(raw: bytes) -> bool:
+    return any(part in WITNESS_NAMES for part in raw.split(b"/"))
+
+
 def _platform_owned(report_path: str | None) -> Callable[[bytes], bool]:
     reserved = {PLATFORM_DIR.encode()}
     if report_path is not None:
         parts = report_path.split("/")
         reserved |= {"/".join(parts[:i]).encode() for i in range(1, len(parts) + 1)}
     prefix = PLATFORM_DIR.encode() + b"/"
-    return lambda raw: raw in reserved or raw.startswith(prefix)
+    return lambda raw: raw in reserved or raw.startswith(prefix) or _shadows_witness(raw)
 
 
 def strip_platform(tree: Tree, report_path: str | None) -> tuple[Tree, list[ResetPath]]:
@@ -240,8 +314,11 @@ def strip_platform(tree: Tree, report_path: str | None) -> tuple[Tree, list[Rese
         if not owned(raw):
             out[raw] = entry
             continue
-        where = f"{PLATFORM_DIR}/" if raw.startswith(PLATFORM_DIR.encode() + b"/") else "the report location"
-        why = f"in {where}, which belongs to the platform (a change or a commit cannot ship evidence there)"
+        if _shadows_witness(raw) and not raw.startswith(PLATFORM_DIR.encode() + b"/"):
+            why = "named like crewwork's outcome witness (crewwork_witness), which would shadow it: the platform's name"
+        else:
+            where = f"{PLATFORM_DIR}/" if raw.startswith(PLATFORM_DIR.encode() + b"/") else "the report location"
+            why = f"in {where}, which belongs to the platform (a change or a commit cannot ship evidence there)"
         removed.append(ResetPath(path=raw.decode("utf-8", "replace"), action="removed", why=why))
     return out, removed
 
@@ -256,8 +333,8 @@ async def apply_protection(
 ) -> tuple[Tree, list[ResetPath]]:
     """`changed` with every protected path put back to `base` (or removed), and what was reset and why.
 
-    Also drops anything the change put in the platform directory or at the report path: the diff cannot ship
-    evidence."""
+    Also drops anything the change put in the platform directory, at the report path or under the outcome witness's
+    name: the diff cannot ship evidence, nor shadow what gathers it."""
     await discover_plugins(git, base, prot)
     out, resets = strip_platform(changed, report_path)
     platform_owned = _platform_owned(report_path)
@@ -278,6 +355,15 @@ async def apply_protection(
                     why = "its pytest configuration ([tool.pytest...] or a pytest11 entry point) changed; " + (
                         "the whole file is restored" if raw in base else "a new one cannot add any"
                     )
+                elif prot.checkers:
+                    was = tool_tables(await _blob(git, base, raw) if raw in base else b"", prot.checkers)
+                    now = tool_tables(await _blob(git, changed, raw) if raw in changed else b"", prot.checkers)
+                    if was != now:
+                        tables = ", ".join(f"tool.{c}" for c in sorted(prot.checkers))
+                        why = (
+                            f"the configuration of a checker the validation command runs ([{tables}]) changed; the "
+                            "whole file is restored"
+                        )
         if why is None:
             continue
         if raw in base:

@@ -1,5 +1,5 @@
 """The outbox deliverer: sends the outbox's due rows (crewwork/store/outbox.py), signed (`signing`), to the webhook
-URLs, each checked and pinned by the operator's outbound policy (crewwork/outbound.py) before every delivery.
+URLs, each checked and pinned by the operator's outbound policy (crewwork/boundary/outbound.py) before every delivery.
 
 A delivery that fails is retried with exponential backoff; after `max_attempts` failures its row goes to the
 dead-letter state `dead`. Delivery is at least once: the `webhook-id` header (the same on every retry of one message)
@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from crewwork import tracing
+from crewwork.boundary.outbound import OutboundPolicy
+from crewwork.observability import tracing
 from crewwork.observability.metrics import WEBHOOK_DELIVERIES
-from crewwork.outbound import OutboundPolicy
 from crewwork.store.outbox import Claimed, OutboxStore
 from crewwork.webhooks.signing import delivery_headers
 
@@ -51,7 +51,7 @@ class OutboxDeliverer:
         self.outbox = outbox
         self.policy = policy or DeliveryPolicy()
         self.outbound = outbound or OutboundPolicy()
-        """Where deliveries may go (crewwork.outbound): checked again before every delivery, which connects to the
+        """Where deliveries may go (crewwork.boundary.outbound): checked again before every delivery, which connects to the
         checked address, so a name that resolved to a public address at registration cannot be rebound to an
         internal one."""
         self.delivered = 0

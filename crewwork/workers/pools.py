@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 import tempfile
 from collections.abc import Sequence
 from datetime import timedelta
@@ -33,22 +34,28 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 import crewwork.workflows as pkg
-from crewwork import tracing
+from crewwork.admission.reconcile import Reconciler
+from crewwork.boundary import hostproc
 from crewwork.config import Settings
-from crewwork.observability import activity_interceptors, start_pool_observability
-from crewwork.reconcile import Reconciler
+from crewwork.models.pools import POOLS
+from crewwork.observability import tracing
+from crewwork.observability.pools import activity_interceptors, start_pool_observability
 from crewwork.steps.ports import Ports
 from crewwork.steps.registry import activities
 from crewwork.steps.step import HEARTBEAT_THROTTLE
+from crewwork.steps.sweep import run_sweeps
 from crewwork.store.store import Store
 from crewwork.temporal.client import connect
+from crewwork.temporal.deployment import deployment_config
+from crewwork.workers.schedules import ensure_retention_schedule
 from crewwork.workers.slots import SlotInterceptor, agent_done, poll_ahead_tuner
-from crewwork.workflows.evidence import EvidenceBundleWorkflow
+from crewwork.workflows.bundle import EvidenceBundleWorkflow
+from crewwork.workflows.reaper import RetentionWorkflow
+from crewwork.workflows.replay import ReplayWorkflow
 from crewwork.workflows.work_item import WorkItemWorkflow
 
 log = logging.getLogger("crewwork.workers")
 
-POOLS = ("control", "agent", "validate")
 GRACEFUL_SHUTDOWN = timedelta(seconds=20)
 HEALTH_DIR = Path(tempfile.gettempdir()) / "crewwork-health"
 HEALTH_INTERVAL_S = 5.0
@@ -99,11 +106,16 @@ def build_worker(
         if settings.workflow_sandbox != "off":  # only the sandbox re-imports the workflow module per run
             _cache_workflow_bytecode()
         workflows = {
-            "workflows": [WorkItemWorkflow, EvidenceBundleWorkflow],
+            "workflows": [WorkItemWorkflow, EvidenceBundleWorkflow, ReplayWorkflow, RetentionWorkflow],
             "workflow_runner": workflow_runner(settings.workflow_sandbox),
         }
     tuning = worker_tuning(pool, settings)
     own = tuning.pop("interceptors", [])
+    versioned = deployment_config(settings)
+    if versioned is not None:
+        # Every pool of one build declares the same version: a pinned item's activities go to its own build's
+        # agent and validate pools too (crewwork/temporal/deployment.py).
+        tuning["deployment_config"] = versioned
     return Worker(
         client,
         task_queue=settings.task_queue(pool),
@@ -149,6 +161,26 @@ def _cache_workflow_bytecode() -> None:
             compileall.compile_dir(d, quiet=1, force=False)
 
 
+class StartupRefused(ValueError):
+    """A pool process will not start with these settings; the message says which setting and why, one per line."""
+
+
+def startup_check(pools: Sequence[str], settings: Settings) -> list[str]:
+    """What a process running `pools` must refuse to start with (StartupRefused), and warns about (returned, and
+    logged): a control pool signs evidence at landing, so its signing key is checked now, not when the first item
+    lands (a missing or unpublished key ended every item `dead` there; crewwork.attestation.publish)."""
+    if "control" not in pools:
+        return []
+    from crewwork.attestation.publish import check_signing_key
+
+    check = check_signing_key(settings.evidence)
+    for warning in check.warnings:
+        log.warning("%s", warning)
+    if check.errors:
+        raise StartupRefused("\n".join(check.errors))
+    return check.warnings
+
+
 async def run_pool(pool: str, settings: Settings, *, extra_interceptors: Sequence[Interceptor] = ()) -> None:
     await run_pools([pool], settings, extra_interceptors=extra_interceptors)
 
@@ -166,6 +198,10 @@ async def run_pools(
     if unknown or not pools or len(set(pools)) != len(pools):
         raise ValueError(f"pools must be distinct names among {', '.join(POOLS)}, not {', '.join(pools) or 'none'}")
     name = "+".join(pools)
+    # The bounds of every git process and parse this process starts on tenant input (docs/bounds.md).
+    hostproc.configure_from(settings)
+    for warning in startup_check(pools, settings):
+        print(f"crewwork worker: WARNING: {warning}", file=sys.stderr, flush=True)
     # Observability first: JSON logs and the Temporal SDK metrics runtime must be in place before connecting.
     # No pre-ping in the pools: fenced writes retry a dead pooled connection themselves (Store._transaction).
     store = Store(
@@ -193,10 +229,19 @@ async def run_pools(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    build = settings.deployment.build_id
+    version = f" as {settings.deployment.name}:{build}" if build else ""
     for pool in pools:
-        log.info("pool %s polling task queue %s", pool, settings.task_queue(pool))
-        print(f"crewwork worker: pool {pool} polling {settings.task_queue(pool)}", flush=True)
+        log.info("pool %s polling task queue %s%s", pool, settings.task_queue(pool), version)
+        print(f"crewwork worker: pool {pool} polling {settings.task_queue(pool)}{version}", flush=True)
+    if "control" in pools:
+        try:
+            await ensure_retention_schedule(client, settings)
+        except Exception as exc:  # the pool runs without it; the next control pool to start tries again
+            log.warning("could not keep the retention schedule: %s", exc)
     alive = [asyncio.create_task(_report_alive(pool, stop)) for pool in pools]
+    # What attempts that died on this host left (workspaces, sandboxes, locks): at start, then periodically.
+    alive.append(asyncio.create_task(run_sweeps(settings, stop)))
     reconciler = None
     if "control" in pools and settings.reconcile_interval_s > 0:
         reconciler = asyncio.create_task(Reconciler(store, client, settings).run(stop))

@@ -1,7 +1,7 @@
 """How WorkItemWorkflow calls each step: one call path (`StepCalls._call`) for all of them. It gives the call the next
-step number (writes rank by (step, Temporal attempt), crewwork/store/fencing.py), runs the step by its activity name
-as its policy says (crewwork/steps/: task queue or local, timeouts, retry policy) and turns its failure into what it
-means for the item (`crewwork.steps.step.outcome`). A base class of the workflow, so that
+step number (writes rank by (step, Temporal attempt), crewwork/store/fencing/rule.py), runs the step by its activity
+name as its policy says (crewwork/steps/: task queue or local, timeouts, retry policy) and turns its failure into what
+it means for the item (`crewwork.steps.step.outcome`). A base class of the workflow, so that
 crewwork/workflows/work_item.py reads as the lifecycle alone. Workflow code: deterministic."""
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ with workflow.unsafe.imports_passed_through():
         AgentOutcome,
         AttemptSummary,
         LoopCarry,
+        ReviewRecord,
         ValidationOutcome,
         WorkItemInput,
         WorkItemResult,
         WorkItemState,
         WorkItemStatus,
     )
+    from crewwork.models.review import clean_line, describe
     from crewwork.steps.agent import RUN_AGENT, AgentStepInput
     from crewwork.steps.finish import FINISH, FinishInput
-    from crewwork.steps.record import RECORD_ATTEMPT, RecordInput
-    from crewwork.steps.step import Dead, Step, outcome
-    from crewwork.steps.validate import VALIDATE, ValidateInput
-    from crewwork.steps.workspace import (
+    from crewwork.steps.lease import (
         ACQUIRE_WORKSPACE,
         CLEANUP,
+        END,
         RELEASE_WORKSPACE,
         WORKSPACE_LEASE_TTL_S,
         WORKSPACE_POLL,
@@ -41,6 +41,9 @@ with workflow.unsafe.imports_passed_through():
         ReleaseInput,
         WorkspaceLeaseInput,
     )
+    from crewwork.steps.record import RECORD_ATTEMPT, RecordInput
+    from crewwork.steps.step import Dead, Step, outcome
+    from crewwork.steps.validate import VALIDATE, ValidateInput
     from crewwork.workflows.loop import Workspace, slim
     from crewwork.workflows.policies import SA_STATE
 
@@ -206,6 +209,7 @@ class StepCalls:
         mock: bool = False,
         record: RecordInput | None = None,
         pull_request_url: str | None = None,
+        review: ReviewRecord | None = None,
     ) -> WorkItemResult:
         result = WorkItemResult(
             work_item_id=self._inp.work_item_id,
@@ -217,6 +221,7 @@ class StepCalls:
             landed_commit=commit,
             mock=mock or self._inp.mock,
             pull_request_url=pull_request_url,
+            review=review,
         )
         self._set(state, reason)
         await self._call(
@@ -252,6 +257,24 @@ class StepCalls:
         except Dead:
             workflow.logger.warning("cleanup of %s failed", self._inp.work_item_id)
 
+    async def _end(self, workspace: Workspace | None) -> None:
+        """A code change's end in one local activity: the workspace lease given up (when it holds one), then the
+        item's worktrees removed. Given up after retries, the lease expires on its own and the host's sweep removes
+        what is left (crewwork/steps/sweep.py)."""
+        try:
+            await self._call(
+                END,
+                lambda step: CleanupInput(
+                    **self._ref(step),
+                    repo_path=self._inp.repo_path,
+                    workspace_key=workspace.key if workspace is not None else None,
+                    workspace_grant=workspace.grant if workspace is not None else None,
+                ),
+                "release the workspace lease, remove worktrees",
+            )
+        except Dead:
+            workflow.logger.warning("the end of %s (lease release, cleanup) failed", self._inp.work_item_id)
+
     def _continue_as_new(self, carry: LoopCarry) -> None:
         self._continuing = True
         inp = self._inp
@@ -268,16 +291,34 @@ class StepCalls:
         )
 
     def _set(self, state: WorkItemState, detail: str, attempt: int | None = None, upsert: bool = True) -> None:
-        """The status the query answers, and the state search attribute (only when it changes: each upsert is a
-        history event and a visibility write on the server)."""
+        """The status the query answers, the workflow's current details the Temporal Web UI shows (no history event),
+        and the state search attribute (only when it changes: each upsert is a history event and a visibility write
+        on the server)."""
         self._status.state = state
         self._status.detail = detail
         if attempt is not None:
             self._status.attempt = attempt
+        workflow.set_current_details(current_details(self._inp, self._status))
         if not upsert or state.value == self._sa_state or not search_attributes_enabled():
             return
         self._sa_state = state.value
         workflow.upsert_search_attributes([SA_STATE.value_set(state.value)])
+
+
+def current_details(inp: WorkItemInput, status: WorkItemStatus) -> str:
+    """What the Temporal Web UI shows as the workflow's current details (markdown): the work item's own state, so
+    an item that waits for review, or ended failed or rejected, does not read as just RUNNING or COMPLETED."""
+    lines = [
+        f"**crewwork state: {status.state.value.replace('_', ' ')}**",
+        f"{clean_line(status.detail, 500)}",
+        f"attempt {status.attempt} of at most {status.max_attempts}" if status.attempt else "",
+    ]
+    if status.state == WorkItemState.awaiting_review:
+        lines.append(f"waiting for a person to approve, reject or request changes to attempt {status.attempt}")
+    if status.reviews:
+        lines.append(f"last review: {describe(status.reviews[-1])}")
+    lines.append(f"work item `{inp.work_item_id}`")
+    return "\n\n".join(line for line in lines if line)
 
 
 def search_attributes_enabled() -> bool:

@@ -7,15 +7,17 @@ from dataclasses import dataclass, field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from crewwork.limits import LoopState
     from crewwork.models import (
         AgentOutcome,
         AttemptSummary,
         LoopCarry,
+        ReviewRecord,
         ValidationOutcome,
         WorkItemInput,
         WorkItemSpec,
     )
+    from crewwork.models.limits import LoopState
+    from crewwork.models.review import clean_line, trailer_name
 
 
 @dataclass
@@ -87,11 +89,23 @@ def slim(summary: AttemptSummary) -> AttemptSummary:
     return s
 
 
-def commit_message(inp: WorkItemInput, attempt: int) -> str:
-    title = (inp.spec.instruction or "change").strip().splitlines()[0][:72]
+SUBJECT_MAX_CHARS = 72
+"""A landed commit's subject line: the instruction's first line, cut on a word boundary (with `…`) past this."""
+
+
+def commit_message(inp: WorkItemInput, attempt: int, review: ReviewRecord | None = None) -> str:
+    """The landed commit's message: the instruction's first line as its subject (never cut mid-word), what crewwork
+    did, and trailers: the work item, and with an approval `Reviewed-by:` naming the reviewer as the console and the
+    signed evidence do (one clean line: no reviewer text can add a trailer of its own)."""
+    lines = (inp.spec.instruction or "").strip().splitlines()
+    title = clean_line(lines[0] if lines else "", SUBJECT_MAX_CHARS) or "change"
+    trailers = [f"Crewwork-Work-Item: {inp.work_item_id}", f"Crewwork-Attempt: {attempt}"]
+    if review is not None and review.action == "approve":
+        trailers.append(f"Reviewed-by: {trailer_name(review)}")
     return (
-        f"{title}\n\ncrewwork work item {inp.work_item_id}, validated on attempt {attempt}.\n"
-        f"Crewwork-Work-Item: {inp.work_item_id}\n"
+        f"{title}\n\ncrewwork work item {inp.work_item_id}, validated on attempt {attempt}.\n\n"
+        + "\n".join(trailers)
+        + "\n"
     )
 
 

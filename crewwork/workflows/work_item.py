@@ -1,6 +1,6 @@
 """WorkItemWorkflow: the lifecycle of one work item, and the single authority on its progress.
 
-    admission (decided before the workflow starts, crewwork/starts.py: then the input carries its terms; else
+    admission (decided before the workflow starts, crewwork/admission/starts.py: then the input carries its terms; else
               the admit step, queued while the tenant is at its in-flight limit)
       -> task:        agent attempts until one returns its output, then finish
       -> code change: workspace lease -> repair until pass [agent -> validate -> record] -> review gate -> land
@@ -10,7 +10,7 @@ Deterministic code only: no I/O, no clock, no randomness. Everything that touche
 run through the one call path (`StepCalls._call`) by its declared policy: its pool's task queue or a local activity
 of this workflow, its timeouts and retries, and what its failure means for the item.
 Every activity call gets the next step number: an attempt's writes rank by (step, Temporal attempt), so whatever
-Temporal scheduled later outranks it (crewwork/store/fencing.py). Long loops continue as new with their state and
+Temporal scheduled later outranks it (crewwork/store/fencing/rule.py). Long loops continue as new with their state and
 the step counter carried over; the same-cause breaker is fed from the persisted attempt history, so neither a
 restart nor continue-as-new resets it.
 """
@@ -23,22 +23,27 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from crewwork.limits import DEFAULT_BREAKER_K, Limits
     from crewwork.models import (
         AgentOutcome,
         LoopCarry,
         ReviewDecision,
+        ReviewRecord,
         WorkItemInput,
         WorkItemKind,
         WorkItemResult,
         WorkItemState,
         WorkItemStatus,
     )
+    from crewwork.models.limits import DEFAULT_BREAKER_K, Limits
+    from crewwork.models.pools import POOLS
+    from crewwork.models.review import missing_words, review_input, slim_review, who
     from crewwork.steps.admit import ADMIT, AdmitInput, AdmitResult
     from crewwork.steps.land import LAND, LandInput
+    from crewwork.steps.lease import RENEW_WORKSPACE, ReleaseInput
+    from crewwork.steps.record import RecordInput
+    from crewwork.steps.review import RECORD_REVIEW, RecordReviewInput
     from crewwork.steps.state import SET_STATE, SetStateInput
     from crewwork.steps.step import Dead, Failed
-    from crewwork.steps.workspace import RENEW_WORKSPACE, ReleaseInput
     from crewwork.workflows.calls import StepCalls, search_attributes_enabled
     from crewwork.workflows.loop import (
         RepairLoop,
@@ -52,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         QUEUE_POLL_MAX,
         REVIEW_LEASE_TTL_S,
         REVIEW_RENEW_EVERY,
+        REVIEWS_IN_STATUS,
         SA_STATE,
     )
 
@@ -62,6 +68,14 @@ READMIT_AFTER_REVIEW = "readmit-after-review"
 # workflow.patched marker: a validation whose command (or a setup command) does not exist ends the item at once
 # (loop.submission_fault); histories from before it went on to the next attempt, and replay the same way.
 SUBMISSION_FAULT_ENDS_ITEM = "submission-fault-ends-item"
+# workflow.patched marker: a reviewer's decision is recorded as the item's `review_decided` event (one local activity
+# after the decision); histories from before it went straight on, and replay the same way.
+REVIEW_RECORDED = "review-recorded"
+# workflow.patched marker: a code change ends in one local activity (`_end`: the lease released, the worktrees removed),
+# and a passing attempt that awaits review is recorded by the `awaiting_review` write; histories from before it
+# released in a local activity, cleaned up in an activity on the control task queue and recorded the attempt in a
+# local activity of its own, and replay the same way. Asked only by code changes: a task's history has no marker.
+LEAN_END = "lean-end"
 
 
 @workflow.defn(name="WorkItemWorkflow")
@@ -72,7 +86,7 @@ class WorkItemWorkflow(StepCalls):
         self._carry = inp.carry or LoopCarry()
         self._step = self._carry.next_step - 1
         prefix = workflow.info().task_queue.rsplit("-", 1)[0]
-        self._queues = {p: f"{prefix}-{p}" for p in ("control", "agent", "validate")}
+        self._queues = {p: f"{prefix}-{p}" for p in POOLS}
         self._status = WorkItemStatus(
             work_item_id=inp.work_item_id,
             state=WorkItemState.submitted,
@@ -82,10 +96,18 @@ class WorkItemWorkflow(StepCalls):
         self._review: ReviewDecision | None = None
         self._review_at: float | None = None
         self._awaiting_review = False
+        # The attempt awaiting review and the SHA-256 of its diff: what a decision is about, and what the validator
+        # compares a decision's `attempt` and `diff_sha256` with (a reviewer who saw another attempt is refused).
+        self._review_attempt: int | None = None
+        self._review_diff: str | None = None
+        self._last_review: ReviewRecord | None = None
+        # The passing attempt's record, written by the `awaiting_review` state change that follows it (patch
+        # `lean-end`: one local activity and one transaction where there were two).
+        self._unrecorded: RecordInput | None = None
         self._slot_freed = False
         self._handed_off = False
         self._continuing = False
-        # The state attribute it was started with (crewwork/starts.py: an admitted task starts as `running`), so the
+        # The state attribute it was started with (crewwork/admission/starts.py: an admitted task starts as `running`), so the
         # first state change to the same value costs no upsert.
         self._sa_state: str | None = (
             workflow.info().typed_search_attributes.get(SA_STATE) if search_attributes_enabled() else None
@@ -108,8 +130,20 @@ class WorkItemWorkflow(StepCalls):
     def _validate_review(self, decision: ReviewDecision) -> None:
         if not self._awaiting_review or self._review is not None:
             raise ValueError(f"this work item is not awaiting review (state: {self._status.state.value})")
-        if decision.action == "request_changes" and not (decision.comment or "").strip():
-            raise ValueError("request_changes needs a comment for the agent")
+        waiting = self._review_attempt
+        if decision.attempt is not None and waiting is not None and decision.attempt != waiting:
+            raise ValueError(
+                f"stale review: this decision is about attempt {decision.attempt}, but attempt {waiting} is the one "
+                f"awaiting review; look at attempt {waiting}'s change and decide again"
+            )
+        if decision.diff_sha256 and self._review_diff and decision.diff_sha256 != self._review_diff:
+            raise ValueError(
+                f"stale review: the change you saw (diff sha256 {decision.diff_sha256[:12]}…) is not attempt "
+                f"{waiting}'s (sha256 {self._review_diff[:12]}…); look at it again and decide again"
+            )
+        refusal = missing_words(decision)
+        if refusal is not None:
+            raise ValueError(refusal)
 
     @workflow.signal
     def slot_freed(self) -> None:
@@ -120,7 +154,8 @@ class WorkItemWorkflow(StepCalls):
     @workflow.signal
     def admitted(self) -> None:
         """The place of one of the tenant's items that ended was handed to this queued item, in that item's write
-        (`hand_off` in crewwork/store/fencing_python.py): it is admitted in the store already and goes on without asking again."""
+        (`hand_off` in crewwork/store/fencing/reference.py): it is admitted in the store already and goes on without
+        asking again."""
         self._handed_off = True
 
     # ------------------------------------------------------------------ lifecycle
@@ -130,7 +165,7 @@ class WorkItemWorkflow(StepCalls):
         workspace: Workspace | None = None
         try:
             if inp.admission is not None and inp.carry is None:
-                # Admitted before it started (crewwork/starts.py): in the store already, under these terms.
+                # Admitted before it started (crewwork/admission/starts.py): in the store already, under these terms.
                 admitted = AdmitResult(
                     admitted=True, budget=inp.admission.budget, review_timeout_s=inp.admission.review_timeout_s
                 )
@@ -141,6 +176,8 @@ class WorkItemWorkflow(StepCalls):
                 return await self._finish(WorkItemState.failed, f"not admitted: {admitted.reason}")
             if inp.spec.kind == WorkItemKind.task:
                 return await self._run_task(admitted)
+            if inp.spec.kind == WorkItemKind.pr_review:
+                return await self._run_pr_review(admitted)
             workspace = await self._acquire_workspace()
             return await self._run_code_change(admitted, workspace)
         except asyncio.CancelledError:
@@ -154,10 +191,13 @@ class WorkItemWorkflow(StepCalls):
             return await self._finish(WorkItemState.failed, str(exc))
         finally:
             if not self._continuing:
-                if workspace is not None:
-                    await self._release(workspace)
-                if inp.spec.kind != WorkItemKind.task:
-                    await self._cleanup()
+                if inp.spec.kind != WorkItemKind.task and workflow.patched(LEAN_END):
+                    await self._end(workspace)
+                else:
+                    if workspace is not None:
+                        await self._release(workspace)
+                    if inp.spec.kind != WorkItemKind.task:
+                        await self._cleanup()
 
     async def _admission(self, *, readmission: RepairLoop | None = None) -> AdmitResult:
         """Admit the item, waiting durably in `queued` while its tenant is at its in-flight limit.
@@ -245,6 +285,33 @@ class WorkItemWorkflow(StepCalls):
             WorkItemState.failed, f"budget: {budget.max_attempts} attempts used; last: {last_error}"
         )
 
+    async def _run_pr_review(self, admitted: AdmitResult) -> WorkItemResult:
+        """An agent's review of a pull request: attempts until the agent's review (read on the host, strictly, in
+        the agent step) comes back as its output. Nothing is validated, reviewed or landed, and no workspace lease is
+        taken (each attempt has its own workspace at the pull request's head); the intake posts the review."""
+        budget = admitted.budget or self._inp.spec.budget
+        last_error = ""
+        for attempt in range(self._carry.next_attempt, budget.max_attempts + 1):
+            self._set(WorkItemState.running, f"attempt {attempt}: agent reviewing", attempt=attempt)
+            outcome = await self._agent(attempt, diagnostics=None, review_comment=None)
+            if outcome.error is None and outcome.output is not None:
+                record = self._attempt(attempt, "passed", "the agent wrote its review", agent=outcome)
+                return await self._finish(
+                    WorkItemState.succeeded,
+                    f"review written on attempt {attempt}; posted on the pull request by the platform",
+                    output=outcome.output,
+                    mock=outcome.mock,
+                    record=record,
+                )
+            error = outcome.error or "the agent wrote no review"
+            await self._record(
+                self._attempt(attempt, "failed", f"agent error: {error}", cause="agent_error", agent=outcome)
+            )
+            last_error = error
+        return await self._finish(
+            WorkItemState.failed, f"budget: {budget.max_attempts} attempts used; last: {last_error}"
+        )
+
     async def _run_code_change(self, admitted: AdmitResult, workspace: Workspace) -> WorkItemResult:
         carry = self._carry
         loop = RepairLoop(
@@ -262,18 +329,21 @@ class WorkItemWorkflow(StepCalls):
             if isinstance(passed, WorkItemResult):
                 return passed
             if self._inp.spec.review.required is False:
-                # Unset never reaches a workflow from the service (crewwork.policy fills it in); were it to, a person
+                # Unset never reaches a workflow from the service (crewwork.admission.policy fills it in); were it to, a person
                 # decides, as the default says. Histories hold explicit values, so replay takes the same branch.
                 break
-            decision = await self._review_gate(workspace, admitted.review_timeout_s)
+            decision = await self._review_gate(workspace, admitted.review_timeout_s, loop.attempt, passed)
             if decision is None:
                 return await self._finish(WorkItemState.failed, "review timed out", mock=loop.mock)
+            record = await self._record_review(decision, loop.attempt, passed)
             if decision.action == "reject":
-                reason = f"rejected by reviewer: {decision.comment or ''}".strip()
-                return await self._finish(WorkItemState.rejected, reason, mock=loop.mock)
+                by = who(record)
+                reason = f"rejected by reviewer{' ' + by if by else ''}: {decision.comment or ''}".strip()
+                return await self._finish(WorkItemState.rejected, reason, mock=loop.mock, review=record)
             if decision.action == "approve":
                 break
-            loop.changes_requested(decision.comment)
+            # The comment and line comments, quoted as the reviewer's input (data, not instructions).
+            loop.changes_requested(review_input(record) if workflow.patched(REVIEW_RECORDED) else decision.comment)
             if workflow.patched(READMIT_AFTER_REVIEW):
                 refused = await self._readmit(loop, workspace)
                 if refused is not None:
@@ -312,17 +382,22 @@ class WorkItemWorkflow(StepCalls):
                 continue
             self._set(WorkItemState.validating, f"attempt {n}: validating", attempt=n)
             validation = await self._validate(n, outcome, loop.review_comment)
-            loop.fingerprints = await self._record(
-                self._attempt(
-                    n,
-                    "passed" if validation.passed else "failed",
-                    validation.reason,
-                    cause=validation.cause,
-                    fingerprint=validation.fingerprint,
-                    agent=outcome,
-                    validation=validation,
-                )
+            record = self._attempt(
+                n,
+                "passed" if validation.passed else "failed",
+                validation.reason,
+                cause=validation.cause,
+                fingerprint=validation.fingerprint,
+                agent=outcome,
+                validation=validation,
             )
+            if validation.passed and self._inp.spec.review.required is not False and workflow.patched(LEAN_END):
+                # Recorded by the `awaiting_review` write, in its transaction (`_review_gate`). A passed attempt's
+                # fingerprint is None in the store's list, as its record would have answered.
+                self._unrecorded = record
+                loop.fingerprints = [*loop.fingerprints, None]
+                return outcome
+            loop.fingerprints = await self._record(record)
             if validation.passed:
                 return outcome
             fault = submission_fault(validation, self._inp.spec, n)
@@ -330,21 +405,31 @@ class WorkItemWorkflow(StepCalls):
                 return await self._finish(WorkItemState.failed, fault, mock=loop.mock)
             loop.failed(validation.diagnostics or validation.reason)
 
-    async def _review_gate(self, workspace: Workspace, timeout_s: float | None) -> ReviewDecision | None:
-        """Wait for a person's decision (None when the deadline passes), keeping the workspace lease alive."""
+    async def _review_gate(
+        self, workspace: Workspace, timeout_s: float | None, attempt: int, passed: AgentOutcome
+    ) -> ReviewDecision | None:
+        """Wait for a person's decision on `attempt` (None when the deadline passes), keeping the workspace lease
+        alive."""
         self._review = None
+        self._review_attempt = attempt
+        self._review_diff = passed.diff_ref.sha256 if passed.diff_ref is not None else None
+        self._status.review_attempt = attempt
         self._awaiting_review = True
         self._set(WorkItemState.awaiting_review, "awaiting review")
-        await self._call(
+        record, self._unrecorded = self._unrecorded, None
+        res = await self._call(
             SET_STATE,
             lambda step: SetStateInput(
                 **self._ref(step),
                 state=WorkItemState.awaiting_review,
                 reason="validated; awaiting review",
                 attempt=self._status.attempt,
+                record=record,
             ),
             "awaiting review",
         )
+        if record is not None and res.stale:
+            raise Dead("attempt record refused: the item was written by a later step or has ended")
         deadline = workflow.now() + timedelta(seconds=timeout_s) if timeout_s else None
         while self._review is None:
             wait = REVIEW_RENEW_EVERY
@@ -366,7 +451,30 @@ class WorkItemWorkflow(StepCalls):
                     "renew the workspace lease",
                 )
         self._awaiting_review = False
+        self._status.review_attempt = None
         return self._review
+
+    async def _record_review(self, decision: ReviewDecision, attempt: int, passed: AgentOutcome) -> ReviewRecord:
+        """The decision as the item's fact (`review_decided` event and webhook): who, when, which attempt and diff."""
+        record = ReviewRecord.of(
+            decision,
+            attempt=attempt,
+            diff_sha256=passed.diff_ref.sha256 if passed.diff_ref is not None else None,
+            base_commit=self._inp.base_commit,
+            decided_at=self._review_at if self._review_at is not None else workflow.now().timestamp(),
+        )
+        self._last_review = record
+        # The status query answers often: it keeps the latest few decisions, slim (the store keeps them whole).
+        self._status.reviews = [*self._status.reviews, slim_review(record)][-REVIEWS_IN_STATUS:]
+        if workflow.patched(REVIEW_RECORDED):
+            res = await self._call(
+                RECORD_REVIEW,
+                lambda step: RecordReviewInput(**self._ref(step), review=record),
+                f"review: {decision.action} attempt {attempt}",
+            )
+            if res.stale:
+                raise Dead("review record refused: the item was written by a later step or has ended")
+        return record
 
     async def _land(self, passed: AgentOutcome, loop: RepairLoop, workspace: Workspace) -> WorkItemResult:
         inp = self._inp
@@ -379,12 +487,12 @@ class WorkItemWorkflow(StepCalls):
                 repo_path=inp.repo_path or "",
                 base_commit=inp.base_commit or "",
                 diff_ref=passed.diff_ref,  # type: ignore[arg-type]
-                message=commit_message(inp, loop.attempt),
+                message=commit_message(inp, loop.attempt, self._last_review if self._review else None),
                 workspace_key=workspace.key,
                 workspace_grant=workspace.grant,
                 pull_request=inp.spec.repo.pull_request if inp.spec.repo else None,
                 ref=inp.spec.repo.ref if inp.spec.repo else None,
-                # For the signed evidence bundle (crewwork/evidence): which attempt lands, approved by whom.
+                # For the signed evidence bundle (crewwork/attestation): which attempt lands, approved by whom.
                 attempt=loop.attempt,
                 review=self._review,
                 review_decided_at=self._review_at if self._review is not None else None,
@@ -402,4 +510,5 @@ class WorkItemWorkflow(StepCalls):
             commit=landed.commit,
             mock=loop.mock,
             pull_request_url=landed.pull_request_url,
+            review=self._last_review if self._review is not None else None,
         )

@@ -1,5 +1,5 @@
 """The catalogue the API checks submissions with (crewwork/agents/catalogue.py) says the same as the agent classes
-the agent pool runs (crewwork/agents/registry.py): the same names, mock labels and config checks."""
+the agent pool runs (crewwork/agents/classes.py): the same names, mock labels and config checks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from crewwork.agents.catalogue import BUILTIN as CHECKS
 from crewwork.agents.catalogue import agent_check
-from crewwork.agents.registry import BUILTIN as CLASSES
-from crewwork.errors import AgentConfigError
+from crewwork.agents.classes import BUILTIN as CLASSES
 from crewwork.models import WorkItemKind
+from crewwork.models.errors import AgentConfigError
 
 
 def test_the_catalogue_names_every_built_in_agent_with_its_mock_label() -> None:

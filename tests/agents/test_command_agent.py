@@ -47,7 +47,7 @@ def get_bwrap() -> Sandbox:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (apt-get install -y bubblewrap)")
     try:
-        from crewwork.sandbox.registry import get_sandbox  # type: ignore[import-not-found]
+        from crewwork.sandbox.backends import get_sandbox  # type: ignore[import-not-found]
 
         return get_sandbox("bwrap")  # type: ignore[no-any-return]
     except ImportError:

@@ -42,17 +42,21 @@ class LiveApi:
     def start(self) -> LiveApi:
         import uvicorn
 
-        from crewwork.serve import api_app
+        from crewwork.api.edge import uvicorn_proxy_options
+        from crewwork.cli.serve import ApiServer, api_app
 
+        app = api_app(self.settings, options=self.options)
         config = uvicorn.Config(
-            api_app(self.settings, options=self.options),
+            app,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
             lifespan="on",
+            **uvicorn_proxy_options(self.settings.api_forwarded_allow_ips),
             timeout_graceful_shutdown=3,
         )
-        self._server = uvicorn.Server(config)
+        # What `crewwork api` runs: a shutdown ends the open event streams first (a resumable close).
+        self._server = ApiServer(config, app)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from crewwork.demo import RIGHT
-from crewwork.store.fencing import Rank
+from crewwork.cli.demo import RIGHT
+from crewwork.store.fencing import FencedWrite, Rank
 from tests.api.conftest import Stack, task_item, wait_state
 
 SHARED_IDEMPOTENCY_KEY = "shared-key-1"
@@ -87,7 +87,9 @@ async def build_world(stack: Stack, calc_repo: Path) -> World:
         # A zombie attempt (scheduled before everything the workflow has written since) tries to write: rejected,
         # and the rejection names both ranks in the event log.
         stale = await stack.crew.store.fenced_event(
-            rank=Rank(0, 1), work_item_id=cc, tenant_id=a.tenant_id, writer="zombie#1", type_="late", data={}
+            FencedWrite(rank=Rank(0, 1), work_item_id=cc, tenant_id=a.tenant_id, writer="zombie#1"),
+            type_="late",
+            data={},
         )
         assert not stale.ok
         a.work_items += [cc, task]

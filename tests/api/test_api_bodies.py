@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from crewwork.api.service import SubmissionRejected
 from crewwork.models import WorkItemSpec
-from crewwork.service import SubmissionRejected
 from tests.api.conftest import Stack
 from tests.api.test_api_nul_bytes import _Recorder
 

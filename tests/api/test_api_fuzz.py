@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from tests.api.conftest import Stack
+
+if TYPE_CHECKING:
+    import schemathesis
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
@@ -27,6 +30,10 @@ async def test_no_generated_request_gets_a_server_error(stack: Stack) -> None:
 
 
 def fuzz(stack: Stack) -> None:
+    # Imported here, not at collection: importing schemathesis costs every pytest process that collects this module
+    # (each xdist worker, the fast tier that never runs it) about a second of CPU.
+    import schemathesis
+
     schema = schemathesis.openapi.from_url(f"{stack.api.url}/openapi.json")
     headers = {**stack.alpha.headers, "Accept": "application/json"}
     failures: list[str] = []

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from crewwork.config import Settings
-from crewwork.observability import ContextFilter, JsonFormatter, log_context
+from crewwork.observability.logs import ContextFilter, JsonFormatter, log_context
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.api.conftest import Stack, task_item, wait_state
 
@@ -74,7 +74,7 @@ async def test_activity_log_lines_name_their_work_item_and_workflow(stack: Stack
     assert mine, lines[:3]
     assert all(ln["workflow_id"] == f"work-item-{wid}" for ln in mine)
     activities = {ln.get("activity") for ln in mine}
-    # Admitted in the submission's request (crewwork/starts.py): its workflow runs no admit step.
+    # Admitted in the submission's request (crewwork/admission/starts.py): its workflow runs no admit step.
     assert {"run_agent", "finish"} <= activities and "admit" not in activities, activities
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from crewwork.demo import RIGHT, WRONG
+from crewwork.cli.demo import RIGHT, WRONG
 from crewwork.models import WorkItemSpec
 from tests.api.conftest import Stack, task_item, wait_state
 

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from crewwork.api.streams import CLOSE_COMMENT
 from crewwork.store.tables import Event
 from tests.api.conftest import Stack, task_item, wait_state
 
@@ -123,3 +124,40 @@ async def test_stream_waits_for_an_earlier_id_that_commits_late(stack: Stack) ->
         got = await reader  # the slow transaction has committed now
     assert [e["event"] for e in got] == ["probe_early", "probe_late"]
     assert int(got[0]["id"]) < int(got[1]["id"])
+
+
+async def test_stopping_the_api_ends_open_streams_with_a_resumable_close(stack: Stack) -> None:
+    """An open console holds a live stream: stopping the API ends it at once with a resumable close (a `retry:` hint
+    and a comment naming the last event id sent; uvicorn otherwise waited on the stream until its graceful-shutdown
+    timeout, or forever without one), and a client that reconnects with that id after the restart misses nothing."""
+    async with stack.client() as c:
+        wid = (await c.post("/v1/work-items", json=task_item({"ok": True}))).json()["id"]
+        await wait_state(c, wid, {"succeeded"})
+        count = len((await c.get(f"/v1/work-items/{wid}/events")).json())
+        lines: list[str] = []
+        ids: list[int] = []
+        stopping: asyncio.Future[None] | None = None
+
+        async def read() -> None:
+            nonlocal stopping
+            path = f"/v1/work-items/{wid}/events/stream"
+            async with c.stream("GET", path, headers={"Accept": "text/event-stream"}) as r:
+                async for line in r.aiter_lines():
+                    lines.append(line)
+                    if line.startswith("id:"):
+                        ids.append(int(line[3:]))
+                    if len(ids) == count and stopping is None:
+                        # Caught up with the log, the stream idles: stop the API under it.
+                        stopping = asyncio.ensure_future(asyncio.to_thread(stack.api.stop))
+
+        await asyncio.wait_for(read(), 60)
+        assert stopping is not None
+        await stopping
+    closing = [ln for ln in lines if ln.startswith(": close")]
+    assert closing == [f"{CLOSE_COMMENT} {ids[-1]}"], lines[-4:]
+    assert lines[lines.index(closing[0]) - 1] == "retry: 1000"
+
+    stack.api.start()
+    async with stack.client() as c:
+        log = (await c.get(f"/v1/work-items/{wid}/events")).json()
+    assert ids == [e["id"] for e in log]

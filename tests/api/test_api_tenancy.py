@@ -24,9 +24,9 @@ import pytest
 from fastapi.responses import StreamingResponse
 from starlette.routing import Mount
 
+from crewwork.cli.serve import api_app
 from crewwork.config import Settings
 from crewwork.config.api import ApiOptions
-from crewwork.serve import api_app
 from crewwork.store.tables import OutboxMessage
 from tests.api.conftest import LiveApi, Stack, make_tenant, task_item
 from tests.api.tenant_world import SHARED_IDEMPOTENCY_KEY, Owned, World, build_world, read_sse
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
 @pytest.fixture(scope="module")
 def api_settings(api_settings: Settings) -> Settings:
-    # Both tenants register loopback webhooks, which the operator must allow (crewwork/outbound.py).
+    # Both tenants register loopback webhooks, which the operator must allow (crewwork/boundary/outbound.py).
     return api_settings.model_copy(update={"outbound_allow_networks": "127.0.0.0/8"})
 
 
@@ -86,9 +86,53 @@ async def mcp_sweep(beta: httpx.AsyncClient, anon: httpx.AsyncClient, a: Owned, 
             assert got.replace(wid, "<id>") == missing.replace(missing_like(wid), "<id>"), (name, got, missing)
 
 
-BODIES = {"/review": {"action": "approve"}}
+async def forge_webhook_sweep(beta: httpx.AsyncClient, anon: httpx.AsyncClient, a: Owned) -> None:
+    """The forge's webhook endpoint (docs/forge.md) takes no API key: the subscription's secret signs each delivery.
+    Anyone, tenant B included, naming a subscription that is not there, or a dialect that is not one, gets the same
+    404, and a delivery is never read before its signature is checked against the named subscription's secret
+    (tests/repos/test_forge_intake.py: another secret is a 401)."""
+    answers = set()
+    for client in (beta, anon):
+        for path in ("/forge/github/fsub_0000000000", "/forge/gitlab/fsub_0000000000", "/forge/github/x%2F..%2Fy"):
+            r = await client.post(path, content=b"{}", headers={"Content-Type": "application/json"})
+            assert r.status_code == 404, (path, r.text)
+            assert_no_names(r.text, a, f"POST {path}")
+            if "%2F" not in path:  # a decoded slash reaches no route at all: the router's own 404
+                answers.add(r.json()["detail"])
+    assert answers == {"no such forge subscription"}
+
+
+async def sentry_sweep(beta: httpx.AsyncClient, anon: httpx.AsyncClient, a: Owned, path: str) -> None:
+    """The Sentry SDK's and OTLP's endpoints (docs/errors-intake.md) take no API key: the DSN's key names the
+    project. Anyone,
+    tenant B included, naming a project that is not there, or one with a key that is not its own, gets the same
+    403 (401 without a key), and nothing of any tenant's."""
+    for client in (beta, anon):
+        for project in ("999999999", "x%2F..%2Fy"):  # each 401/403 is charged to the address: a few suffice
+            url = path.replace("{project_id}", project)
+            key = (
+                {"Authorization": f"Bearer {'0' * 32}", "Content-Type": "application/json"}
+                if path.startswith("/otlp")
+                else {"X-Sentry-Auth": f"Sentry sentry_key={'0' * 32}"}
+            )
+            for auth in ({}, key):
+                r = await client.post(url, content=b"{}\n", headers=auth)
+                assert_no_names(r.text, a, f"POST {url}")
+                if "%2F" in project:
+                    assert r.status_code == 404, (url, r.text)
+                else:
+                    # Tenant B's client sends its API key as a Bearer token: to OTLP's endpoints, a wrong key.
+                    keyed = bool(auth) or (path.startswith("/otlp") and client is beta)
+                    assert r.status_code == (403 if keyed else 401), (url, r.text)
+
+
+BODIES = {"/review": {"action": "approve"}, "/forge": {}, "/errors": {}}
 """A minimal valid body for routes that need one (by the end of their path)."""
-QUERIES = {("POST", "/evidence-bundle"): {"attempt": "1"}}
+QUERIES = {
+    ("POST", "/evidence-bundle"): {"attempt": "1"},
+    ("POST", "/replay"): {"attempt": "1"},
+    ("GET", "/replay"): {"id": "replay-x"},
+}
 """A minimal valid query for routes that require one (by method and the end of their path): without it the route
 answers 422 for any id, and the sweep would not reach its ownership check."""
 
@@ -209,6 +253,19 @@ async def test_tenant_b_gets_the_missing_404_for_everything_of_tenant_a_on_every
             params = path_params(path)
             if path == "/mcp":
                 await mcp_sweep(beta, anon, a, method)
+                covered.add((method, path))
+                continue
+            if path in (
+                "/api/{project_id}/envelope/",
+                "/api/{project_id}/store/",
+                "/otlp/{project_id}/v1/logs",
+                "/otlp/{project_id}/v1/traces",
+            ):
+                await sentry_sweep(beta, anon, a, path)
+                covered.add((method, path))
+                continue
+            if path == "/forge/{dialect}/{subscription_id}":
+                await forge_webhook_sweep(beta, anon, a)
                 covered.add((method, path))
                 continue
             if not path.startswith("/v1"):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.cli.demo import RIGHT
 from crewwork.client import ApiError, AsyncClient, Client, WaitTimeout, WebhookVerificationError, verify_webhook
 from crewwork.config import Settings
-from crewwork.demo import RIGHT
 from crewwork.temporal.devserver import free_port
 from tests.api.conftest import Stack, task_item
 from tests.api.test_api_webhooks import Receiver

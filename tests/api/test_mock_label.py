@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import RIGHT
+from crewwork.cli.demo import RIGHT
 from tests.api.conftest import Stack, wait_state
 from tests.integration.test_lifecycle import code_change
 

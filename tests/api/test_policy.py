@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from crewwork.cli.demo import BUGGY, RIGHT, TEST
 from crewwork.config import Settings
-from crewwork.demo import BUGGY, RIGHT, TEST
-from crewwork.policy_model import TenantPolicy
+from crewwork.config.tenant_policy import TenantPolicy
 from tests.api.conftest import LiveApi, Stack, make_tenant, task_item, wait_state
 from tests.conftest import Crew, make_repo
 
@@ -135,8 +135,8 @@ async def test_per_tenant_overrides_apply_to_that_tenant_only(strict: Stack) -> 
 
 
 def test_production_defaults_refuse_faults_and_the_compose_file_turns_the_dev_switches_off() -> None:
+    from crewwork.admission.policy import Policy, PolicyViolation
     from crewwork.models import WorkItemSpec
-    from crewwork.policy import Policy, PolicyViolation
 
     settings = Settings(_env_file=None, test_faults=False, auto_register_repos=False)  # type: ignore[call-arg]
     spec = WorkItemSpec.model_validate({**task_item(), "agent": {"name": "scripted", "config": {"crash": True}}})

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from crewwork.cli.demo import BUGGY, RIGHT, TEST
 from crewwork.config import Settings
-from crewwork.demo import BUGGY, RIGHT, TEST
 from tests.api.conftest import LiveApi, Stack, Tenant, make_tenant, wait_state
 from tests.conftest import Crew, make_repo
 

@@ -6,7 +6,7 @@ category, with nothing stored and no connection made (TCP listeners count them);
 exactly its networks. A registered repository whose name later resolves inside is refused at submission, and one
 that moves between the submission and the worker's fetch fails the item naming the address.
 
-The DNS of the last test is the system resolver replaced for this process (`crewwork.outbound._system_resolve`,
+The DNS of the last test is the system resolver replaced for this process (`crewwork.boundary.outbound._system_resolve`,
 which the API and the in-process worker pools both use) by a function whose answers change, as a rebinding
 attacker's DNS server does. Its name (`gitbox.test`) exists nowhere else, so the git servers are reached only through
 the address crewwork checked and pinned."""
@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from crewwork.outbound import IPAddress
+from crewwork.boundary.outbound import IPAddress
 from tests.api.conftest import LiveApi, Stack, wait_state
 from tests.api.test_repositories import change
 from tests.conftest import make_repo
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
 CALC = {"calc.py": "def add(a, b):\n    return a - b\n", "tests/test_calc.py": "", "conftest.py": ""}
 
-# Refused by the URL grammar before any address is looked at (crewwork.urls): 422 `invalid_repository`.
+# Refused by the URL grammar before any address is looked at (crewwork.boundary.urls): 422 `invalid_repository`.
 MALFORMED = [
     "https://github.com@127.0.0.1/acme/calc.git",  # user info in an http(s) URL: the host is 127.0.0.1
     "https://github.com:x@127.0.0.1/acme/calc.git",
@@ -139,10 +139,10 @@ class RebindingDns:
 async def test_a_registered_name_that_now_resolves_inside_is_refused_at_submission_and_at_fetch(
     stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import crewwork.outbound
+    import crewwork.boundary.outbound
 
-    dns = RebindingDns(crewwork.outbound._system_resolve)
-    monkeypatch.setattr(crewwork.outbound, "_system_resolve", dns)
+    dns = RebindingDns(crewwork.boundary.outbound._system_resolve)
+    monkeypatch.setattr(crewwork.boundary.outbound, "_system_resolve", dns)
     work = make_repo(tmp_path / "src" / "calc", CALC)
     root = tmp_path / "served"
     bare = bare_from(work, root / "acme" / "calc.git")

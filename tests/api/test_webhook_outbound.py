@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from crewwork.outbound import IPAddress, OutboundPolicy, OutboundRefused, parse_networks
+from crewwork.boundary.outbound import IPAddress, OutboundPolicy, OutboundRefused, parse_networks
 from crewwork.store.outbox import OutboxStore, enqueue
 from crewwork.store.tables import OutboxMessage
 from crewwork.temporal.devserver import free_port

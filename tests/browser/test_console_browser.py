@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from crewwork.demo import RIGHT, WRONG
+from crewwork.cli.demo import RIGHT, WRONG
 from crewwork.temporal.devserver import DevServer
 from tests.api.conftest import Stack
 from tests.conftest import ApiServer, make_settings, running_crew
@@ -99,6 +99,9 @@ async def test_console_shows_live_progress_and_approving_from_the_page_lands_the
         await page.screenshot(path=str(ARTIFACTS / "console-login.png"))
         await page.get_by_label("API key").fill(stack.alpha.key)
         await page.keyboard.press("Enter")
+        # The default view is the review queue; this test follows every state.
+        await expect(page.get_by_role("heading", name="Awaiting review")).to_be_visible()
+        await page.get_by_role("link", name="Show every state").click()
         await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
         await expect(page.locator("#live-status")).to_have_text("● live", timeout=15_000)
 
@@ -114,11 +117,12 @@ async def test_console_shows_live_progress_and_approving_from_the_page_lands_the
         await page.keyboard.press("/")
         await expect(page.locator("#f-search")).to_be_focused()
 
-        await row.get_by_role("link", name=wid).click()
+        await row.locator(".item-link").click()
         await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "awaiting_review")
-        await expect(page.locator(".diff .add").first).to_be_visible(timeout=15_000)
+        await expect(page.locator("#evidence-bundle")).to_contain_text("a bundle is signed when the change lands")
+        await expect(page.locator(".dv-line.add").first).to_be_visible(timeout=15_000)
         await expect(page.locator(".timeline button")).to_have_count(2)
-        await expect(page.locator(".log")).to_contain_text("passed", timeout=15_000)
+        await expect(page.locator(".log").first).to_contain_text("passed", timeout=15_000)
         await expect(page.locator(".events li").first).to_be_visible(timeout=15_000)
         href = await page.locator("#temporal-workflow-link").get_attribute("href")
         assert href and href.endswith(f"/workflows/work-item-{wid}")
@@ -130,9 +134,14 @@ async def test_console_shows_live_progress_and_approving_from_the_page_lands_the
         await expect(page.locator("#evidence-1")).to_contain_text("test_failure")
         await page.screenshot(path=str(ARTIFACTS / "console-attempt-evidence.png"), full_page=True)
 
-        await page.get_by_role("button", name="Approve").click()
+        # Back on the attempt awaiting review, approve it.
+        await page.locator('.timeline button[data-n="2"]').click()
+        await expect(page.locator("#approve")).to_be_enabled()
+        await page.get_by_role("button", name="Approve attempt 2").click()
         await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "succeeded", timeout=60_000)
         await expect(page.locator(".events")).to_contain_text("succeeded")
+        # No signing key here: the landing is unsigned, and the page says so where it shows the item's evidence.
+        await expect(page.locator("#evidence-bundle")).to_contain_text("UNSIGNED: landed while no evidence signing key")
         await page.screenshot(path=str(ARTIFACTS / "console-detail-succeeded.png"), full_page=True)
 
         # The workers view needs the admin scope.
@@ -158,7 +167,7 @@ async def test_console_shows_live_progress_and_approving_from_the_page_lands_the
 async def test_a_queued_items_page_says_its_workflow_has_not_started_yet(
     tmp_path: Path, temporal_server: DevServer, pg_url: str, chromium_path: str
 ) -> None:
-    """A queued item has no workflow until its place comes (crewwork/starts.py): its page says so beside the
+    """A queued item has no workflow until its place comes (crewwork/admission/starts.py): its page says so beside the
     Temporal UI link (which finds nothing yet); a running item's page does not."""
     from playwright.async_api import expect
 
@@ -175,7 +184,7 @@ async def test_a_queued_items_page_says_its_workflow_has_not_started_yet(
                 await page.goto(f"{api.url}/console")
                 await page.get_by_label("API key").fill(key)
                 await page.keyboard.press("Enter")
-                await expect(page.get_by_role("heading", name="Work items")).to_be_visible()
+                await expect(page.get_by_role("heading", name="Awaiting review")).to_be_visible()
                 await page.goto(f"{api.url}/console#/items/{queued['id']}")
                 await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "queued")
                 await expect(page.locator("#workflow-not-started")).to_be_visible()
@@ -187,3 +196,92 @@ async def test_a_queued_items_page_says_its_workflow_has_not_started_yet(
                 await c.post(f"/v1/work-items/{wid}/cancel")
             for wid in (running, queued["id"]):
                 await crew.wait_state(wid, "cancelled", timeout_s=60)
+
+
+async def test_the_console_shows_why_a_tampered_report_was_not_believed(
+    stack: Stack, calc_repo: Path, chromium_path: str
+) -> None:
+    """Issue 45: an attempt whose code under test rewrites failing reports (a hook hidden from the scan) and silences a
+    linter is `suspected_tampering`; its evidence says why, and what the change weakens, as text on the page."""
+    from playwright.async_api import expect
+
+    from tests.security.test_runner_tampering import HIDDEN
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    calc = "import os  # noqa: F401\n\n\n" + WRONG + HIDDEN
+    spec = {
+        "kind": "code_change",
+        "repo": {"url": str(calc_repo), "ref": "main"},
+        "instruction": "Fix add() so that the tests pass",
+        "validation": VALIDATION,
+        "agent": {"name": "scripted", "config": {"attempts": [{"files": {"calc.py": calc}}]}},
+        "budget": {"max_attempts": 1},
+        "review": {"required": False},
+    }
+    async with stack.client() as c:
+        wid = (await c.post("/v1/work-items", json=spec)).json()["id"]
+    async with chromium_page(chromium_path) as page:
+        await page.goto(f"{stack.api.url}/console")
+        await page.get_by_label("API key").fill(stack.alpha.key)
+        await page.keyboard.press("Enter")
+        await page.goto(f"{stack.api.url}/console#/items/{wid}")
+        await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "failed", timeout=120_000)
+        await page.locator('.timeline button[data-n="1"]').click()
+        evidence = page.locator("#evidence-1")
+        await expect(evidence).to_contain_text("suspected_tampering")
+        doubts = evidence.get_by_role("region", name="Why the report was not believed, attempt 1")
+        await expect(doubts).to_contain_text("the report says passed, the witness saw it failed")
+        weakened = evidence.get_by_role("region", name="Checks the change weakens instead of satisfying, attempt 1")
+        await expect(weakened).to_contain_text("calc.py:1: silences a linter: import os  # noqa: F401")
+        await page.screenshot(path=str(ARTIFACTS / "console-suspected-tampering.png"), full_page=True)
+
+
+async def test_the_console_marks_a_pre_existing_failure_and_shows_the_baseline(
+    stack: Stack, tmp_path: Path, chromium_path: str
+) -> None:
+    """Issue 45, item 2: a repository whose legacy test fails before any change; the change fixes add() and passes
+    with `validation.baseline: compare`. The page names the legacy test as pre-existing, add's test as fixed, and the
+    baseline run with its log."""
+    from playwright.async_api import expect
+
+    from tests.conftest import make_repo
+    from tests.validation.test_baseline import BUGGY, FIXED, LEGACY, LEGACY_ID, TESTS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    repo = make_repo(
+        tmp_path / "legacy-repo",
+        {"calc.py": BUGGY, "tests/test_calc.py": TESTS, "tests/test_legacy.py": LEGACY, "conftest.py": ""},
+    )
+    spec = {
+        "kind": "code_change",
+        "repo": {"url": str(repo), "ref": "main"},
+        "instruction": "Fix add() so that the tests pass",
+        "validation": {**VALIDATION, "test_files": [], "baseline": "compare"},
+        "agent": {"name": "scripted", "config": {"attempts": [{"files": {"calc.py": FIXED}}]}},
+        "budget": {"max_attempts": 1},
+        "review": {"required": False},
+    }
+    async with stack.client() as c:
+        r = await c.post("/v1/repositories", json={"url": str(repo)})
+        assert r.status_code in (200, 201), r.text
+        wid = (await c.post("/v1/work-items", json=spec)).json()["id"]
+    async with chromium_page(chromium_path) as page:
+        await page.goto(f"{stack.api.url}/console")
+        await page.get_by_label("API key").fill(stack.alpha.key)
+        await page.keyboard.press("Enter")
+        await page.goto(f"{stack.api.url}/console#/items/{wid}")
+        await expect(page.locator("h1 [data-state]")).to_have_attribute("data-state", "succeeded", timeout=180_000)
+        await page.locator('.timeline button[data-n="1"]').click()
+        evidence = page.locator("#evidence-1")
+        pre = evidence.get_by_role(
+            "region", name="Pre-existing: failing at the base commit too (not the change's fault), attempt 1"
+        )
+        await expect(pre).to_contain_text(LEGACY_ID)
+        fixed = evidence.get_by_role(
+            "region", name="Fixed: failing at the base commit, passing after the change, attempt 1"
+        )
+        await expect(fixed).to_contain_text("tests/test_calc.py::test_add")
+        baseline = evidence.get_by_role("region", name="Baseline on the base commit, attempt 1")
+        await expect(baseline).to_contain_text("3 tests ran, 2 failing (validation.baseline: compare)")
+        await expect(baseline.get_by_role("link", name="log")).to_be_visible()
+        await page.screenshot(path=str(ARTIFACTS / "console-baseline-pre-existing.png"), full_page=True)

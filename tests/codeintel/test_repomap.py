@@ -59,7 +59,7 @@ async def _index(tmp_path: Path, files: dict[str, str] = SOURCES):  # type: igno
 
 async def test_the_map_ranks_what_is_referenced_and_fits_the_budget(tmp_path: Path) -> None:
     git_dir, tree = await _index(tmp_path)
-    index = await build_index(git_dir, tree.commit, tree.files, CodeIntelSettings())
+    index = await build_index(git_dir, tree.commit, tree.files, CodeIntelSettings(), scope="t")
     assert {f.path for f in index.files} == {p for p in SOURCES if not p.endswith(".md")}
     ranked = rank(index)
     order = [r.definition.name for r in ranked]
@@ -93,9 +93,9 @@ async def test_indexes_are_cached_per_registration(tmp_path: Path) -> None:
 
 async def test_bounds_leave_files_out_and_say_so(tmp_path: Path) -> None:
     git_dir, tree = await _index(tmp_path)
-    index = await build_index(git_dir, tree.commit, tree.files, CodeIntelSettings(max_files=10))
+    index = await build_index(git_dir, tree.commit, tree.files, CodeIntelSettings(max_files=10), scope="t")
     assert index.skipped == {}
-    index = await build_index(git_dir, tree.commit, tree.files, CodeIntelSettings(max_files=2))
+    index = await build_index(git_dir, tree.commit, tree.files, CodeIntelSettings(max_files=2), scope="t")
     assert len(index.files) == 2 and index.skipped == {"over_max_files": 4}
 
 
@@ -112,7 +112,7 @@ from crewwork.repos.trees import load_index
 git_dir, commit = Path(sys.argv[1]), sys.argv[2]
 async def main():
     tree = await load_index(git_dir, commit, scope="offline")
-    index = await build_index(git_dir, commit, tree.files, CodeIntelSettings())
+    index = await build_index(git_dir, commit, tree.files, CodeIntelSettings(), scope="t")
     print(len(index.files), render(rank(index), 512).definitions)
 asyncio.run(main())
 """

@@ -17,8 +17,8 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from crewwork.cli.stack import ManagedProcess
 from crewwork.config import Settings
-from crewwork.stack import ManagedProcess
 
 
 def pool_env(settings: Settings) -> dict[str, str]:

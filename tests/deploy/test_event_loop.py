@@ -1,4 +1,4 @@
-"""The event loop the long-running processes run on (CREWWORK_EVENT_LOOP, crewwork/eventloop.py): uvloop by default
+"""The event loop the long-running processes run on (CREWWORK_EVENT_LOOP, crewwork/cli/eventloop.py): uvloop by default
 (with httptools parsing the API's HTTP), the standard loop when asked; read from the process's own memory map, so
 it is what the process really loaded, not what a setting says."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from crewwork import eventloop
+from crewwork.cli import eventloop
+from crewwork.cli.stack import ManagedProcess
 from crewwork.config import Settings
-from crewwork.stack import ManagedProcess
 from tests.conftest import api_process, make_settings
 from tests.deploy.procs import PoolProcesses, pool_env
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from crewwork.demo import BUGGY, RIGHT, TEST
+from crewwork.cli.demo import BUGGY, RIGHT, TEST
 from tests.conftest import Crew, make_repo, make_settings, running_crew
 from tests.deploy.procs import PoolProcesses, activity_identities, pending_activity_workers
 from tests.integration.test_lifecycle import VALIDATION
@@ -123,7 +123,7 @@ async def test_pools_as_separate_processes_share_the_work_and_survive_losing_one
                 assert res.landed_commit == git(repo, "rev-parse", f"crewwork/{wid}")
 
             try:
-                from crewwork.invariants import check_invariants
+                from tests.invariants import check_invariants
             except ImportError:  # pragma: no cover - the checker lands with the reliability work
                 check_invariants = None  # type: ignore[assignment]
             if check_invariants is not None:

@@ -39,7 +39,7 @@ async def test_the_same_change_without_the_patch_breaks_in_flight_executions(pat
         await replayer.replay_workflow(history(path))
     # The new command meets the old history's first step: exactly what a worker of the new version would hit in
     # production. That step is admission (a local activity), or the agent for an item admitted before its workflow
-    # started (crewwork/starts.py).
+    # started (crewwork/admission/starts.py).
     message = str(failure.value)
     assert "Nondeterminism" in message
     assert "LocalActivity" in message or "scheduled event 'run_agent'" in message, message

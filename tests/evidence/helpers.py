@@ -9,12 +9,12 @@ from pathlib import Path
 
 from securesystemslib.signer import CryptoSigner
 
-from crewwork.evidence.canonical import canonical
-from crewwork.evidence.facts import AttemptFact, Facts, FileFact, LandedFact, ReviewFact, TestFact
-from crewwork.evidence.format import run_url
-from crewwork.evidence.keys import PublicKey
-from crewwork.evidence.sign import sign_bundle
-from crewwork.evidence.treedigest import tree_digest
+from crewwork.attestation.canonical import canonical
+from crewwork.attestation.facts import AttemptFact, Facts, FileFact, LandedFact, ReviewFact, TestFact
+from crewwork.attestation.format import run_url
+from crewwork.attestation.keys import PublicKey
+from crewwork.attestation.sign import sign_bundle
+from crewwork.attestation.treedigest import tree_digest
 from tests.conftest import GIT_ENV
 
 JUNIT = b'<testsuite tests="2" failures="0"><testcase classname="t" name="a"/><testcase classname="t" name="b"/></testsuite>'

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from crewwork.evidence.treedigest import tree_digest
+from crewwork.attestation.treedigest import tree_digest
 from tests.evidence.helpers import git, landed_repo
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "evidence.md"

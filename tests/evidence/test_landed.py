@@ -6,7 +6,9 @@ and the CLI, and verified offline by `crewwork verify`, which refuses it once ta
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
+from crewwork.attestation.keys import generate, load_trusted
+from crewwork.attestation.verify import verify_bundle
+from crewwork.cli.demo import RIGHT, WRONG
 from crewwork.client import AsyncClient
-from crewwork.config.evidence import EvidenceSettings, PublishedKeyFile
-from crewwork.demo import RIGHT, WRONG
-from crewwork.evidence.keys import generate, load_trusted
-from crewwork.evidence.verify import verify_bundle
+from crewwork.config.attestation import EvidenceSettings, PublishedKeyFile
 from crewwork.temporal.devserver import DevServer
 from tests.api.conftest import LiveApi, make_tenant
 from tests.conftest import make_settings, running_crew
@@ -80,11 +82,26 @@ async def test_a_reviewed_change_lands_with_a_bundle_anyone_can_verify_offline(
                 await c.wait(wid, until=["awaiting_review"], timeout_s=180)
                 with pytest.raises(Exception, match="no_evidence_bundle"):
                     await c.evidence_bundle(wid)
-                await c.review(wid, "approve", comment="looks right", reviewer="alice")
+                assert (await c.get(wid, live=False))["evidence_bundle"]["status"] == "not_landed"
+                await c.review(
+                    wid,
+                    "approve",
+                    comment="looks right",
+                    reviewer="alice",
+                    attempt=2,
+                    line_comments=[{"path": "calc.py", "line": 2, "body": "the fix"}],
+                )
                 done = await c.wait(wid, timeout_s=180)
                 assert done["state"] == "succeeded", done["reason"]
+                diff_sha256 = (await c.get(wid))["attempts"][1]["agent"]["diff_ref"]["sha256"]
                 commit = done["landed_commit"]
                 bundle = await c.evidence_bundle(wid)
+                said = (await c.get(wid, live=False))["evidence_bundle"]
+                assert said == {
+                    "status": "signed",
+                    "detail": said["detail"],
+                    "url": f"/v1/work-items/{wid}/evidence-bundle",
+                }
                 keys_doc = await c.evidence_keys()
                 # One attempt's bundle, on request: the failed first attempt.
                 first = await c.sign_evidence_bundle(wid, 1)
@@ -121,6 +138,9 @@ async def test_a_reviewed_change_lands_with_a_bundle_anyone_can_verify_offline(
     p = report.proven
     assert p["review"]["decision"] == "approve" and p["review"]["reviewer"] == "alice"
     assert p["review"]["apiKey"] == tenant.key_id, "the reviewer's API key, as the API saw it"
+    # What the console and `crewwork status` show of the decision: the diff it was about and its line comments.
+    assert p["review"]["lineComments"] == [{"path": "calc.py", "line": 2, "side": "new", "body": "the fix"}]
+    assert p["review"]["diffSha256"] == diff_sha256
     assert p["mock"] is True and p["agent"]["name"] == "scripted"
     assert p["tests"]["result"] == "PASSED" and len(p["tests"]["passed"]) == 2
     assert [a["verdict"] for a in p["attempts"]] == ["failed", "passed"]
@@ -162,6 +182,31 @@ async def test_without_a_key_a_change_lands_unsigned_and_says_so_and_with_one_re
         unsigned = [e.data for e in await crew.store.list_events(wid) if e.type == "evidence_unsigned"]
         assert len(unsigned) == 1 and "no evidence signing key" in unsigned[0]["reason"]
         assert git(calc_repo, "notes", f"--ref=crewwork/{wid}", "list") == ""
+        # Said wherever the item's evidence is shown, not only by the bundle's own route: the item view (the API,
+        # the Python client, MCP's get_work_item), `crewwork status` and `crewwork evidence`.
+        _kid, key = await crew.store.create_api_key(crew.tenant_id, [])
+        api = LiveApi(settings).start()
+        try:
+            async with AsyncClient(api.url, key) as c:
+                said = (await c.get(wid, live=False))["evidence_bundle"]
+            env = {**os.environ, "CREWWORK_API_URL": api.url, "CREWWORK_API_KEY": key}
+            status, evidence = [
+                await asyncio.to_thread(
+                    subprocess.run,
+                    [sys.executable, "-m", "crewwork", command, wid],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=120,
+                )
+                for command in ("status", "evidence")
+            ]
+        finally:
+            api.stop()
+        assert said is not None and said["status"] == "unsigned" and said["url"] is None, said
+        assert said["detail"].startswith("UNSIGNED: landed while no evidence signing key was configured")
+        for shown in (status, evidence):
+            assert shown.returncode == 0 and "UNSIGNED: landed while no evidence signing key" in shown.stdout, shown
     required = make_settings(
         tmp_path / "b",
         temporal_server,
@@ -252,7 +297,11 @@ async def test_a_change_whose_report_names_thousands_of_long_test_ids_lands_with
         evidence=EvidenceSettings(signing_key_file=key),
     )
     async with running_crew(settings) as crew:
-        wid = await crew.submit(item(str(calc_repo), [{"files": {"calc.py": HUGE_REPORT}}], budget={"max_attempts": 1}))
+        # The report is forged from inside the test process, which the outcome witness and the scan for runner code
+        # would refuse (suspected_tampering); this test is about a huge report that lands, so both are turned off.
+        validation = {**VALIDATION, "protect": {"witness": "off", "runner_code": "allow"}}
+        steps = [{"files": {"calc.py": HUGE_REPORT}}]
+        wid = await crew.submit(item(str(calc_repo), steps, validation=validation, budget={"max_attempts": 1}))
         result = await crew.result(wid, timeout_s=600)
         assert result.state == "succeeded", result.reason
         arts = [a for a in await crew.store.list_artifacts(wid) if a.name == "evidence-bundle.json"]

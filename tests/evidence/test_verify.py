@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from securesystemslib.signer import CryptoSigner
 
-from crewwork.evidence import format as fmt
-from crewwork.evidence.canonical import canonical
-from crewwork.evidence.facts import TestFact
-from crewwork.evidence.sign import envelope
-from crewwork.evidence.verify import Report, verify_bundle
+from crewwork.attestation import format as fmt
+from crewwork.attestation.canonical import canonical
+from crewwork.attestation.facts import TestFact
+from crewwork.attestation.report import Report
+from crewwork.attestation.sign import envelope
+from crewwork.attestation.verify import verify_bundle
 from tests.evidence.helpers import doc, facts_for, landed_repo, other, sign, trusted
 
 KEY = CryptoSigner.generate_ed25519()
@@ -213,7 +214,7 @@ def test_duplicate_signatures_cannot_fake_a_threshold(landed: tuple) -> None:
         env["signatures"].append({"keyid": OTHER_KEY.public_key.keyid, "sig": env["signatures"][0]["sig"]})
     refused(check(d, repo, keys=trusted(KEY, OTHER_KEY), threshold=2), "fewer than 2 valid signature(s)")
     # One key given twice is one trusted key.
-    from crewwork.evidence.keys import load_trusted
+    from crewwork.attestation.keys import load_trusted
 
     pub = repo.parent / "k.pub"
     pub.write_text(trusted(KEY)[0].pem())
@@ -301,11 +302,11 @@ def test_ambiguous_or_oversized_json_is_refused(bundle: bytes, landed: tuple, mo
     repo = landed[0]
     text = bundle.decode()
     dup = text.replace('"scope":"landed"', '"scope":"landed","scope":"attempt"')
-    refused(check(dup.encode(), repo), "duplicate key 'scope'")
+    refused(check(dup.encode(), repo), "the key 'scope' appears twice in one object")
     deep = b'{"mediaType": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    refused(check(deep, repo), "the bundle is not a bundle")
-    refused(check(b'{"x": NaN}', repo), "NaN is not JSON")
-    import crewwork.evidence.verify as v
+    refused(check(deep, repo), "the bundle is not a bundle", "deeper than 64 levels")
+    refused(check(b'{"x": NaN}', repo), "x: not a finite number")
+    import crewwork.attestation.verify as v
 
     monkeypatch.setattr(v, "MAX_BUNDLE_BYTES", len(bundle) - 1)
     refused(check(bundle, repo), f"the bundle is {len(bundle)} bytes; a verifier reads at most")
@@ -350,7 +351,7 @@ def test_the_verifier_loads_nothing_of_the_server() -> None:
     import sys
 
     code = (
-        "import sys, crewwork.evidence.verify, crewwork.evidence.keys\n"
+        "import sys, crewwork.attestation.verify, crewwork.attestation.keys\n"
         "print(sorted(m for m in ('temporalio', 'sqlalchemy', 'fastapi', 'httpx', 'asyncpg') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

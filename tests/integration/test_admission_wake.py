@@ -28,7 +28,7 @@ async def test_one_free_place_wakes_one_queued_item_first_come_first_served(
             "agent": {"name": "scripted", "config": {"output": {"ok": True}, "delay_s": 0.5}},
         }
         ids = [await crew.submit(spec) for _ in range(5)]
-        # Admission is decided in the submission's request (crewwork/starts.py): the first is admitted and its
+        # Admission is decided in the submission's request (crewwork/admission/starts.py): the first is admitted and its
         # workflow started; the others are queued, first come first served, and have no workflow yet.
         first = await crew.store.get_work_item(ids[0])
         assert first is not None and first.state in ("admitted", "running", "succeeded"), first.state

@@ -10,8 +10,8 @@ import pytest
 
 from crewwork.agents.base import AgentConfigError
 from crewwork.agents.catalogue import available_agents
-from crewwork.agents.registry import get_agent_class
-from crewwork.service import SubmissionRejected
+from crewwork.agents.classes import get_agent_class
+from crewwork.api.service import SubmissionRejected
 from tests.conftest import Crew
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]

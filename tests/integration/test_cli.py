@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import RIGHT
+from crewwork.cli.demo import RIGHT
 from tests.conftest import ApiServer, Crew
 from tests.integration.test_lifecycle import code_change
 
@@ -91,7 +91,7 @@ async def test_review_from_the_cli(crew: Crew, calc_repo: Path) -> None:
         res = await cli(api, key, "review", wid, "--approve")
         assert res.returncode == 0, res.stderr
         assert "review recorded: approve" in res.stdout
-        again = await cli(api, key, "review", wid, "--reject")
+        again = await cli(api, key, "review", wid, "--reject", "--comment", "too late")
         assert again.returncode != 0 and "409" in again.stderr, "a second review must be refused"
     result = await crew.result(wid)
     assert result.state == "succeeded"

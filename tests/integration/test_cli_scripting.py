@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import RIGHT
+from crewwork.cli.demo import RIGHT
 from tests.conftest import ApiServer, Crew, make_repo
 from tests.integration.test_cli import cli
 from tests.integration.test_lifecycle import code_change

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from crewwork.agents.registry import get_agent_class
+from crewwork.agents.classes import get_agent_class
 from crewwork.models import AgentSpec, EnvironmentSpec, WorkItemKind, WorkItemSpec
 from crewwork.temporal.devserver import free_port
 
@@ -64,7 +64,7 @@ def test_every_work_item_a_page_shows_is_one_the_api_takes() -> None:
 
 
 def test_the_cli_page_documents_every_command() -> None:
-    from crewwork.cli import build_parser
+    from crewwork.cli.main import build_parser
 
     page = (ROOT / "docs" / "cli.md").read_text()
     parser = build_parser()

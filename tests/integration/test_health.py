@@ -10,6 +10,7 @@ import httpx
 import uvicorn
 
 from crewwork.api.app import create_app
+from crewwork.api.edge import uvicorn_proxy_options
 from crewwork.config import Settings
 from crewwork.store.db import upgrade
 from crewwork.temporal.devserver import free_port
@@ -21,7 +22,15 @@ def test_healthz_is_503_while_temporal_is_unreachable(tmp_path: Path) -> None:
     run_sync(upgrade(url))
     settings = Settings(data_dir=tmp_path, database_url=url, temporal_address="127.0.0.1:9")
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            **uvicorn_proxy_options(settings.api_forwarded_allow_ips),
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from crewwork.demo import RIGHT, WRONG
+from crewwork.cli.demo import RIGHT, WRONG
 from crewwork.models import ReviewDecision
 from tests.conftest import ApiServer, Crew
 
@@ -156,7 +156,7 @@ async def test_review_request_changes_reaches_next_attempt_then_approve(crew: Cr
 
 
 async def test_review_sent_at_the_wrong_time_is_rejected(crew: Crew, calc_repo: Path) -> None:
-    from crewwork.service import ReviewRejected
+    from crewwork.api.service import ReviewRejected
 
     wid = await crew.submit(
         code_change(calc_repo, [{"files": {"calc.py": RIGHT}, "delay_s": 3}], review={"required": True})

@@ -61,6 +61,10 @@ async def test_model_agent_repairs_the_repository_end_to_end(
     async with crew.store.session() as s:
         transcript = bytes(await s.scalar(select(Artifact.content).where(Artifact.id == agent.transcript_ref.id)))
     assert b"return a + b" in transcript and KEY.encode() not in transcript, "secrets never reach stored transcripts"
+    # The model agent's call went through the attempt's gateway: one accounting path for every agent.
+    assert agent.model_calls == 1 and agent.model_transcript_ref is not None
+    [call] = [e for e in await crew.store.list_events(wid) if e.type == "model_call"]
+    assert (call.data["input_tokens"], call.data["output_tokens"], call.data["endpoint"]) == (300, 40, "fake")
 
 
 async def test_provider_500_storm_ends_dead_with_the_provider_error_never_success(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import BUGGY, RIGHT, TEST, WRONG
+from crewwork.cli.demo import BUGGY, RIGHT, TEST, WRONG
 from tests.conftest import Crew, make_repo
 from tests.integration.test_lifecycle import VALIDATION, code_change
 

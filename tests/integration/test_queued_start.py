@@ -1,4 +1,4 @@
-"""A queued item has no workflow until its place comes (crewwork/starts.py), through the real API on a real Temporal
+"""A queued item has no workflow until its place comes (crewwork/admission/starts.py), through the real API on a real Temporal
 dev server and real PostgreSQL: the submission says `queued`, the item reads as queued (no live status, no error),
 it can be cancelled (its workflow is started to record the cancellation, and its place in the queue goes to the
 next), and the items behind it run in submission order."""
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from crewwork.invariants import check_invariants
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import ApiServer, make_settings, running_crew
+from tests.invariants import check_invariants
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
@@ -72,8 +72,8 @@ async def test_a_repeated_submission_starts_what_a_broken_first_request_left_and
     in the queue is left alone, with no write (an admission at (0, 1) would only be refused as stale)."""
     settings = make_settings(tmp_path, temporal_server, pg_url, tenant_max_in_flight=1)
     async with running_crew(settings, pools=("control", "agent")) as crew:
+        from crewwork.api.service import submission_hash
         from crewwork.models import WorkItemSpec
-        from crewwork.service import submission_hash
 
         async def stored_only(key: str, delay_s: float) -> tuple[str, WorkItemSpec]:
             # What a first request that died right after its insert leaves: the row, no admission, no workflow.

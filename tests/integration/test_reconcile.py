@@ -1,4 +1,4 @@
-"""The reconciler (crewwork/reconcile.py) on a real Temporal dev server, real PostgreSQL and real pools: an item
+"""The reconciler (crewwork/admission/reconcile.py) on a real Temporal dev server, real PostgreSQL and real pools: an item
 whose workflow an operator terminated stops holding its tenant's place, its workspace lease and its worktree, and
 nothing the terminated workflow's attempts write afterwards is accepted."""
 
@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from crewwork.demo import RIGHT
-from crewwork.invariants import check_invariants
+from crewwork.admission.reconcile import CLOSED_WORKFLOW, Reconciler
+from crewwork.admission.starts import ADMISSION
+from crewwork.cli.demo import RIGHT
 from crewwork.models import WorkItemSpec, WorkItemState
-from crewwork.reconcile import CLOSED_WORKFLOW, Reconciler
-from crewwork.starts import ADMISSION
-from crewwork.store.fencing import Rank
+from crewwork.store.fencing import FencedWrite, Rank, StateChange
 from crewwork.store.tables import Event, Lease
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import Crew, make_settings, running_crew
 from tests.integration.test_lifecycle import code_change
+from tests.invariants import check_invariants
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
@@ -69,11 +69,15 @@ async def test_a_terminated_item_is_closed_and_its_place_goes_to_the_queue(
         # Whether that attempt still wrote depends on when its heartbeat noticed the end; a late write of the
         # workflow's next step (above every rank it scheduled) is refused whatever it is.
         late = await crew.store.set_state(
-            work_item_id=stuck,
-            tenant_id=crew.tenant_id,
-            rank=Rank(step=row.fence_rank // Rank.SPAN + 1, attempt=1),
-            state=WorkItemState.running,
-            writer="run_agent#zombie",
+            StateChange(
+                FencedWrite(
+                    work_item_id=stuck,
+                    tenant_id=crew.tenant_id,
+                    rank=Rank(step=row.fence_rank // Rank.SPAN + 1, attempt=1),
+                    writer="run_agent#zombie",
+                ),
+                state=WorkItemState.running,
+            )
         )
         assert not late.ok and late.current == CLOSED_WORKFLOW, late  # refused as stale: below the close
         assert (await crew.store.get_work_item(stuck)).state == "dead"  # type: ignore[union-attr]
@@ -90,7 +94,10 @@ async def _orphan(crew: Crew, spec: WorkItemSpec) -> str:
     """An item its workflow's first step moved to `running`, whose workflow Temporal does not know."""
     row, _ = await crew.store.create_work_item(tenant_id=crew.tenant_id, spec=spec, base_commit=None, repo_path=None)
     res = await crew.store.set_state(
-        work_item_id=row.id, tenant_id=crew.tenant_id, rank=ORPHAN, state=WorkItemState.running, writer="test"
+        StateChange(
+            FencedWrite(work_item_id=row.id, tenant_id=crew.tenant_id, rank=ORPHAN, writer="test"),
+            state=WorkItemState.running,
+        )
     )
     assert res.ok, res
     return row.id
@@ -99,7 +106,7 @@ async def _orphan(crew: Crew, spec: WorkItemSpec) -> str:
 async def test_items_admitted_before_their_workflow_are_started_when_their_start_was_lost(
     tmp_path: Path, temporal_server: DevServer, pg_url: str
 ) -> None:
-    """Admission is decided before the workflow starts (crewwork/starts.py); a process that dies between the store's
+    """Admission is decided before the workflow starts (crewwork/admission/starts.py); a process that dies between the store's
     write and the start leaves an item with no workflow: submitted (the API died after the insert), admitted (after
     the admission or a hand-off) or queued with a place free. The reconciler admits it if it is not (first come,
     first served) and starts it admitted; one whose tenant is at its limit stays queued, with no workflow, until an
@@ -147,17 +154,14 @@ async def test_items_admitted_before_their_workflow_are_started_when_their_start
 
 
 async def _admitted_unstarted(crew: Crew, work_item_id: str) -> None:
-    """What a process that died between an admission (crewwork/starts.py) and its workflow's start leaves: the item
+    """What a process that died between an admission (crewwork/admission/starts.py) and its workflow's start leaves: the item
     admitted at rank ADMISSION, and no workflow."""
 
     async def no_fingerprints(_s: object, _wid: str) -> list[str | None]:
         return []
 
     adm = await crew.store.admit(
-        work_item_id=work_item_id,
-        tenant_id=crew.tenant_id,
-        rank=ADMISSION,
-        writer="admission",
+        FencedWrite(work_item_id=work_item_id, tenant_id=crew.tenant_id, rank=ADMISSION, writer="admission"),
         max_in_flight=crew.settings.tenant_max_in_flight,
         fingerprints=no_fingerprints,
     )
@@ -220,6 +224,31 @@ async def test_items_without_a_workflow_are_left_alone_and_passes_go_round(
         for wid in ids:
             row = await crew.store.get_work_item(wid)
             assert row is not None and row.state == "running" and row.fence_rank == ORPHAN.encode()
+
+
+async def test_close_unknown_ends_the_items_a_restored_store_holds_without_workflows(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str
+) -> None:
+    """After restoring crewwork's store without Temporal's history (docs/operations.md, "Backups"), items past their
+    workflow's first write have no workflow: left alone by every pass, ended `dead` by `--close-unknown` (the
+    operator's decision), after which nothing their lost workflow could write is accepted."""
+    settings = make_settings(tmp_path, temporal_server, pg_url, reconcile_interval_s=0)
+    async with running_crew(settings, pools=()) as crew:
+        spec = WorkItemSpec.model_validate(_task(0))
+        ids = [await _orphan(crew, spec) for _ in range(2)]
+        rec = Reconciler(crew.store, crew.client, settings)
+        left = await rec.run_cycle(batch=50, min_age_s=0)
+        assert set(ids) <= set(left.unknown) and not set(ids) & set(left.closed), left
+        closed = await rec.run_cycle(batch=50, min_age_s=0, close_unknown=True)
+        assert set(ids) <= set(closed.closed) and not set(ids) & set(closed.unknown), closed
+        for wid in ids:
+            row = await crew.store.get_work_item(wid)
+            assert row is not None and row.state == "dead", row
+            assert "is not in Temporal" in (row.reason or ""), row.reason
+            late = await crew.store.set_state(
+                StateChange(FencedWrite(wid, crew.tenant_id, Rank(step=50, attempt=1), "test"), WorkItemState.running)
+            )
+            assert not late.ok, "a write of the lost workflow after the close is refused"
 
 
 async def test_the_reconcile_command_runs_one_pass(tmp_path: Path, temporal_server: DevServer, pg_url: str) -> None:

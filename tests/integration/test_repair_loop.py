@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from crewwork.demo import RIGHT, WRONG
+from crewwork.api.service import SubmissionRejected
+from crewwork.cli.demo import RIGHT, WRONG
 from crewwork.models import ReviewDecision
-from crewwork.service import SubmissionRejected
 from crewwork.store.tables import Artifact
 from tests.conftest import Crew, make_repo, running_crew
 from tests.integration.test_lifecycle import VALIDATION, code_change, git

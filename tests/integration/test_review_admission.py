@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from crewwork.demo import BUGGY, RIGHT, TEST
-from crewwork.invariants import check_invariants
+from crewwork.cli.demo import BUGGY, RIGHT, TEST
 from crewwork.models import ReviewDecision
 from crewwork.store.fencing import IN_FLIGHT_STATES
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_repo, make_settings, running_crew
 from tests.integration.test_lifecycle import code_change
+from tests.invariants import check_invariants
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 

@@ -18,11 +18,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from crewwork.api.service import WorkItemService
+from crewwork.cli.demo import RIGHT
 from crewwork.config import Settings
 from crewwork.config.sandbox import SandboxSettings
-from crewwork.demo import RIGHT
 from crewwork.models import ReviewDecision, WorkItemResult
-from crewwork.service import WorkItemService
 from crewwork.store.store import Store
 from crewwork.workers.pools import build_worker
 from tests.integration.test_lifecycle import code_change

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import RIGHT
+from crewwork.cli.demo import RIGHT
 from tests.conftest import Crew
 from tests.integration.test_lifecycle import code_change
 

@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from crewwork import tracing
 from crewwork.config import Settings
-from crewwork.observability import ContextFilter, JsonFormatter
+from crewwork.observability import tracing
+from crewwork.observability.logs import ContextFilter, JsonFormatter
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.api.conftest import LiveApi
 from tests.api.test_api_webhooks import Receiver
@@ -147,7 +147,7 @@ async def test_one_submission_is_one_trace_from_the_api_through_temporal_to_the_
     # API -> workflow start -> workflow run -> activities, one trace.
     assert "StartWorkflow:WorkItemWorkflow" in names, names
     assert "RunWorkflow:WorkItemWorkflow" in names, names
-    # Admitted in the submission's request (crewwork/starts.py): no admit step in the workflow.
+    # Admitted in the submission's request (crewwork/admission/starts.py): no admit step in the workflow.
     assert {"RunActivity:run_agent", "RunActivity:finish"} <= names and "RunActivity:admit" not in names, names
 
     by_id = {s.context.span_id: s for s in mine if s.context is not None}
@@ -207,7 +207,7 @@ def test_the_otel_variables_configure_the_sdk_in_a_process_of_its_own(tmp_path: 
     import sys
 
     code = (
-        "from crewwork import tracing\n"
+        "from crewwork.observability import tracing\n"
         "from crewwork.config import Settings\n"
         "assert tracing.configure(Settings(), 'crewwork-test')\n"
         "with tracing.span('hello', attributes={'k': 'v'}):\n"

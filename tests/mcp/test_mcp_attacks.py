@@ -150,7 +150,9 @@ async def test_huge_and_binary_files_are_bounded(stack: Stack, tricky_repo: Path
         huge = await call(c, "read_file", repo=rid, path="huge.txt", start_line=1, end_line=1)
         assert huge["content"] == "x" * 100 + "\n" and huge["size"] == HUGE_BYTES + 101
         cut = await call(c, "read_file", repo=rid, path="huge.txt", start_line=2)
-        assert cut["truncated"] is True and cut["content"] == ""  # one line longer than an answer: said, not sent
+        # One line longer than an answer: its first part, and where the rest starts (tests/mcp/test_mcp_answers.py).
+        assert cut["truncated"] is True and cut["content"] == "y" * 256 * 1024
+        assert cut["next"] == {"start_line": 2, "offset": 256 * 1024}
         diff = await call(c, "git_show", repo=rid, rev="main~1")
         assert diff["truncated"] is True and len(diff["patch"].encode()) <= 256 * 1024
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from crewwork.demo import RIGHT, WRONG
+from crewwork.cli.demo import RIGHT, WRONG
 from tests.api.conftest import Stack
 from tests.mcp.conftest import call, fails, git, mcp_client, register
 
@@ -117,7 +117,7 @@ async def test_a_work_item_handed_off_from_mcp_lands(stack: Stack, calc_repo: Pa
     async with mcp_client(stack) as c:
         sub = await call(c, "submit_work_item", work_item=spec, idempotency_key="mcp-handoff-1")
         wid = sub["id"]
-        # Admission is decided in the submission's request (crewwork/starts.py).
+        # Admission is decided in the submission's request (crewwork/admission/starts.py).
         assert sub["created"] is True and sub["state"] == "admitted", sub
         again = await call(c, "submit_work_item", work_item=spec, idempotency_key="mcp-handoff-1")
         assert (again["id"], again["created"]) == (wid, False)

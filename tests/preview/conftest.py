@@ -15,8 +15,8 @@ from crewwork.config.sandbox import SandboxSettings
 from crewwork.models import ArtifactRef
 from crewwork.models.preview import PreviewSpec
 from crewwork.preview.run import PreviewRun, run_preview
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import SandboxLimits
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
 BACKENDS = [
     pytest.param("bwrap", id="bwrap"),

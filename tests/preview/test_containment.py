@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from crewwork.models.preview import PreviewSpec
-from crewwork.preview.grading import grade_preview
+from crewwork.preview.verdict import grade_preview
 from tests.preview.conftest import preview
 
 SERVE = """

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from crewwork.models.preview import PreviewSpec
-from crewwork.preview.grading import grade_preview
+from crewwork.preview.verdict import grade_preview
 from tests.preview.conftest import preview, require
 
 ECHO = """

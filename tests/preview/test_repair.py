@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from crewwork.evidence.gather import gather
-from crewwork.evidence.statements import validation_statement
+from crewwork.attestation.gather import gather
+from crewwork.attestation.statements import validation_statement
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_repo, make_settings, running_crew
 from tests.preview.conftest import require

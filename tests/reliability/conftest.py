@@ -10,8 +10,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from crewwork.cli.stack import ManagedProcess, Stack
 from crewwork.config import Settings
-from crewwork.stack import ManagedProcess, Stack
 from crewwork.workers.pools import POOLS
 
 
@@ -39,7 +39,7 @@ def pool_env(settings: Settings, **extra: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def pool_processes(settings: Settings, counts: dict[str, int] | None = None, **extra_env: str) -> Iterator[Stack]:
-    """`crewwork worker --pool NAME` processes, supervised (restarted when they die) by crewwork.stack's supervisor.
+    """`crewwork worker --pool NAME` processes, supervised (restarted when they die) by crewwork.cli.stack's supervisor.
 
     Yields the Stack holding them; `stack.kill(name)` sends a signal to one of them (e.g. "agent-0")."""
     counts = counts or dict.fromkeys(POOLS, 1)

@@ -1,7 +1,7 @@
 """Fencing and recovery under real faults: a zombie activity attempt, SIGKILLed pool processes, a restarted Temporal
 server, PostgreSQL connections terminated mid-run, contention for one branch, cancellation, and retries running out
 (zombies that freeze before their first write: tests/reliability/test_zombies.py). Real Temporal dev server, real PostgreSQL, real git, real bubblewrap; every test ends with the
-invariant checker (crewwork/invariants.py)."""
+invariant checker (tests/invariants.py)."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ from sqlalchemy import select, text
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import is_cancelled_exception
 
-from crewwork.demo import RIGHT
-from crewwork.invariants import check_invariants, completed_steps
+from crewwork.cli.demo import RIGHT
 from crewwork.models import ReviewDecision, WorkItemResult
 from crewwork.store.engine import store_unreachable
 from crewwork.store.store import Rank, Store
 from crewwork.store.tables import Lease, LeaseHistory
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.conftest import Crew, make_repo, make_settings, running_crew
+from tests.invariants import check_invariants, completed_steps
 from tests.reliability.conftest import pool_processes
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
@@ -53,7 +53,7 @@ def code_change(repo: Path, step: dict[str, Any], **kw: Any) -> dict[str, Any]:
 
 
 def calc(path: Path) -> Path:
-    from crewwork.demo import BUGGY, TEST
+    from crewwork.cli.demo import BUGGY, TEST
 
     return make_repo(path, {"calc.py": BUGGY, "tests/test_calc.py": TEST, "conftest.py": ""})
 

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from crewwork.invariants import CompletedStep, check_invariants
 from crewwork.models import WorkItemSpec, WorkItemState
+from crewwork.store.fencing import FencedWrite, StateChange
 from crewwork.store.store import AttemptRecord, Rank, Store
 from crewwork.store.tables import Event, Lease, LeaseHistory, WorkItem
+from tests.invariants import CompletedStep, check_invariants
 from tests.repos.servers import Listener
 
 pytestmark = [pytest.mark.postgres]
@@ -32,34 +33,48 @@ async def _clean_history(store: Store, kind: str = "task", state: WorkItemState 
     """A work item run the way the workflow runs it: one step after another, an agent step retried once."""
     tid, wid = await _item(store, kind)
     w: dict[str, Any] = {"work_item_id": wid, "tenant_id": tid}
-    await store.set_state(**w, rank=Rank(1, 1), state=WorkItemState.admitted, writer="admit#1")
     await store.set_state(
-        **w, rank=Rank(2, 1), state=WorkItemState.running, writer="run_agent#1", event_data={"attempt": 1}
+        StateChange(FencedWrite(**w, rank=Rank(1, 1), writer="admit#1"), state=WorkItemState.admitted)
     )
     await store.set_state(
-        **w, rank=Rank(2, 2), state=WorkItemState.running, writer="run_agent#2", event_data={"attempt": 1}
+        StateChange(
+            FencedWrite(**w, rank=Rank(2, 1), writer="run_agent#1"),
+            state=WorkItemState.running,
+            event_data={"attempt": 1},
+        )
+    )
+    await store.set_state(
+        StateChange(
+            FencedWrite(**w, rank=Rank(2, 2), writer="run_agent#2"),
+            state=WorkItemState.running,
+            event_data={"attempt": 1},
+        )
     )
     await store.fenced_event(
-        **w, rank=Rank(2, 2), writer="run_agent#2", type_="agent_finished", data={"attempt": 1, "diff_ref": "art_1"}
+        FencedWrite(**w, rank=Rank(2, 2), writer="run_agent#2"),
+        type_="agent_finished",
+        data={"attempt": 1, "diff_ref": "art_1"},
     )
     await store.record_attempt(
-        **w,
-        rank=Rank(3, 1),
+        FencedWrite(**w, rank=Rank(3, 1), writer="record#1"),
         record=AttemptRecord(number=1, verdict="passed", reason="ok", agent={"diff_ref": {"id": "art_1"}}),
-        writer="record#1",
     )
     if kind == "code_change" and state == WorkItemState.succeeded:
-        await store.fenced_event(**w, rank=Rank(4, 1), writer="land#1", type_="landed", data={"commit": "c0ffee"})
+        await store.fenced_event(
+            FencedWrite(**w, rank=Rank(4, 1), writer="land#1"), type_="landed", data={"commit": "c0ffee"}
+        )
     await store.set_state(
-        **w,
-        rank=Rank(5, 1),
-        state=state,
-        writer="finish#1",
-        fields={"result": {"state": state.value}, "landed_commit": "c0ffee" if kind == "code_change" else None},
+        StateChange(
+            FencedWrite(**w, rank=Rank(5, 1), writer="finish#1"),
+            state=state,
+            fields={"result": {"state": state.value}, "landed_commit": "c0ffee" if kind == "code_change" else None},
+        )
     )
     # A zombie's late writes: rejected, and that is fine.
-    await store.set_state(**w, rank=Rank(2, 1), state=WorkItemState.failed, writer="run_agent#1")
-    await store.set_state(**w, rank=Rank(9, 1), state=WorkItemState.running, writer="late")
+    await store.set_state(
+        StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="run_agent#1"), state=WorkItemState.failed)
+    )
+    await store.set_state(StateChange(FencedWrite(**w, rank=Rank(9, 1), writer="late"), state=WorkItemState.running))
     return wid
 
 
@@ -99,9 +114,15 @@ async def test_an_older_write_accepted_after_a_newer_one_fails_monotonic_writes(
 async def test_a_state_that_goes_backwards_fails_state_forward(pg_store: Store) -> None:
     tid, wid = await _item(pg_store, "code_change")
     w: dict[str, Any] = {"work_item_id": wid, "tenant_id": tid, "writer": "x"}
-    await pg_store.set_state(**w, rank=Rank(1, 1), state=WorkItemState.running, event_data={"attempt": 1})
-    await pg_store.set_state(**w, rank=Rank(2, 1), state=WorkItemState.awaiting_review, event_data={"attempt": 1})
-    await pg_store.set_state(**w, rank=Rank(3, 1), state=WorkItemState.running, event_data={"attempt": 1})
+    await pg_store.set_state(
+        StateChange(FencedWrite(**w, rank=Rank(1, 1)), state=WorkItemState.running, event_data={"attempt": 1})
+    )
+    await pg_store.set_state(
+        StateChange(FencedWrite(**w, rank=Rank(2, 1)), state=WorkItemState.awaiting_review, event_data={"attempt": 1})
+    )
+    await pg_store.set_state(
+        StateChange(FencedWrite(**w, rank=Rank(3, 1)), state=WorkItemState.running, event_data={"attempt": 1})
+    )
     report = await check_invariants(pg_store, [wid], require_terminal=False)
     assert report.failed() == ["state_forward"] and report.counts["state_regressions"] == 1
 
@@ -112,7 +133,11 @@ async def test_a_request_for_changes_moves_forward_to_the_next_attempt(pg_store:
     for step, (state, attempt) in enumerate(
         [("running", 1), ("validating", 1), ("awaiting_review", 1), ("running", 2), ("validating", 2)], start=1
     ):
-        await pg_store.set_state(**w, rank=Rank(step, 1), state=WorkItemState(state), event_data={"attempt": attempt})
+        await pg_store.set_state(
+            StateChange(
+                FencedWrite(**w, rank=Rank(step, 1)), state=WorkItemState(state), event_data={"attempt": attempt}
+            )
+        )
     assert (await check_invariants(pg_store, [wid], require_terminal=False)).ok
 
 
@@ -181,7 +206,9 @@ async def test_overlapping_lease_grants_fail_lease_exclusive(pg_store: Store) ->
     tid, wid = await _item(pg_store)
     key = f"ws:/overlap-{wid}#main"
     await pg_store.fenced_event(
-        work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="w", type_="workspace_acquired", data={"key": key}
+        FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="w"),
+        type_="workspace_acquired",
+        data={"key": key},
     )
     async with pg_store.session() as s:
         s.add(LeaseHistory(key=key, holder="a", token=1000, acquired_at=10.0, ended_at=20.0, end_reason="released"))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from crewwork.demo import RIGHT
+from crewwork.cli.demo import RIGHT
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import Crew, make_settings, running_crew
 from tests.reliability.test_faults import agent_tries, calc, code_change, terminal, until
@@ -123,7 +123,7 @@ def _containers() -> list[str]:
 async def test_cancelling_a_validation_kills_its_whole_sandbox_and_frees_the_slot(
     tmp_path: Path, temporal_server: DevServer, pg_url: str, backend: str
 ) -> None:
-    from crewwork.sandbox.registry import get_sandbox
+    from crewwork.sandbox.backends import get_sandbox
 
     try:
         get_sandbox(backend)

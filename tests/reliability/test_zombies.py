@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from crewwork.demo import RIGHT
+from crewwork.cli.demo import RIGHT
 from crewwork.models import ReviewDecision
 from crewwork.store.store import Rank
 from crewwork.workers.pools import build_worker
@@ -175,9 +175,9 @@ async def test_a_landing_that_stalled_after_its_first_write_publishes_no_evidenc
     bundle and the item succeeds. When attempt 1 wakes, nothing it would still publish may land: before, it signed
     with the old key, force-pushed its note over the new one by compare-and-swap against whatever was there, and
     stored a second `evidence-bundle.json` that the API then served, all after the item ended."""
-    from crewwork.config.evidence import EvidenceSettings
-    from crewwork.evidence.keys import generate, load_trusted
-    from crewwork.evidence.verify import verify_bundle
+    from crewwork.attestation.keys import generate, load_trusted
+    from crewwork.attestation.verify import verify_bundle
+    from crewwork.config.attestation import EvidenceSettings
 
     (tmp_path / "keys").mkdir()
     generate(tmp_path / "keys" / "old")

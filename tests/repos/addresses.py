@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from crewwork.outbound import IPAddress
+from crewwork.boundary.outbound import IPAddress
 from tests.repos.servers import Listener
 
 NAME = "gitbox.test"

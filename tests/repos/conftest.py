@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import BUGGY, TEST
+from crewwork.cli.demo import BUGGY, TEST
 from tests.conftest import make_repo
 from tests.repos.servers import GitDaemon, SmartHttp, Sshd, bare_from
 

@@ -30,14 +30,14 @@ PINS = [
     if line.strip() and not line.startswith("#")
 ]
 WHEEL_PINS = [pin for kind, pin in PINS if kind == "wheel"]
-TOOLZ = next(pin for kind, pin in PINS if kind == "sdist" and pin.startswith("toolz=="))
+SDIST_PINS = [pin for kind, pin in PINS if kind == "sdist"]
+TOOLZ = next(pin for pin in SDIST_PINS if pin.startswith("toolz=="))
 
 
 def packages_ready() -> tuple[bool, str]:
     """Whether test-env.sh has downloaded the packages (the tests that need them skip, and fail under CI, if not)."""
     missing = [pin for pin in WHEEL_PINS if not list((PACKAGES / "wheels").glob(_glob(pin, "whl")))]
-    if not list((PACKAGES / "sdists").glob(_glob(TOOLZ, "tar.gz"))):
-        missing.append(TOOLZ)
+    missing += [pin for pin in SDIST_PINS if not list((PACKAGES / "sdists").glob(_glob(pin, "tar.gz")))]
     if missing:
         return False, f"test packages {missing} are not in {PACKAGES}; run scripts/test-env.sh (make test-env)"
     return True, ""
@@ -120,18 +120,24 @@ TOOLZ_BUG = "        d[item] += 2\n"
 def toolz_repo(dest: Path) -> tuple[Path, str]:
     """A git repository of the toolz sdist (commit 1, upstream) with a planted bug (commit 2, `main`). Returns
     (work tree, upstream content of TOOLZ_FILE)."""
-    sdist = next((PACKAGES / "sdists").glob(_glob(TOOLZ, "tar.gz")))
+    return sdist_repo(TOOLZ, dest, TOOLZ_FILE, TOOLZ_RIGHT, TOOLZ_BUG, "frequencies: count twice")
+
+
+def sdist_repo(pin: str, dest: Path, path: str, right: str, bug: str, what: str) -> tuple[Path, str]:
+    """A git repository of the sdist of `pin` (commit 1, upstream) with a planted bug (commit 2, `main`): the one
+    occurrence of `right` in `path` replaced by `bug`. Returns (work tree, upstream content of `path`)."""
+    sdist = next((PACKAGES / "sdists").glob(_glob(pin, "tar.gz")))
     with tarfile.open(sdist) as tf:
         tf.extractall(dest.parent / "extract", filter="data")
     top = next((dest.parent / "extract").iterdir())
     shutil.move(str(top), dest)
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=dest, check=True, env=GIT_ENV)
     git(dest, "add", "-A")
-    git(dest, "commit", "-qm", f"{TOOLZ} from its sdist")
-    upstream = (dest / TOOLZ_FILE).read_text()
-    assert upstream.count(TOOLZ_RIGHT) == 1, "the planted bug's anchor moved; pick another"
-    (dest / TOOLZ_FILE).write_text(upstream.replace(TOOLZ_RIGHT, TOOLZ_BUG))
-    git(dest, "commit", "-qam", "frequencies: count twice (planted bug)")
+    git(dest, "commit", "-qm", f"{pin} from its sdist")
+    upstream = (dest / path).read_text()
+    assert upstream.count(right) == 1, "the planted bug's anchor moved; pick another"
+    (dest / path).write_text(upstream.replace(right, bug))
+    git(dest, "commit", "-qam", f"{what} (planted bug)")
     return dest, upstream
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from crewwork.outbound import parse_networks
+from crewwork.boundary.outbound import parse_networks
 from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.temporal.devserver import free_port
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from crewwork.cli.demo import RIGHT
 from crewwork.config.repos import SetupSecret
-from crewwork.demo import RIGHT
 from crewwork.models import WorkItemSpec
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import Crew, make_settings, running_crew
@@ -123,7 +123,7 @@ async def test_a_prepared_environment_is_never_served_to_another_tenant(
     again = await validate(crew, b, url, ["b-index"])
     assert again == {**seen_b, "cold": False}
     # A secret names a tenant by name: another tenant cannot ask for it.
-    from crewwork.service import SubmissionRejected
+    from crewwork.api.service import SubmissionRejected
 
     with pytest.raises(SubmissionRejected, match="not available to this tenant"):
         await crew.service.submit(c, spec(url, ["a-index"]))

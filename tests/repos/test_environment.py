@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import Sandbox, SandboxLimits
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed, SetupPlan
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
+from crewwork.sandbox.envplan import CacheOwner, SetupFailed, SetupPlan
+from crewwork.sandbox.prepare import PreparedEnvCache
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.conftest import make_settings, running_crew
 from tests.repos.pkgindex import TOOLZ_BUG, TOOLZ_FILE, TOOLZ_RIGHT, PackageIndex, packages_ready, toolz_repo
@@ -269,7 +270,7 @@ async def test_toolz_installed_from_a_loopback_index_and_judged_by_its_own_tests
 async def test_environment_asking_for_network_without_an_allowlist_is_rejected(
     tmp_path: Path, temporal_server: DevServer, pg_url: str, sandbox_backend: str, calc_repo: Path
 ) -> None:
-    from crewwork.service import SubmissionRejected
+    from crewwork.api.service import SubmissionRejected
     from tests.integration.test_lifecycle import code_change
 
     settings = make_settings(tmp_path / "data", temporal_server, pg_url, sandbox_backend=sandbox_backend)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.config.evidence import EvidenceSettings
+from crewwork.attestation.keys import generate
+from crewwork.cli.demo import RIGHT
+from crewwork.config.attestation import EvidenceSettings
 from crewwork.config.repos import ForgeConfig, RepoCredential
-from crewwork.demo import RIGHT
-from crewwork.evidence.keys import generate
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_settings, running_crew
 from tests.evidence.test_landed import item

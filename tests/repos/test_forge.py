@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from crewwork.boundary.urls import parse_repo_url
 from crewwork.config.repos import ForgeConfig
 from crewwork.forge import ForgeError, forge_for
 from crewwork.forge.github import GitHubForge
-from crewwork.urls import parse_repo_url
 from tests.fakes.github_server import FakeGitHub
 
 TOKEN = "ghp_" + "ab12" * 9

@@ -9,9 +9,9 @@ import os
 import time
 from pathlib import Path
 
+from crewwork.boundary.urls import parse_repo_url
 from crewwork.repos.mirror import MirrorCache
 from crewwork.repos.remote import Remote
-from crewwork.urls import parse_repo_url
 from tests.conftest import make_repo
 from tests.repos.conftest import Served
 from tests.repos.servers import LOOPBACK, GitDaemon, bare_from, git

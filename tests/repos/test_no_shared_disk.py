@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.cli.demo import RIGHT, WRONG
+from crewwork.cli.stack import ManagedProcess
 from crewwork.config import Settings
-from crewwork.demo import RIGHT, WRONG
-from crewwork.stack import ManagedProcess
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_settings, running_crew
 from tests.deploy.procs import PoolProcesses, activity_identities, pool_env

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.boundary.outbound import parse_networks
+from crewwork.boundary.urls import RepoURLError, parse_repo_url
 from crewwork.config import Settings
 from crewwork.config.repos import RepoCredential
-from crewwork.outbound import parse_networks
 from crewwork.repos.address import RemoteAddressPolicy
 from crewwork.repos.credentials import Credentials
 from crewwork.repos.git import RemoteAccessDenied, RemoteAddressRefused, RemoteError, RemoteUnavailable
@@ -29,8 +30,7 @@ from crewwork.repos.landing import land_by_push
 from crewwork.repos.mirror import MirrorCache
 from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError
 from crewwork.repos.remote import Remote
-from crewwork.repos.service import Repositories
-from crewwork.urls import RepoURLError, parse_repo_url
+from crewwork.repos.worker import Repositories
 from tests.repos.addresses import INTERNAL, NAME, Dns, spell
 from tests.repos.conftest import Served
 from tests.repos.servers import GitDaemon, Listener, SmartHttp, Sshd, git

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.boundary.urls import parse_repo_url
 from crewwork.config.repos import RepoCredential
 from crewwork.repos.credentials import Credentials
 from crewwork.repos.git import PushRejected, RemoteAccessDenied, RemoteNotFound, RemoteUnavailable
-from crewwork.repos.landing import LandingConflictError, land_by_push
+from crewwork.repos.landing import LandingConflictError, land_by_push, push_for_review, review_message
 from crewwork.repos.mirror import MirrorCache
 from crewwork.repos.remote import Remote
 from crewwork.temporal.devserver import free_port
-from crewwork.urls import parse_repo_url
 from tests.repos.conftest import Served
 from tests.repos.servers import LOOPBACK, GitDaemon, SmartHttp, Sshd, git
 
@@ -284,3 +284,66 @@ def git_env(cwd: Path, env: dict[str, str], *args: str, input_: str | None = Non
     return subprocess.run(
         ["git", *args], cwd=cwd, env={**os.environ, **env}, input=input_, capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+async def test_a_change_shown_for_review_moves_only_from_crewworks_own_review_commit_to_the_landed_one(
+    daemon: GitDaemon, served: Served, cache: MirrorCache, tmp_path: Path
+):
+    """Review on the forge: the attempt awaiting review is pushed to `crewwork/<id>` as a review commit, attempt 2
+    replaces attempt 1's, and the landing moves the branch from it to the landed commit, each by compare-and-swap.
+    A commit that only looks like a review commit (its message, someone else's identity) is never moved."""
+    remote = Remote(address=LOOPBACK, url=parse_repo_url(daemon.url(served.name)))
+    main = git(served.bare, "rev-parse", "main")
+    branch = "refs/heads/crewwork/wr1"
+    first = await push_for_review(
+        cache, remote, work_item_id="wr1", base_commit=main, diff=RIGHT_DIFF, attempt=1, scratch=tmp_path / "r1"
+    )
+    assert first.created and git(served.bare, "rev-parse", branch) == first.commit
+    assert git(served.bare, "log", "-1", "--format=%B", first.commit).strip() == review_message("wr1", 1).strip()
+    assert git(served.bare, "rev-parse", "main") == main, "the target branch never moves"
+    again = await push_for_review(
+        cache, remote, work_item_id="wr1", base_commit=main, diff=RIGHT_DIFF, attempt=1, scratch=tmp_path / "r1"
+    )
+    assert (again.commit, again.created) == (first.commit, False), "shown once per attempt"
+    second = await push_for_review(
+        cache, remote, work_item_id="wr1", base_commit=main, diff=RIGHT_DIFF, attempt=2, scratch=tmp_path / "r2"
+    )
+    assert second.created and git(served.bare, "rev-parse", f"{second.commit}^") == main
+    # A late push of attempt 1 (a stale intake loop waking up) never puts it back over attempt 2.
+    with pytest.raises(LandingConflictError, match="shows attempt 2"):
+        await push_for_review(
+            cache, remote, work_item_id="wr1", base_commit=main, diff=RIGHT_DIFF, attempt=1, scratch=tmp_path / "r1b"
+        )
+    assert git(served.bare, "rev-parse", branch) == second.commit
+    landed = await land_by_push(
+        cache, remote, work_item_id="wr1", base_commit=main, diff=RIGHT_DIFF, message="fix add\n",
+        scratch=tmp_path / "l1",
+    )  # fmt: skip
+    assert landed.created and git(served.bare, "rev-parse", branch) == landed.commit
+    # Once landed, showing an attempt for review again does not move the branch.
+    with pytest.raises(LandingConflictError, match="not a review commit"):
+        await push_for_review(
+            cache, remote, work_item_id="wr1", base_commit=main, diff=RIGHT_DIFF, attempt=3, scratch=tmp_path / "r3"
+        )
+    assert git(served.bare, "rev-parse", branch) == landed.commit
+    # Someone else's commit carrying a review commit's message is theirs: neither shown over nor landed over.
+    other = tmp_path / "other"
+    git(tmp_path, "clone", "--quiet", str(served.bare), str(other))
+    forged = {
+        "GIT_AUTHOR_NAME": "Mallory",
+        "GIT_AUTHOR_EMAIL": "m@example.com",
+        "GIT_COMMITTER_NAME": "Mallory",
+        "GIT_COMMITTER_EMAIL": "m@example.com",
+    }
+    theirs = git_env(other, forged, "commit-tree", f"{main}^{{tree}}", "-p", main, input_=review_message("wr2", 1))
+    git(other, "push", "--quiet", "origin", f"{theirs}:refs/heads/crewwork/wr2")
+    with pytest.raises(LandingConflictError, match="not a review commit"):
+        await push_for_review(
+            cache, remote, work_item_id="wr2", base_commit=main, diff=RIGHT_DIFF, attempt=2, scratch=tmp_path / "r4"
+        )
+    with pytest.raises(LandingConflictError, match="different content"):
+        await land_by_push(
+            cache, remote, work_item_id="wr2", base_commit=main, diff=RIGHT_DIFF, message="fix add\n",
+            scratch=tmp_path / "l2",
+        )  # fmt: skip
+    assert git(served.bare, "rev-parse", "refs/heads/crewwork/wr2") == theirs

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from crewwork.boundary.urls import RepoURLError, parse_repo_url, redact_url
 from crewwork.config.repos import RepoCredential, matches
 from crewwork.models import RepoSpec, TenantRef
 from crewwork.repos.credentials import CredentialError, Credentials, check_secret_location
-from crewwork.urls import RepoURLError, parse_repo_url, redact_url
 
 
 @pytest.mark.parametrize(

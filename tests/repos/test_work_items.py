@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from crewwork.cli.demo import RIGHT, WRONG
 from crewwork.config.repos import ForgeConfig, RepoCredential
-from crewwork.demo import RIGHT, WRONG
 from crewwork.models import ReviewDecision
 from crewwork.temporal.devserver import DevServer, free_port
 from tests.conftest import ApiServer, Crew, make_settings, running_crew
@@ -227,7 +227,7 @@ async def test_work_item_over_ssh_with_an_operator_key(
 async def test_unreachable_remote_and_missing_ref_are_rejected_at_submission(
     remote_crew: Crew, daemon: GitDaemon, served: Served
 ) -> None:
-    from crewwork.service import SubmissionRejected
+    from crewwork.api.service import SubmissionRejected
 
     port = free_port()
     with pytest.raises(SubmissionRejected, match=f"127.0.0.1:{port}") as err:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import Sandbox
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
 ISOLATING = [
     pytest.param("bwrap", id="bwrap"),

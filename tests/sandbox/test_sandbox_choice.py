@@ -11,9 +11,9 @@ import pytest
 
 from crewwork.config.sandbox import SandboxSettings, resolve_limits
 from crewwork.models import SandboxSpec
+from crewwork.sandbox.backends import SANDBOXES, best_available, get_sandbox
 from crewwork.sandbox.base import SandboxLimits, SandboxRunResult, SandboxUnavailable
 from crewwork.sandbox.cli import main as cli_main
-from crewwork.sandbox.registry import SANDBOXES, best_available, get_sandbox
 
 
 def test_local_backend_is_refused_without_allow_unsafe() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.demo import RIGHT, WRONG
-from crewwork.sandbox.registry import SANDBOXES
+from crewwork.cli.demo import RIGHT, WRONG
+from crewwork.sandbox.backends import SANDBOXES
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import make_settings, running_crew
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import socket
 import sys
 import time
@@ -103,6 +104,41 @@ async def test_fork_bomb_is_stopped_by_pids_cap_and_host_stays_responsive(sandbo
     assert time.monotonic() - started < 2.0
 
 
+async def test_a_silent_fork_bomb_is_still_flagged_by_the_pids_cap(sandbox: Sandbox, workspace: Path) -> None:
+    """No fork-failure message to recognise: the cap hit is read from the sandbox's own counters (under gVisor, its
+    process count), not from what the program says."""
+    bomb = (
+        "import os, time\n"
+        "for _ in range(400):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60)\n"
+        "            os._exit(0)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "time.sleep(3)\n"
+    )
+    r = await sandbox.run([PY, "-c", bomb], workspace=workspace, limits=limits(pids=24, memory_mb=256, timeout_s=30))
+    assert r.stdout == r.stderr == b"", (r.stdout, r.stderr)
+    assert r.pids_limited and r.cause == "pids", (r.exit_code, r.cause, r.enforcement)
+
+
+async def test_filling_the_workspace_disk_is_flagged_by_the_disk_cap(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A silent program that fills its workspace (its own file system, as validation gives it) until a 1 MiB write
+    fails, then exits 0."""
+    from crewwork.config.sandbox import SandboxSettings
+    from crewwork.sandbox.disk import WorkspaceDisk
+
+    owner = SandboxSettings().owner() or (os.geteuid(), os.getegid())
+    disk = await WorkspaceDisk.create(tmp_path / "ws.img", tmp_path / "disk", 32, owner)
+    fill = "f = open('filler', 'wb')\ntry:\n    while True:\n        f.write(b'0' * (1 << 20)); f.flush()\nexcept OSError:\n    pass\n"
+    try:
+        r = await sandbox.run([PY, "-c", fill], workspace=tmp_path / "disk", limits=limits(disk_mb=32))
+    finally:
+        await disk.remove()
+    assert r.disk_limited and r.cause == "disk", (r.exit_code, r.stderr[-300:])
+
+
 async def test_memory_hog_is_stopped_by_memory_cap(sandbox: Sandbox, workspace: Path) -> None:
     hog = "chunks = []\nwhile True:\n    chunks.append(b'x' * (16 * 1024 * 1024))\n"
     r = await sandbox.run([PY, "-c", hog], workspace=workspace, limits=limits(memory_mb=64, timeout_s=30))
@@ -155,18 +191,25 @@ async def test_python_pytest_runs_in_the_workspace(sandbox: Sandbox, workspace: 
     assert (workspace / "report.xml").exists()
 
 
-async def test_output_beyond_the_cap_is_dropped_and_flagged(sandbox: Sandbox, workspace: Path) -> None:
+async def test_output_beyond_the_cap_keeps_its_start_and_end_and_is_flagged(sandbox: Sandbox, workspace: Path) -> None:
     r = await sandbox.run(
-        [PY, "-c", "import sys; sys.stdout.write('y' * 200000); sys.stderr.write('e' * 10)"],
+        [PY, "-c", "import sys; sys.stdout.write('a' + 'y' * 200000 + 'z'); sys.stderr.write('e' * 10)"],
         workspace=workspace,
         limits=limits(max_log_bytes=1000),
     )
     assert r.exit_code == 0
     assert r.truncated
-    assert r.stdout == b"y" * 1000
+    assert (
+        r.stdout
+        == b"a"
+        + b"y" * 499
+        + b"\n[\xe2\x80\xa6 199002 bytes of output not kept here \xe2\x80\xa6]\n"
+        + b"y" * 499
+        + b"z"
+    )
     assert r.stderr == b"e" * 10
     report = r.report(tail_bytes=100)
-    assert report.stdout_tail == "y" * 100
+    assert report.stdout_tail == "y" * 99 + "z"
     assert report.isolated
 
 
@@ -270,7 +313,7 @@ async def test_a_dead_worker_leaves_no_sandbox_running(sandbox: Sandbox, workspa
     script = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "from crewwork.sandbox.base import SandboxLimits\nfrom crewwork.sandbox.registry import get_sandbox\n"
+        "from crewwork.sandbox.base import SandboxLimits\nfrom crewwork.sandbox.backends import get_sandbox\n"
         "ticker = \"import time\\nwhile True:\\n    open('ticks', 'a').write('.')\\n    time.sleep(0.05)\\n\"\n"
         "asyncio.run(get_sandbox(sys.argv[1]).run(['python3', '-c', ticker], workspace=Path(sys.argv[2]),\n"
         "            limits=SandboxLimits(timeout_s=1)))\n"

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import Sandbox, SandboxLimits
 from crewwork.sandbox.disk import prepare_disk_cap_mb
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupFailed, prepare_key
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
+from crewwork.sandbox.envplan import CacheOwner, SetupFailed, prepare_key
+from crewwork.sandbox.prepare import PreparedEnvCache
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, timeout_s=60)
 OWNER = CacheOwner(tenant_id="tn_a", repository="rp_a")
@@ -110,7 +111,7 @@ def test_eviction_removes_least_recently_used_entries_beyond_the_budget(tmp_path
 
 
 def test_key_depends_on_every_input() -> None:
-    from crewwork.sandbox.prepare import SetupPlan
+    from crewwork.sandbox.envplan import SetupPlan
 
     runner = {"backend": "bwrap", "python": "fp1"}
 

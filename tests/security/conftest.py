@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from crewwork.sandbox.registry import SANDBOXES
+from crewwork.sandbox.backends import SANDBOXES
 from crewwork.store.tables import Artifact
 from crewwork.temporal.devserver import DevServer
 from tests.conftest import Crew, make_repo, make_settings, running_crew

@@ -97,7 +97,7 @@ async def test_agent_planted_git_config_never_runs_on_the_host(
 async def test_scripted_files_key_reaching_git_is_refused_at_submission(
     tmp_path: Path, temporal_server: DevServer, pg_url: str, calc: Path, host_dir: Path
 ) -> None:
-    from crewwork.service import SubmissionRejected
+    from crewwork.api.service import SubmissionRejected
 
     config = '[core]\n\tfsmonitor = "touch ' + str(host_dir / "markers" / "fsmonitor") + '; false"\n'
     async with crew_on(tmp_path, temporal_server, pg_url, "bwrap") as crew:
@@ -183,7 +183,9 @@ async def test_sparse_two_gib_report_is_refused_without_reading_it(
     grew = rss.growth
     assert grew < 512 * 1024 * 1024, f"the worker's peak memory grew by {grew >> 20} MiB reading a report"
     v = result.attempts[0].validation
-    assert v is not None and v.cause == "report_unparseable" and "limit" in v.reason, v
+    # Not read, so not judged: a bound that cut the evidence never passes, and the outcome says which bound.
+    assert v is not None and v.cause == "not_judged" and "MAX_REPORT_BYTES" in v.reason, v
+    assert [(c.bound, c.seen, c.decisive) for c in v.cuts] == [("MAX_REPORT_BYTES", 2 << 30, True)]
 
 
 # ------------------------------------------------------------------------------------------------ deleting
@@ -479,3 +481,27 @@ async def test_file_names_with_newlines_and_tabs_survive_capture_validation_and_
         ["git", "ls-tree", "-r", "-z", "--name-only", f"crewwork/{wid}"], cwd=calc, capture_output=True, check=True
     ).stdout.split(b"\0")
     assert b"notes\nwith newline.txt" in names and b"0\t0\tcalc.py" in names
+
+
+MANY_FILES = """
+import os, pathlib
+pathlib.Path("calc.py").write_text("def add(a, b):\\n    return a + b\\n")
+for i in range(20_000):
+    d = f"generated/d{i % 50}"
+    os.makedirs(d, exist_ok=True)
+    pathlib.Path(f"{d}/{'x' * 200}{i}.txt").write_text("")
+"""
+
+
+async def test_a_change_of_twenty_thousand_long_named_files_still_fits_its_payloads(
+    tmp_path: Path, temporal_server: DevServer, pg_url: str, calc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every name of this change is ~220 bytes: 4.4 MB of names, past Temporal's 2 MiB payload limit, which the
+    # attempt's statistics crossed when they named every file.
+    agent = command_agent(monkeypatch, "many", MANY_FILES)
+    async with crew_on(tmp_path, temporal_server, pg_url, "bwrap") as crew:
+        wid = await crew.submit(code_change(calc, agent))
+        result = await crew.result(wid, timeout_s=600)
+    assert result.state == "succeeded", result.reason
+    stats = result.attempts[0].agent.diff_stats
+    assert stats is not None and stats.files_changed == 20_001 and len(stats.files) == 500

@@ -27,7 +27,7 @@ from crewwork.config import Settings
 from crewwork.repos.git import LocalRepositoryRefused
 from crewwork.repos.landing import LandingConflictError
 from crewwork.repos.registration import RepoPolicyError
-from crewwork.repos.service import Repositories
+from crewwork.repos.worker import Repositories
 from tests.api.conftest import api_crew, api_settings  # noqa: F401  (fixtures)
 from tests.api.test_repositories import CALC, Tenancy, change, register, tenancy  # noqa: F401  (fixture)
 from tests.conftest import GIT_ENV, make_repo

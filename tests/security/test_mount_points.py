@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from crewwork.agents.command import CommandAgentsSettings
-from crewwork.errors import AgentConfigError
+from crewwork.models.errors import AgentConfigError
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import Mount, SandboxLimits, check_mounts
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, timeout_s=60)
 

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import Sandbox, SandboxLimits
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
+from crewwork.sandbox.envplan import CacheOwner
+from crewwork.sandbox.prepare import PreparedEnvCache
 
 LIMITS = SandboxLimits(memory_mb=512, pids=128, timeout_s=120)
 A = CacheOwner(tenant_id="tn_evict_a", repository="rp_a")

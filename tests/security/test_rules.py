@@ -7,12 +7,17 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from crewwork import gitops
+from crewwork.boundary.paths import PathPattern, PathRefused, RelPath, ReportPath, diff_paths, is_dotgit
 from crewwork.models import ValidationSpec, WorkItemSpec
-from crewwork.paths import PathPattern, PathRefused, RelPath, ReportPath, diff_paths, is_dotgit
 from crewwork.validation.grading import Cause, ValidationEvidence, grade
-from crewwork.validation.protect import Protection, addopts_plugins, apply_protection, conftest_plugins
-from crewwork.workspace import Workspace
+from crewwork.validation.protect import (
+    Protection,
+    addopts_plugins,
+    apply_protection,
+    conftest_plugins,
+    pytest_tables,
+)
+from crewwork.workspace.tree import Workspace, gitops
 from tests.conftest import make_repo
 
 GIT_SPELLINGS = [
@@ -113,6 +118,15 @@ def test_plugin_names_are_found_in_conftests_and_addopts() -> None:
     assert addopts_plugins(["-p myplug -pother -p no:cacheprovider --strict-markers"]) == {"myplug", "other"}
 
 
+def test_configuration_files_python_gives_up_on_are_unreadable_not_a_crash() -> None:
+    # A repository's conftest.py or pyproject.toml is untrusted input: Python's own parsers raise RecursionError or
+    # MemoryError on some of it (under 1 MiB), which crashed the validation activity instead of being judged.
+    for source in ("x = a" + ".b" * 200_000, "x = " + "-" * 200_000 + "1", "x = " + "+".join(["1"] * 200_000)):
+        assert conftest_plugins(source) == set()
+    for toml in ("a = " + "[" * 100_000 + "]" * 100_000, "a = " + "{b=" * 50_000 + "1" + "}" * 50_000):
+        assert pytest_tables(toml.encode()) == ("unparseable",)
+
+
 async def _protect(tmp_path: Path, base: dict[str, str], change: dict[str, str | None], **spec: object):  # type: ignore[no-untyped-def]
     repo = make_repo(tmp_path / "repo", base)
     commit = (await gitops.git("rev-parse", "HEAD", cwd=repo)).out.strip()
@@ -127,7 +141,7 @@ async def _protect(tmp_path: Path, base: dict[str, str], change: dict[str, str |
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(content)
-        from crewwork.workspace import CaptureLimits
+        from crewwork.workspace.tree import CaptureLimits
 
         cap = await ws.capture(CaptureLimits(max_diff_bytes=1 << 20, max_file_bytes=1 << 20))
         changed = await ws.apply(cap.diff)
@@ -164,6 +178,10 @@ async def test_default_protected_set(tmp_path: Path) -> None:
         "pyproject.toml": "[project]\nname = 'x'\n[tool.pytest.ini_options]\naddopts = '-p evil'\n",
         "pkg/pyproject.toml": "[project]\nname = 'inner'\n",
         ".crewwork/junit.xml": "<testsuite/>",
+        "src/sitecustomize.py": "# runs before pytest in an editable install\n",
+        "src/_pytest/__init__.py": "# shadows pytest's internals from src/\n",
+        "crewwork_witness.py": "# would shadow the outcome witness\n",
+        "lib/crewwork_witness/__init__.py": "# and from any directory on sys.path\n",
     }
     final, resets = await _protect(tmp_path, base, change)
     assert final["calc.py"] != final["conftest.py"]
@@ -179,12 +197,47 @@ async def test_default_protected_set(tmp_path: Path) -> None:
         "__pycache__/calc.cpython-311.pyc",
         "lib/thing.pyc",
         "pyproject.toml",
+        "src/sitecustomize.py",
+        "src/_pytest/__init__.py",
+        "crewwork_witness.py",
+        "lib/crewwork_witness/__init__.py",
     }
+    assert "would shadow it" in resets["crewwork_witness.py"][1]
+    assert "start-up hook" in resets["src/sitecustomize.py"][1]
     assert ".crewwork/junit.xml" not in final  # the capture never takes the platform directory at all
     assert resets["conftest.py"][0] == "restored" and resets["tests/conftest.py"][0] == "removed"
     assert resets["pytest.ini"][0] == "restored" and "plugin" in resets["helpers/plug.py"][1]
     assert "whole file" in resets["pyproject.toml"][1]
     assert "pkg/pyproject.toml" in final  # a pyproject.toml without pytest configuration is ordinary
+
+
+async def test_the_configuration_of_a_checker_the_command_runs_is_protected(tmp_path: Path) -> None:
+    base = {
+        "calc.py": "x = 1\n",
+        "ruff.toml": "line-length = 100\n",
+        "mypy.ini": "[mypy]\nstrict = true\n",
+        "pyproject.toml": "[project]\nname = 'x'\n[tool.ruff]\nselect = ['E']\n[tool.black]\nline-length = 100\n",
+        ".coveragerc": "[run]\nbranch = true\n",
+    }
+    change: dict[str, str | None] = {
+        "calc.py": "x = 2\n",
+        "ruff.toml": "line-length = 100\nignore = ['E501']\n",
+        "mypy.ini": "[mypy]\nignore_errors = true\n",
+        "pyproject.toml": "[project]\nname = 'x'\n[tool.ruff]\nselect = []\n[tool.black]\nline-length = 100\n",
+        ".coveragerc": "[run]\nomit = *\n",
+    }
+    command = ["sh", "-c", "ruff check . && .venv/bin/mypy calc.py && python -m pytest --cov=calc"]
+    _final, resets = await _protect(tmp_path, base, change, command=command)
+    assert set(resets) == {"ruff.toml", "mypy.ini", "pyproject.toml", ".coveragerc"}
+    assert resets["ruff.toml"][1] == "configuration of ruff, which the validation command runs (ruff.toml)"
+    assert "[tool.coverage, tool.mypy, tool.ruff]" in resets["pyproject.toml"][1]
+    # A command that runs no checker leaves their configuration to the change (flagged, not reset: weakening.py).
+    _final, resets = await _protect(tmp_path / "plain", base, change, command=["python", "-m", "pytest"])
+    assert resets == {}
+    # Only the tables of the checkers the command runs count.
+    black = {"pyproject.toml": base["pyproject.toml"].replace("black]\nline-length = 100", "black]\nline-length = 80")}
+    _final, resets = await _protect(tmp_path / "black", base, black, command=["ruff", "check", "."])
+    assert resets == {}
 
 
 async def test_pyproject_change_outside_the_pytest_tables_is_kept(tmp_path: Path) -> None:
@@ -264,3 +317,16 @@ def test_runtime_start_errors_are_classified(message: str, code: int | None) -> 
     from crewwork.sandbox.docker import command_not_found_code
 
     assert command_not_found_code(message) == code
+
+
+def test_gvisor_task_counts_include_threads_and_survive_runscs_chatter() -> None:
+    from crewwork.sandbox.containerstats import tasks
+
+    # As runsc 20221219 prints it: its own lines (with a Go formatting slip) before the JSON list of processes.
+    out = (
+        b"Found sandbox [\"85227dbb\" 'x'], PID: %!d(MISSING)\nRetrieving process list\n"
+        b'%!(EXTRA []interface {}=[])[[\n  {"uid": 65532, "pid": 1, "ppid": 0, "threads": [1, 2, 3, 4, 5, 6],'
+        b' "cmd": "python3"},\n  {"uid": 65532, "pid": 7, "ppid": 1, "threads": [7], "cmd": "python3"}\n]\n'
+    )
+    assert tasks(out) == 7
+    assert tasks(b"no list here") == 0 and tasks(b"[{broken") == 0

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from crewwork import gitops
 from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.backends import get_sandbox
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
 from crewwork.sandbox.bwrap import ETC_ALLOWLIST, SYNTHETIC_ETC
 from crewwork.sandbox.disk import workspace_disk_mb
-from crewwork.sandbox.registry import get_sandbox
 from crewwork.steps.execution import read_report
-from crewwork.workspace import Workspace
+from crewwork.workspace.tree import Workspace, gitops
 from tests.conftest import make_repo
 from tests.security.conftest import require
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from crewwork.config.sandbox import SandboxSettings
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import Sandbox, SandboxLimits
+from crewwork.sandbox.envplan import CacheOwner, SetupPlan
 from crewwork.sandbox.image import IMAGE_PACKAGES, distribution_closure
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache, SetupPlan
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
+from crewwork.sandbox.prepare import PreparedEnvCache
 from crewwork.sandbox.toolchain import ensure_toolchain
 
 LIMITS = SandboxLimits(memory_mb=512, pids=128, timeout_s=120)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from crewwork.sandbox.prepare import DIGEST_KEY, PreparedEnvCache
+from crewwork.sandbox.envplan import DIGEST_KEY
+from crewwork.sandbox.prepare import PreparedEnvCache
 
 SECRETS = {"IDX_TOKEN": "token-of-tenant-a-7f3e91"}
 

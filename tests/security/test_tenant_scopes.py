@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.boundary.urls import parse_repo_url
 from crewwork.config import Settings
 from crewwork.config.repos import RepoCredential, SetupSecret
-from crewwork.ids import new_id
 from crewwork.models import EnvironmentSpec, TenantRef
+from crewwork.models.ids import new_id
 from crewwork.repos.credentials import CredentialError, Credentials
 from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.store.store import Store
 from crewwork.store.tables import Tenant
-from crewwork.urls import parse_repo_url
 
 pytestmark = [pytest.mark.postgres]
 

@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from crewwork.boundary.safefs import chown_tree
 from crewwork.config.sandbox import SandboxSettings
-from crewwork.safefs import chown_tree
+from crewwork.sandbox.backends import SANDBOXES, get_sandbox
 from crewwork.sandbox.base import SandboxLimits
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnvCache
-from crewwork.sandbox.registry import SANDBOXES, get_sandbox
-from crewwork.workspace import remove_tree
+from crewwork.sandbox.envplan import CacheOwner
+from crewwork.sandbox.prepare import PreparedEnvCache
+from crewwork.workspace.tree import remove_tree
 
 LIMITS = SandboxLimits(memory_mb=256, pids=64, timeout_s=60)
 # Fills a directory, then takes the write (and, one level down, every) permission away from it.

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from crewwork import gitops, safefs
+from crewwork.boundary import safefs
 from crewwork.config.sandbox import SandboxSettings
 from crewwork.repos.landing import _tree_of_change
 from crewwork.sandbox.disk import workspace_disk_mb
-from crewwork.workspace import CaptureLimits, CaptureRefused, DiffTooLarge, Workspace
+from crewwork.workspace.tree import CaptureLimits, CaptureRefused, DiffTooLarge, Workspace, gitops
 from tests.conftest import GIT_ENV, make_repo
 
 LIMITS = CaptureLimits(max_diff_bytes=1 << 20, max_file_bytes=1 << 20)

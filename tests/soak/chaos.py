@@ -40,12 +40,12 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from crewwork.invariants import CompletedStep, check_invariants, completed_steps, summarize
+from crewwork.cli.stack import Stack
 from crewwork.models import WorkItemState
-from crewwork.stack import Stack
 from crewwork.store.store import Store
 from crewwork.store.tables import Event, WorkItem
 from crewwork.temporal.devserver import free_port
+from tests.invariants import CompletedStep, check_invariants, completed_steps, summarize
 from tests.soak.privatepg import PrivatePostgres, private_postgres
 
 TERMINAL = {s.value for s in WorkItemState if s.terminal}

@@ -31,7 +31,7 @@ from sqlalchemy import text
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.artifacts import new_artifact
 from crewwork.store.db import upgrade
-from crewwork.store.fencing import IN_FLIGHT_STATES, Rank
+from crewwork.store.fencing import IN_FLIGHT_STATES, FencedWrite, Rank, StateChange
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import AttemptRecord, Store
 from tests.conftest import run_sync
@@ -247,26 +247,28 @@ async def _apply(store: Store, tid: str, ids: list[str], op: Op) -> Any:
     wid = ids[op.item]
     # Item 1's writers name a secret (a writer is masked wherever an event names it) and a NUL.
     writer = f"{op.kind}#{op.rank.attempt}" + (" token=sk-abcdefghijklmnopqrstuvwx \x00" if op.item == 1 else "")
-    w = {"work_item_id": wid, "tenant_id": tid, "rank": op.rank, "writer": writer}
+    write = FencedWrite(wid, tid, op.rank, writer)
     a = op.args
     if op.kind == "set_state":
         res = await store.set_state(
-            **w,
-            state=S(a["state"]),
-            reason=a["reason"],
-            fields=a["fields"],
-            event_data=a["event_data"],
-            attempt=_record(a["attempt"]) if a["attempt"] else None,
-            max_in_flight=a["max_in_flight"],
-            hand_off_cap=a["hand_off_cap"],
+            StateChange(
+                write,
+                state=S(a["state"]),
+                reason=a["reason"],
+                fields=a["fields"],
+                event_data=a["event_data"],
+                attempt=_record(a["attempt"]) if a["attempt"] else None,
+                max_in_flight=a["max_in_flight"],
+                hand_off_cap=a["hand_off_cap"],
+            )
         )
         value: Any = None if res.value is None else sorted(ids.index(h.work_item_id) for h in res.value)
     elif op.kind == "admit":
-        res = await store.admit(**w, max_in_flight=a["max_in_flight"], fingerprints=store.fingerprints_in)
+        res = await store.admit(write, max_in_flight=a["max_in_flight"], fingerprints=store.fingerprints_in)
         adm = res.value
         value = None if adm is None else (adm.admitted, adm.queued_position, adm.in_flight, adm.fingerprints)
     elif op.kind == "record":
-        res = await store.record_attempt(**w, record=_record(a["record"]))
+        res = await store.record_attempt(write, record=_record(a["record"]))
         value = res.value
     else:
         arts = [
@@ -280,7 +282,7 @@ async def _apply(store: Store, tid: str, ids: list[str], op: Op) -> Any:
             )
             for i in range(a["artifacts"])
         ]
-        res = await store.fenced_event(**{k: v for k, v in w.items()}, type_="evidence", data=a["data"], artifacts=arts)
+        res = await store.fenced_event(write, type_="evidence", data=a["data"], artifacts=arts)
         value = res.value
     return {
         "ok": res.ok,

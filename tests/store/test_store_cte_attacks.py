@@ -15,7 +15,6 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, NoResultFound, StatementError
 
 from crewwork.config import Settings
-from crewwork.invariants import check_invariants
 from crewwork.models import WorkItemResult, WorkItemSpec, WorkItemState
 from crewwork.steps.admit import AdmitInput
 from crewwork.steps.finish import FinishInput
@@ -23,10 +22,11 @@ from crewwork.steps.ports import Ports
 from crewwork.steps.record import RecordInput
 from crewwork.steps.registry import bound
 from crewwork.store.artifacts import new_artifact
-from crewwork.store.fencing import Accepted
+from crewwork.store.fencing import Accepted, FencedWrite, StateChange
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import AttemptRecord, Rank, Store
 from crewwork.store.tables import Event
+from tests.invariants import check_invariants
 
 TASK = {"kind": "task", "input": {}}
 
@@ -117,18 +117,19 @@ async def test_a_state_change_whose_event_cannot_be_written_changes_nothing(any_
     tid, wid = await _item(any_store, "cte-bad-event")
     assert (
         await any_store.set_state(
-            work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), state=WorkItemState.admitted, writer="t"
+            StateChange(
+                FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="t"), state=WorkItemState.admitted
+            )
         )
     ).ok
     before = await _events(any_store, wid)
     with pytest.raises((TypeError, StatementError)):
         await any_store.set_state(
-            work_item_id=wid,
-            tenant_id=tid,
-            rank=Rank(2, 1),
-            state=WorkItemState.running,
-            writer="t",
-            event_data={"unserializable": object()},
+            StateChange(
+                FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(2, 1), writer="t"),
+                state=WorkItemState.running,
+                event_data={"unserializable": object()},
+            )
         )
     row = await any_store.get_work_item(wid)
     assert row is not None and (row.state, row.fence_rank) == ("admitted", Rank(1, 1).encode())
@@ -144,10 +145,7 @@ async def test_an_evidence_event_that_cannot_be_written_leaves_no_artifact(pg_st
     )
     with pytest.raises(StatementError):
         await pg_store.fenced_event(
-            rank=Rank(3, 1),
-            work_item_id=wid,
-            tenant_id=tid,
-            writer="t",
+            FencedWrite(rank=Rank(3, 1), work_item_id=wid, tenant_id=tid, writer="t"),
             type_="t" * 65,
             data={},
             artifacts=[art],
@@ -157,7 +155,10 @@ async def test_an_evidence_event_that_cannot_be_written_leaves_no_artifact(pg_st
     row = await pg_store.get_work_item(wid)
     assert row is not None and row.fence_rank == 0
     ok = await pg_store.fenced_event(
-        rank=Rank(3, 1), work_item_id=wid, tenant_id=tid, writer="t", type_="evidence", data={}, artifacts=[art]
+        FencedWrite(rank=Rank(3, 1), work_item_id=wid, tenant_id=tid, writer="t"),
+        type_="evidence",
+        data={},
+        artifacts=[art],
     )
     assert ok.ok
     assert len(await _raw(pg_store, "SELECT id FROM artifacts WHERE work_item_id = :w", w=wid)) == 1
@@ -174,25 +175,26 @@ async def test_the_cached_update_binds_the_item_the_tenant_and_every_value(any_s
     for wid, tid in ((a, ta), (b, tb)):
         assert (
             await any_store.set_state(
-                work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), state=WorkItemState.admitted, writer="t"
+                StateChange(
+                    FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="t"),
+                    state=WorkItemState.admitted,
+                )
             )
         ).ok
     ok_a = await any_store.set_state(
-        work_item_id=a,
-        tenant_id=ta,
-        rank=Rank(5, 1),
-        state=WorkItemState.landing,
-        writer="wa",
-        fields={"delivery_branch": "br-a", "landed_commit": "c" * 40},
+        StateChange(
+            FencedWrite(work_item_id=a, tenant_id=ta, rank=Rank(5, 1), writer="wa"),
+            state=WorkItemState.landing,
+            fields={"delivery_branch": "br-a", "landed_commit": "c" * 40},
+        )
     )
     ok_b = await any_store.set_state(
-        work_item_id=b,
-        tenant_id=tb,
-        rank=Rank(7, 2),
-        state=WorkItemState.validating,
-        reason="rb",
-        writer="wb",
-        fields={"landed_commit": "d" * 40, "delivery_branch": "br-b"},
+        StateChange(
+            FencedWrite(work_item_id=b, tenant_id=tb, rank=Rank(7, 2), writer="wb"),
+            state=WorkItemState.validating,
+            reason="rb",
+            fields={"landed_commit": "d" * 40, "delivery_branch": "br-b"},
+        )
     )
     assert ok_a.ok and ok_b.ok
     ra, rb = await any_store.get_work_item(a), await any_store.get_work_item(b)
@@ -255,7 +257,9 @@ async def test_a_webhook_registered_inside_the_write_before_its_change_gets_that
     tid, wid = await _item(pg_store, f"cte-hook-before-{server}")
     assert (
         await pg_store.set_state(
-            work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), state=WorkItemState.admitted, writer="t"
+            StateChange(
+                FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="t"), state=WorkItemState.admitted
+            )
         )
     ).ok
     key, name = random.randrange(1, 2**31), f"pause_{wid.lower()}"
@@ -277,13 +281,12 @@ async def test_a_webhook_registered_inside_the_write_before_its_change_gets_that
         try:
             write = asyncio.create_task(
                 pg_store.set_state(
-                    work_item_id=wid,
-                    tenant_id=tid,
-                    rank=Rank(2, 1),
-                    state=WorkItemState.succeeded,
-                    writer="finish#1",
-                    fields={"result": {"state": "succeeded"}},
-                    attempt=AttemptRecord(number=1, verdict="passed", reason="ok"),
+                    StateChange(
+                        FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(2, 1), writer="finish#1"),
+                        state=WorkItemState.succeeded,
+                        fields={"result": {"state": "succeeded"}},
+                        attempt=AttemptRecord(number=1, verdict="passed", reason="ok"),
+                    )
                 )
             )
             for _ in range(500):  # until the write waits inside, on the advisory lock
@@ -316,32 +319,48 @@ async def test_zombie_writes_through_the_one_statement_paths_leave_nothing_and_t
     invariant checker passes; an accepted write forged below the mark afterwards is caught."""
     tid, wid = await _item(pg_store, "cte-zombie")
     w: dict[str, Any] = {"work_item_id": wid, "tenant_id": tid}
-    assert (await pg_store.set_state(**w, rank=Rank(1, 1), state=WorkItemState.admitted, writer="admit#1")).ok
-    assert (await pg_store.set_state(**w, rank=Rank(2, 2), state=WorkItemState.running, writer="run#2")).ok
+    assert (
+        await pg_store.set_state(
+            StateChange(FencedWrite(**w, rank=Rank(1, 1), writer="admit#1"), state=WorkItemState.admitted)
+        )
+    ).ok
+    assert (
+        await pg_store.set_state(
+            StateChange(FencedWrite(**w, rank=Rank(2, 2), writer="run#2"), state=WorkItemState.running)
+        )
+    ).ok
     good = AttemptRecord(number=1, verdict="passed", reason="ok")
-    assert (await pg_store.record_attempt(**w, rank=Rank(3, 1), record=good, writer="record#1")).ok
+    assert (await pg_store.record_attempt(FencedWrite(**w, rank=Rank(3, 1), writer="record#1"), record=good)).ok
     art = new_artifact(
         work_item_id=wid, tenant_id=tid, name="transcript", data=b"zombie", content_type="text/plain", max_bytes=100
     )
     zombie = AttemptRecord(number=1, verdict="failed", reason="zombie", cause="agent")
-    assert (await pg_store.record_attempt(**w, rank=Rank(2, 1), record=zombie, writer="record#0")).stale
+    assert (await pg_store.record_attempt(FencedWrite(**w, rank=Rank(2, 1), writer="record#0"), record=zombie)).stale
     assert (
         await pg_store.fenced_event(
-            **w, rank=Rank(2, 1), writer="run#1", type_="agent_finished", data={}, artifacts=[art]
+            FencedWrite(**w, rank=Rank(2, 1), writer="run#1"), type_="agent_finished", data={}, artifacts=[art]
         )
     ).stale
     assert (
         await pg_store.set_state(
-            **w, rank=Rank(2, 1), state=WorkItemState.failed, writer="run#1", fields={"result": {"state": "failed"}}
+            StateChange(
+                FencedWrite(**w, rank=Rank(2, 1), writer="run#1"),
+                state=WorkItemState.failed,
+                fields={"result": {"state": "failed"}},
+            )
         )
     ).stale
     assert (
         await pg_store.set_state(
-            **w, rank=Rank(5, 1), state=WorkItemState.succeeded, writer="finish#1", fields={"result": {"ok": 1}}
+            StateChange(
+                FencedWrite(**w, rank=Rank(5, 1), writer="finish#1"),
+                state=WorkItemState.succeeded,
+                fields={"result": {"ok": 1}},
+            )
         )
     ).ok
     late = AttemptRecord(number=2, verdict="failed", reason="late")
-    assert (await pg_store.record_attempt(**w, rank=Rank(9, 1), record=late, writer="record#9")).closed
+    assert (await pg_store.record_attempt(FencedWrite(**w, rank=Rank(9, 1), writer="record#9"), record=late)).closed
     assert await _raw(pg_store, "SELECT id FROM artifacts WHERE work_item_id = :w", w=wid) == []
     [attempt] = await pg_store.list_attempts(wid)
     assert (attempt.verdict, attempt.rank) == ("passed", Rank(3, 1).encode())
@@ -375,7 +394,8 @@ async def test_a_state_change_of_a_row_that_is_not_there_commits_no_event(any_st
     async def body(s: Any, started: Any) -> None:
         started()
         acc = Accepted(now=1.0, rank=Rank(4, 1))
-        await any_store.writes.change_state(s, acc, ghost, tid, WorkItemState.running, "x", "zombie", None, None)
+        ghost_write = FencedWrite(ghost, tid, acc.rank, "zombie")
+        await any_store.writes.change_state(s, acc, StateChange(ghost_write, WorkItemState.running, "x"))
 
     with pytest.raises(NoResultFound):
         await any_store.transaction(body)
@@ -405,13 +425,12 @@ async def test_racing_writers_leave_one_event_per_accepted_change_in_rank_order(
     async def write(r: Rank) -> tuple[Rank, bool]:
         fields = {"result": {"rank": r.encode()}} if r.attempt == 2 else None
         out = await pg_store.set_state(
-            work_item_id=wid,
-            tenant_id=tid,
-            rank=r,
-            state=WorkItemState.running,
-            reason=f"r{r.encode()}",
-            writer=f"w{r.encode()}",
-            fields=fields,
+            StateChange(
+                FencedWrite(work_item_id=wid, tenant_id=tid, rank=r, writer=f"w{r.encode()}"),
+                state=WorkItemState.running,
+                reason=f"r{r.encode()}",
+                fields=fields,
+            )
         )
         return r, out.ok
 
@@ -447,14 +466,13 @@ async def test_a_hand_off_of_several_items_in_one_transaction_changes_each_its_o
     assert [g.admitted for g in got] == [True, False, False, False, False]
     first, queued = items[0][1], [w for _t, w in items[1:]]
     out = await any_store.set_state(
-        work_item_id=first,
-        tenant_id=tid,
-        rank=Rank(2, 1),
-        state=WorkItemState.succeeded,
-        writer="finish#1",
-        fields={"result": {"state": "succeeded"}},
-        max_in_flight=3,
-        hand_off_cap=3,
+        StateChange(
+            FencedWrite(work_item_id=first, tenant_id=tid, rank=Rank(2, 1), writer="finish#1"),
+            state=WorkItemState.succeeded,
+            fields={"result": {"state": "succeeded"}},
+            max_in_flight=3,
+            hand_off_cap=3,
+        )
     )
     assert out.ok and [h.work_item_id for h in out.value or []] == queued[:3]
     states = [(await any_store.get_work_item(w)).state for w in queued]  # type: ignore[union-attr]
@@ -516,7 +534,10 @@ async def test_a_row_deleted_while_a_change_waits_for_it_gets_no_event(pg_store:
         await side.execute(text("DELETE FROM work_items WHERE id = :w"), {"w": wid})
         write = asyncio.create_task(
             pg_store.set_state(
-                work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), state=WorkItemState.admitted, writer="t"
+                StateChange(
+                    FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="t"),
+                    state=WorkItemState.admitted,
+                )
             )
         )
         await _wait_blocked(pg_store)

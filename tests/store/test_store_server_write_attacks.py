@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.artifacts import new_artifact
-from crewwork.store.fencing import Rank
+from crewwork.store.fencing import FencedWrite, Rank, StateChange
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import AttemptRecord, Store
 
@@ -111,13 +111,21 @@ async def test_floats_jsonb_would_rewrite_are_stored_as_the_python_path_stores_t
     async def scenario(store: Store, tid: str, wid: str) -> Any:
         w = {"work_item_id": wid, "tenant_id": tid}
         r1 = await store.set_state(
-            **w, rank=Rank(1, 1), state=S.running, writer="run#1", event_data={"metrics": ODD_NUMBERS}
+            StateChange(
+                FencedWrite(**w, rank=Rank(1, 1), writer="run#1"), state=S.running, event_data={"metrics": ODD_NUMBERS}
+            )
         )
-        r2 = await store.fenced_event(**w, rank=Rank(1, 1), writer="run#1", type_="evidence", data=ODD_NUMBERS)
+        r2 = await store.fenced_event(
+            FencedWrite(**w, rank=Rank(1, 1), writer="run#1"), type_="evidence", data=ODD_NUMBERS
+        )
         rec = AttemptRecord(number=1, verdict="failed", reason="r", agent={"cost": 1e16}, validation=ODD_NUMBERS)
-        r3 = await store.record_attempt(**w, rank=Rank(2, 1), record=rec, writer="rec#1")
+        r3 = await store.record_attempt(FencedWrite(**w, rank=Rank(2, 1), writer="rec#1"), record=rec)
         r4 = await store.set_state(
-            **w, rank=Rank(3, 1), state=S.succeeded, writer="fin#1", fields={"result": {"output": ODD_NUMBERS}}
+            StateChange(
+                FencedWrite(**w, rank=Rank(3, 1), writer="fin#1"),
+                state=S.succeeded,
+                fields={"result": {"output": ODD_NUMBERS}},
+            )
         )
         return [r.ok for r in (r1, r2, r3, r4)]
 
@@ -132,15 +140,17 @@ async def test_key_order_of_json_values_is_the_python_one(pg_store: Store) -> No
     async def scenario(store: Store, tid: str, wid: str) -> Any:
         w = {"work_item_id": wid, "tenant_id": tid}
         data = {"zzzzzzzz": 1, "a": 2, "mmm": {"long_key_first": 1, "b": 2}}
-        await store.fenced_event(**w, rank=Rank(1, 1), writer="run#1", type_="evidence", data=data)
-        await store.set_state(**w, rank=Rank(2, 1), state=S.succeeded, writer="fin#1", fields={"result": data})
+        await store.fenced_event(FencedWrite(**w, rank=Rank(1, 1), writer="run#1"), type_="evidence", data=data)
+        await store.set_state(
+            StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="fin#1"), state=S.succeeded, fields={"result": data})
+        )
 
     server, python = await _both(pg_store, "key-order", scenario)
     assert server[1]["events"] == python[1]["events"]
     assert server[1]["items"] == python[1]["items"]
 
 
-LONE = "path/\udcff\udcfe.py"  # a file name of non-UTF-8 bytes, as `surrogateescape` decodes it (crewwork/paths.py)
+LONE = "path/\udcff\udcfe.py"  # a file name of non-UTF-8 bytes, as `surrogateescape` decodes it (crewwork/boundary/paths.py)
 
 
 @pytest.mark.parametrize("server", PATHS)
@@ -153,17 +163,29 @@ async def test_a_lone_surrogate_in_untrusted_text_does_not_fail_the_write(pg_sto
     w = {"work_item_id": wid, "tenant_id": tid}
     assert (
         await pg_store.set_state(
-            **w, rank=Rank(1, 1), state=S.running, reason=LONE, writer="run#1", event_data={"files": [LONE]}
+            StateChange(
+                FencedWrite(**w, rank=Rank(1, 1), writer="run#1"),
+                state=S.running,
+                reason=LONE,
+                event_data={"files": [LONE]},
+            )
         )
     ).ok
-    assert (await pg_store.fenced_event(**w, rank=Rank(1, 1), writer="run#1", type_="ev", data={LONE: LONE})).ok
+    assert (
+        await pg_store.fenced_event(FencedWrite(**w, rank=Rank(1, 1), writer="run#1"), type_="ev", data={LONE: LONE})
+    ).ok
     rec = AttemptRecord(
         number=1, verdict="failed", reason=LONE, fingerprint=LONE, agent={"claims": LONE}, validation={"f": [LONE]}
     )
-    assert (await pg_store.record_attempt(**w, rank=Rank(2, 1), record=rec, writer="rec#1")).ok
+    assert (await pg_store.record_attempt(FencedWrite(**w, rank=Rank(2, 1), writer="rec#1"), record=rec)).ok
     assert (
         await pg_store.set_state(
-            **w, rank=Rank(3, 1), state=S.succeeded, reason=LONE, writer="fin#1", fields={"result": {"f": LONE}}
+            StateChange(
+                FencedWrite(**w, rank=Rank(3, 1), writer="fin#1"),
+                state=S.succeeded,
+                reason=LONE,
+                fields={"result": {"f": LONE}},
+            )
         )
     ).ok
     item = await pg_store.get_work_item(wid)
@@ -178,19 +200,26 @@ async def test_nulls_empty_strings_and_empty_dicts_are_stored_alike(pg_store: St
 
     async def scenario(store: Store, tid: str, wid: str) -> Any:
         w = {"work_item_id": wid, "tenant_id": tid}
-        await store.set_state(**w, rank=Rank(1, 1), state=S.running, reason="", writer="run#1")
         await store.set_state(
-            **w, rank=Rank(1, 2), state=S.validating, reason=None, writer="run#2", event_data={"x": None, "": ""}
+            StateChange(FencedWrite(**w, rank=Rank(1, 1), writer="run#1"), state=S.running, reason="")
+        )
+        await store.set_state(
+            StateChange(
+                FencedWrite(**w, rank=Rank(1, 2), writer="run#2"),
+                state=S.validating,
+                reason=None,
+                event_data={"x": None, "": ""},
+            )
         )
         rec = AttemptRecord(number=1, verdict="failed", reason="", cause=None, fingerprint="", agent={}, validation={})
-        await store.record_attempt(**w, rank=Rank(2, 1), record=rec, writer="rec#1")
+        await store.record_attempt(FencedWrite(**w, rank=Rank(2, 1), writer="rec#1"), record=rec)
         await store.set_state(
-            **w,
-            rank=Rank(3, 1),
-            state=S.failed,
-            reason="r",
-            writer="fin#1",
-            fields={"result": None, "delivery_branch": "", "landed_commit": None, "mock": False},
+            StateChange(
+                FencedWrite(**w, rank=Rank(3, 1), writer="fin#1"),
+                state=S.failed,
+                reason="r",
+                fields={"result": None, "delivery_branch": "", "landed_commit": None, "mock": False},
+            )
         )
 
     server, python = await _both(pg_store, "nulls", scenario)
@@ -201,7 +230,11 @@ async def test_an_item_result_of_json_null_is_stored_alike(pg_store: Store) -> N
     async def scenario(store: Store, tid: str, wid: str) -> Any:
         w = {"work_item_id": wid, "tenant_id": tid}
         await store.set_state(
-            **w, rank=Rank(1, 1), state=S.failed, writer="fin#1", fields={"result": {"output": None, "n": [None]}}
+            StateChange(
+                FencedWrite(**w, rank=Rank(1, 1), writer="fin#1"),
+                state=S.failed,
+                fields={"result": {"output": None, "n": [None]}},
+            )
         )
 
     server, python = await _both(pg_store, "json-null", scenario)
@@ -214,12 +247,18 @@ async def test_event_data_overriding_state_and_writer_and_odd_values(pg_store: S
     async def scenario(store: Store, tid: str, wid: str) -> Any:
         w = {"work_item_id": wid, "tenant_id": tid}
         data = {"state": "forged", "writer": "forged", "reason": None, "ü": "日本\u2028", "n": 10**30, "l": [[], {}]}
-        r1 = await store.set_state(**w, rank=Rank(1, 1), state=S.running, reason="go", writer="run#1", event_data=data)
-        r2 = await store.fenced_event(**w, rank=Rank(1, 1), writer="run#1", type_="ev", data={"writer": "forged"})
+        r1 = await store.set_state(
+            StateChange(
+                FencedWrite(**w, rank=Rank(1, 1), writer="run#1"), state=S.running, reason="go", event_data=data
+            )
+        )
+        r2 = await store.fenced_event(
+            FencedWrite(**w, rank=Rank(1, 1), writer="run#1"), type_="ev", data={"writer": "forged"}
+        )
         # The refusals' events, built by the function itself: the Python path's keys, in its order.
-        r3 = await store.fenced_event(**w, rank=Rank(0, 5), writer='zombie "ü"', type_="ev", data={})
-        r4 = await store.set_state(**w, rank=Rank(2, 1), state=S.cancelled, writer="cancel#1")
-        r5 = await store.set_state(**w, rank=Rank(3, 1), state=S.running, writer="late\u2028")
+        r3 = await store.fenced_event(FencedWrite(**w, rank=Rank(0, 5), writer='zombie "ü"'), type_="ev", data={})
+        r4 = await store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="cancel#1"), state=S.cancelled))
+        r5 = await store.set_state(StateChange(FencedWrite(**w, rank=Rank(3, 1), writer="late\u2028"), state=S.running))
         return [r1.ok, r2.ok, r3.stale, r4.ok, r5.closed]
 
     server, python = await _both(pg_store, "override", scenario)
@@ -262,19 +301,21 @@ async def test_webhooks_of_odd_shapes_get_the_same_outbox_rows(pg_store: Store) 
         async def fp(_s: Any, _w: str) -> list[str | None]:
             return []
 
-        a = await store.admit(**w, rank=Rank(1, 1), writer="admit#1", max_in_flight=1, fingerprints=fp)
+        a = await store.admit(FencedWrite(**w, rank=Rank(1, 1), writer="admit#1"), max_in_flight=1, fingerprints=fp)
         b = await store.admit(
-            work_item_id=queued, tenant_id=tid, rank=Rank(1, 1), writer="admit#1", max_in_flight=1, fingerprints=fp
+            FencedWrite(work_item_id=queued, tenant_id=tid, rank=Rank(1, 1), writer="admit#1"),
+            max_in_flight=1,
+            fingerprints=fp,
         )
         done = await store.set_state(
-            **w,
-            rank=Rank(2, 1),
-            state=S.succeeded,
-            reason="done",
-            writer="fin#1",
-            fields={"delivery_branch": "crewwork/x", "landed_commit": "abc", "result": {"pull_request_url": "u"}},
-            max_in_flight=1,
-            hand_off_cap=2,
+            StateChange(
+                FencedWrite(**w, rank=Rank(2, 1), writer="fin#1"),
+                state=S.succeeded,
+                reason="done",
+                fields={"delivery_branch": "crewwork/x", "landed_commit": "abc", "result": {"pull_request_url": "u"}},
+                max_in_flight=1,
+                hand_off_cap=2,
+            )
         )
         handed = await _raw(
             store,
@@ -310,20 +351,21 @@ async def test_a_hand_off_skips_a_queued_row_locked_by_a_third_connection_alike(
     for wid in ids:
         assert (
             await pg_store.admit(
-                work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1", max_in_flight=1, fingerprints=fp
+                FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1"),
+                max_in_flight=1,
+                fingerprints=fp,
             )
         ).ok
     async with pg_store.engine.connect() as holder:
         await holder.execute(text("SELECT 1 FROM work_items WHERE id = :w FOR UPDATE"), {"w": ids[1]})
         done = await asyncio.wait_for(
             pg_store.set_state(
-                work_item_id=ids[0],
-                tenant_id=tid,
-                rank=Rank(2, 1),
-                state=S.succeeded,
-                writer="fin#1",
-                max_in_flight=1,
-                hand_off_cap=3,
+                StateChange(
+                    FencedWrite(work_item_id=ids[0], tenant_id=tid, rank=Rank(2, 1), writer="fin#1"),
+                    state=S.succeeded,
+                    max_in_flight=1,
+                    hand_off_cap=3,
+                )
             ),
             10,
         )
@@ -333,7 +375,9 @@ async def test_a_hand_off_skips_a_queued_row_locked_by_a_third_connection_alike(
     assert dict(states) == {ids[0]: "succeeded", ids[1]: "queued", ids[2]: "queued"}
     # The held item, admitting itself now, finds its place free.
     again = await pg_store.admit(
-        work_item_id=ids[1], tenant_id=tid, rank=Rank(1, 2), writer="admit#2", max_in_flight=1, fingerprints=fp
+        FencedWrite(work_item_id=ids[1], tenant_id=tid, rank=Rank(1, 2), writer="admit#2"),
+        max_in_flight=1,
+        fingerprints=fp,
     )
     assert again.ok and again.value is not None and again.value.admitted
 
@@ -345,12 +389,12 @@ async def test_a_pooled_connection_killed_before_a_server_write_costs_a_retry(pg
     try:
         tid, wid = await _item(store, "killed-conn")
         w = {"work_item_id": wid, "tenant_id": tid}
-        assert (await store.set_state(**w, rank=Rank(1, 1), state=S.admitted, writer="a")).ok
+        assert (await store.set_state(StateChange(FencedWrite(**w, rank=Rank(1, 1), writer="a"), state=S.admitted))).ok
         [(pid,)] = await _raw(store, "SELECT pg_backend_pid()")
         async with Store(pg_url).engine.connect() as killer:
             await killer.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
         await asyncio.sleep(0.2)
-        res = await store.set_state(**w, rank=Rank(2, 1), state=S.running, writer="b")
+        res = await store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="b"), state=S.running))
         assert res.ok and res.current == Rank(1, 1)
         changes = await _raw(
             store, "SELECT count(*) FROM events WHERE work_item_id = :w AND type = 'state_changed'", w=wid
@@ -373,7 +417,10 @@ async def test_a_ten_megabyte_artifact_is_stored_whole_on_both_paths(pg_store: S
             max_bytes=len(blob),
         )
         res = await store.fenced_event(
-            work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="w", type_="ev", data={}, artifacts=[art]
+            FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="w"),
+            type_="ev",
+            data={},
+            artifacts=[art],
         )
         [(size, sha, same)] = await _raw(
             store, "SELECT size, sha256, content = :b FROM artifacts WHERE id = :a", a=art.id, b=blob
@@ -390,13 +437,19 @@ async def test_equal_rank_writes_racing_a_stale_one_behind_a_held_lock(pg_store:
     both copies are accepted, the older one refused with only its event, whatever the order of the waits."""
     tid, wid = await _item(pg_store, "equal-ranks")
     w = {"work_item_id": wid, "tenant_id": tid}
-    assert (await pg_store.set_state(**w, rank=Rank(1, 1), state=S.admitted, writer="a")).ok
+    assert (await pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(1, 1), writer="a"), state=S.admitted))).ok
     async with pg_store.engine.connect() as holder:
         await holder.execute(text("SELECT 1 FROM work_items WHERE id = :w FOR UPDATE"), {"w": wid})
-        old = asyncio.create_task(pg_store.set_state(**w, rank=Rank(2, 1), state=S.validating, writer="old"))
+        old = asyncio.create_task(
+            pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="old"), state=S.validating))
+        )
         await asyncio.sleep(0.1)
-        c1 = asyncio.create_task(pg_store.set_state(**w, rank=Rank(2, 2), state=S.running, writer="copy1"))
-        c2 = asyncio.create_task(pg_store.set_state(**w, rank=Rank(2, 2), state=S.running, writer="copy2"))
+        c1 = asyncio.create_task(
+            pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 2), writer="copy1"), state=S.running))
+        )
+        c2 = asyncio.create_task(
+            pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 2), writer="copy2"), state=S.running))
+        )
         await asyncio.sleep(0.3)
         await holder.rollback()
     r_old, r1, r2 = await asyncio.wait_for(asyncio.gather(old, c1, c2), 10)
@@ -428,10 +481,14 @@ async def test_a_secret_in_an_admissions_writer_is_masked_alike(pg_store: Store)
 
         writer = "admit token=sk-abcdefghijklmnopqrstuvwx"
         await store.admit(
-            work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer=writer, max_in_flight=1, fingerprints=fp
+            FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer=writer),
+            max_in_flight=1,
+            fingerprints=fp,
         )
         await store.admit(
-            work_item_id=second.id, tenant_id=tid, rank=Rank(1, 1), writer=writer, max_in_flight=1, fingerprints=fp
+            FencedWrite(work_item_id=second.id, tenant_id=tid, rank=Rank(1, 1), writer=writer),
+            max_in_flight=1,
+            fingerprints=fp,
         )
         return await _raw(
             store,
@@ -476,19 +533,20 @@ async def test_a_webhook_registered_while_a_finish_waits_for_the_tenant_lock_get
 
     for wid in ids:
         await pg_store.admit(
-            work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1", max_in_flight=1, fingerprints=fp
+            FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1"),
+            max_in_flight=1,
+            fingerprints=fp,
         )
     async with pg_store.engine.connect() as holder:
         await holder.execute(text("SELECT 1 FROM tenants WHERE id = :t FOR NO KEY UPDATE"), {"t": tid})
         finish = asyncio.create_task(
             pg_store.set_state(
-                work_item_id=ids[0],
-                tenant_id=tid,
-                rank=Rank(2, 1),
-                state=S.succeeded,
-                writer="fin#1",
-                max_in_flight=1,
-                hand_off_cap=2,
+                StateChange(
+                    FencedWrite(work_item_id=ids[0], tenant_id=tid, rank=Rank(2, 1), writer="fin#1"),
+                    state=S.succeeded,
+                    max_in_flight=1,
+                    hand_off_cap=2,
+                )
             )
         )
         await _wait_blocked(pg_store)
@@ -513,7 +571,9 @@ async def test_a_write_whose_backend_is_killed_while_it_waits_for_the_row_is_app
     w = {"work_item_id": wid, "tenant_id": tid}
     async with pg_store.engine.connect() as holder:
         await holder.execute(text("SELECT 1 FROM work_items WHERE id = :w FOR UPDATE"), {"w": wid})
-        write = asyncio.create_task(pg_store.set_state(**w, rank=Rank(1, 1), state=S.admitted, writer="a"))
+        write = asyncio.create_task(
+            pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(1, 1), writer="a"), state=S.admitted))
+        )
         [pid] = await _wait_blocked(pg_store)
         await holder.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
         await asyncio.sleep(0.3)
@@ -537,7 +597,9 @@ async def test_a_write_cancelled_while_it_waits_for_the_row_is_not_applied_later
     w = {"work_item_id": wid, "tenant_id": tid}
     async with pg_store.engine.connect() as holder:
         await holder.execute(text("SELECT 1 FROM work_items WHERE id = :w FOR UPDATE"), {"w": wid})
-        write = asyncio.create_task(pg_store.set_state(**w, rank=Rank(1, 1), state=S.admitted, writer="a"))
+        write = asyncio.create_task(
+            pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(1, 1), writer="a"), state=S.admitted))
+        )
         await _wait_blocked(pg_store)
         write.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -547,7 +609,7 @@ async def test_a_write_cancelled_while_it_waits_for_the_row_is_not_applied_later
     await asyncio.sleep(0.3)
     item = await pg_store.get_work_item(wid)
     assert item is not None and item.state == "submitted"
-    assert (await pg_store.set_state(**w, rank=Rank(1, 2), state=S.admitted, writer="b")).ok
+    assert (await pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(1, 2), writer="b"), state=S.admitted))).ok
 
 
 async def test_server_and_python_workers_racing_at_the_limit_never_exceed_it(pg_url: str) -> None:
@@ -572,7 +634,9 @@ async def test_server_and_python_workers_racing_at_the_limit_never_exceed_it(pg_
 
         async def admit(n: int, wid: str) -> None:
             res = await stores[n % 2].admit(
-                work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="a", max_in_flight=limit, fingerprints=no_fp
+                FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="a"),
+                max_in_flight=limit,
+                fingerprints=no_fp,
             )
             assert res.ok and res.value is not None
             if res.value.admitted:
@@ -597,13 +661,12 @@ async def test_server_and_python_workers_racing_at_the_limit_never_exceed_it(pg_
                 )
                 peak = max(peak, int(rows[0][0]))
                 res = await stores[n % 2].set_state(
-                    work_item_id=wid,
-                    tenant_id=tid,
-                    rank=Rank(2, 1),
-                    state=S.succeeded,
-                    writer="f",
-                    max_in_flight=limit,
-                    hand_off_cap=2,
+                    StateChange(
+                        FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(2, 1), writer="f"),
+                        state=S.succeeded,
+                        max_in_flight=limit,
+                        hand_off_cap=2,
+                    )
                 )
                 assert res.ok
                 done += 1

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from crewwork.invariants import check_invariants
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.store.artifacts import new_artifact
-from crewwork.store.fencing import Rank
+from crewwork.store.fencing import FencedWrite, Rank, StateChange
 from crewwork.store.outbox import OutboxStore
 from crewwork.store.store import AttemptRecord, Store
+from tests.invariants import check_invariants
 
 TASK = {"kind": "task", "input": {}}
 S = WorkItemState
@@ -58,14 +58,18 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
         out.append(
             _shape(
                 await store.admit(
-                    work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1", max_in_flight=1, fingerprints=fp
+                    FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1"),
+                    max_in_flight=1,
+                    fingerprints=fp,
                 )
             )
         )
     out.append(
         _shape(
             await store.admit(
-                work_item_id=c, tenant_id=tid, rank=Rank(1, 2), writer="admit#2", max_in_flight=1, fingerprints=fp
+                FencedWrite(work_item_id=c, tenant_id=tid, rank=Rank(1, 2), writer="admit#2"),
+                max_in_flight=1,
+                fingerprints=fp,
             )
         )
     )
@@ -73,12 +77,12 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
     out.append(
         _shape(
             await store.set_state(
-                **w,
-                rank=Rank(2, 1),
-                state=S.running,
-                reason="run token=sk-abcdefghijklmnopqrstuvwx",
-                writer="run_agent#1",
-                event_data={"attempt": 1},
+                StateChange(
+                    FencedWrite(**w, rank=Rank(2, 1), writer="run_agent#1"),
+                    state=S.running,
+                    reason="run token=sk-abcdefghijklmnopqrstuvwx",
+                    event_data={"attempt": 1},
+                )
             )
         )
     )
@@ -88,16 +92,16 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
     out.append(
         _shape(
             await store.fenced_event(
-                **w,
-                rank=Rank(2, 1),
-                writer="run_agent#1",
+                FencedWrite(**w, rank=Rank(2, 1), writer="run_agent#1"),
                 type_="agent_finished",
                 data={"attempt": 1, "transcript": art.id},
                 artifacts=[art],
             )
         )
     )
-    out.append(_shape(await store.fenced_event(**w, rank=Rank(2, 1), writer="run_agent#1", type_="note", data={})))
+    out.append(
+        _shape(await store.fenced_event(FencedWrite(**w, rank=Rank(2, 1), writer="run_agent#1"), type_="note", data={}))
+    )
     failed = AttemptRecord(
         number=1,
         verdict="failed",
@@ -107,15 +111,23 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
         agent={"diff_ref": {"id": "d1"}},
         validation={"exit_code": 1},
     )
-    out.append(_shape(await store.record_attempt(**w, rank=Rank(3, 1), record=failed, writer="record_attempt#1")))
+    out.append(
+        _shape(await store.record_attempt(FencedWrite(**w, rank=Rank(3, 1), writer="record_attempt#1"), record=failed))
+    )
     # A zombie of step 2 wakes: every kind of write is refused, with its event.
-    out.append(_shape(await store.set_state(**w, rank=Rank(2, 1), state=S.validating, writer="zombie")))
-    out.append(_shape(await store.fenced_event(**w, rank=Rank(2, 1), writer="zombie", type_="x", data={})))
-    out.append(_shape(await store.record_attempt(**w, rank=Rank(2, 1), record=failed, writer="zombie")))
+    out.append(
+        _shape(
+            await store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="zombie"), state=S.validating))
+        )
+    )
+    out.append(_shape(await store.fenced_event(FencedWrite(**w, rank=Rank(2, 1), writer="zombie"), type_="x", data={})))
+    out.append(_shape(await store.record_attempt(FencedWrite(**w, rank=Rank(2, 1), writer="zombie"), record=failed)))
     out.append(
         _shape(
             await store.admit(
-                work_item_id=a, tenant_id=tid, rank=Rank(2, 1), writer="zombie", max_in_flight=1, fingerprints=fp
+                FencedWrite(work_item_id=a, tenant_id=tid, rank=Rank(2, 1), writer="zombie"),
+                max_in_flight=1,
+                fingerprints=fp,
             )
         )
     )
@@ -123,7 +135,9 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
     out.append(
         _shape(
             await store.admit(
-                work_item_id=a, tenant_id=tid, rank=Rank(4, 1), writer="admit#1", max_in_flight=1, fingerprints=fp
+                FencedWrite(work_item_id=a, tenant_id=tid, rank=Rank(4, 1), writer="admit#1"),
+                max_in_flight=1,
+                fingerprints=fp,
             )
         )
     )
@@ -131,28 +145,32 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
     out.append(
         _shape(
             await store.set_state(
-                **w,
-                rank=Rank(5, 1),
-                state=S.succeeded,
-                reason="done",
-                writer="finish#1",
-                fields={
-                    "result": {"state": "succeeded", "output": {"n": 1}},
-                    "delivery_branch": None,
-                    "landed_commit": None,
-                    "mock": True,
-                },
-                attempt=passed,
-                max_in_flight=1,
-                hand_off_cap=3,
+                StateChange(
+                    FencedWrite(**w, rank=Rank(5, 1), writer="finish#1"),
+                    state=S.succeeded,
+                    reason="done",
+                    fields={
+                        "result": {"state": "succeeded", "output": {"n": 1}},
+                        "delivery_branch": None,
+                        "landed_commit": None,
+                        "mock": True,
+                    },
+                    attempt=passed,
+                    max_in_flight=1,
+                    hand_off_cap=3,
+                )
             )
         )
     )
-    out.append(_shape(await store.set_state(**w, rank=Rank(6, 1), state=S.failed, writer="late")))  # closed
+    out.append(
+        _shape(await store.set_state(StateChange(FencedWrite(**w, rank=Rank(6, 1), writer="late"), state=S.failed)))
+    )  # closed
     out.append(
         _shape(
             await store.set_state(
-                work_item_id="wi_missing", tenant_id=tid, rank=Rank(1, 1), state=S.running, writer="x"
+                StateChange(
+                    FencedWrite(work_item_id="wi_missing", tenant_id=tid, rank=Rank(1, 1), writer="x"), state=S.running
+                )
             )
         )
     )
@@ -160,14 +178,13 @@ async def _scenario(store: Store, tenant: str) -> tuple[list[Any], dict[str, Any
     out.append(
         _shape(
             await store.set_state(
-                work_item_id=c,
-                tenant_id=tid,
-                rank=Rank(2, 1),
-                state=S.cancelled,
-                reason="cancelled by request",
-                writer="finish#1",
-                max_in_flight=1,
-                hand_off_cap=3,
+                StateChange(
+                    FencedWrite(work_item_id=c, tenant_id=tid, rank=Rank(2, 1), writer="finish#1"),
+                    state=S.cancelled,
+                    reason="cancelled by request",
+                    max_in_flight=1,
+                    hand_off_cap=3,
+                )
             )
         )
     )
@@ -250,7 +267,11 @@ async def test_a_webhook_registered_while_a_server_write_waits_for_the_row_gets_
     async with pg_store.engine.connect() as holder:
         await holder.execute(text("SELECT 1 FROM work_items WHERE id = :w FOR UPDATE"), {"w": row.id})
         write = asyncio.create_task(
-            pg_store.set_state(work_item_id=row.id, tenant_id=tid, rank=Rank(1, 1), state=S.admitted, writer="t")
+            pg_store.set_state(
+                StateChange(
+                    FencedWrite(work_item_id=row.id, tenant_id=tid, rank=Rank(1, 1), writer="t"), state=S.admitted
+                )
+            )
         )
         await asyncio.sleep(0.3)
         assert not write.done()
@@ -271,9 +292,13 @@ async def test_a_stale_attempt_waking_during_a_server_write_is_refused_after_it(
     w = {"work_item_id": row.id, "tenant_id": tid}
     async with pg_store.engine.connect() as holder:
         await holder.execute(text("SELECT 1 FROM work_items WHERE id = :w FOR UPDATE"), {"w": row.id})
-        new = asyncio.create_task(pg_store.set_state(**w, rank=Rank(2, 2), state=S.running, writer="new"))
+        new = asyncio.create_task(
+            pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 2), writer="new"), state=S.running))
+        )
         await asyncio.sleep(0.2)
-        old = asyncio.create_task(pg_store.set_state(**w, rank=Rank(2, 1), state=S.running, writer="old"))
+        old = asyncio.create_task(
+            pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="old"), state=S.running))
+        )
         await asyncio.sleep(0.2)
         await holder.rollback()
     assert (await asyncio.wait_for(new, 10)).ok
@@ -312,7 +337,9 @@ async def test_racing_server_admissions_and_finishes_never_exceed_the_tenant_lim
 
     async def admit(wid: str) -> None:
         res = await pg_store.admit(
-            work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1", max_in_flight=limit, fingerprints=no_fp
+            FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(1, 1), writer="admit#1"),
+            max_in_flight=limit,
+            fingerprints=no_fp,
         )
         assert res.ok and res.value is not None
         if res.value.admitted:
@@ -325,13 +352,12 @@ async def test_racing_server_admissions_and_finishes_never_exceed_the_tenant_lim
             wid = await asyncio.wait_for(admitted.get(), 20)
             peak = max(peak, await count())
             res = await pg_store.set_state(
-                work_item_id=wid,
-                tenant_id=tid,
-                rank=Rank(2, 1),
-                state=S.succeeded,
-                writer="finish#1",
-                max_in_flight=limit,
-                hand_off_cap=3,
+                StateChange(
+                    FencedWrite(work_item_id=wid, tenant_id=tid, rank=Rank(2, 1), writer="finish#1"),
+                    state=S.succeeded,
+                    max_in_flight=limit,
+                    hand_off_cap=3,
+                )
             )
             assert res.ok
             for h in res.value or []:
@@ -359,8 +385,10 @@ async def test_the_functions_rank_span_is_the_python_one(pg_store: Store) -> Non
         tenant_id=tid, spec=WorkItemSpec.model_validate(TASK), base_commit=None, repo_path=None
     )
     w = {"work_item_id": row.id, "tenant_id": tid}
-    assert (await pg_store.set_state(**w, rank=Rank(7, 999_999), state=S.admitted, writer="a")).ok
-    late = await pg_store.set_state(**w, rank=Rank(7, 3), state=S.running, writer="b")
+    assert (
+        await pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(7, 999_999), writer="a"), state=S.admitted))
+    ).ok
+    late = await pg_store.set_state(StateChange(FencedWrite(**w, rank=Rank(7, 3), writer="b"), state=S.running))
     assert late.stale and late.current == Rank(7, 999_999)
     [(data,)] = await _raw(
         pg_store, "SELECT data::jsonb FROM events WHERE work_item_id = :w AND type = 'stale_write_rejected'", w=row.id
@@ -382,12 +410,19 @@ async def test_a_nul_in_untrusted_text_is_stored_replaced_on_every_path(any_stor
     nul = "bad\x00byte"
     assert (
         await any_store.set_state(
-            **w, rank=Rank(1, 1), state=S.running, reason=nul, writer="run#1", event_data={"claims": nul, nul: 1}
+            StateChange(
+                FencedWrite(**w, rank=Rank(1, 1), writer="run#1"),
+                state=S.running,
+                reason=nul,
+                event_data={"claims": nul, nul: 1},
+            )
         )
     ).ok
     assert (
         await any_store.fenced_event(
-            **w, rank=Rank(1, 1), writer="run#1", type_="agent_finished", data={"message": nul, "tests": [{"id": nul}]}
+            FencedWrite(**w, rank=Rank(1, 1), writer="run#1"),
+            type_="agent_finished",
+            data={"message": nul, "tests": [{"id": nul}]},
         )
     ).ok
     record = AttemptRecord(
@@ -399,17 +434,17 @@ async def test_a_nul_in_untrusted_text_is_stored_replaced_on_every_path(any_stor
         agent={"claims": nul},
         validation={"tests": [{"message": nul}]},
     )
-    assert (await any_store.record_attempt(**w, rank=Rank(2, 1), record=record, writer="record#1")).ok
+    assert (await any_store.record_attempt(FencedWrite(**w, rank=Rank(2, 1), writer="record#1"), record=record)).ok
     done = AttemptRecord(number=2, verdict="passed", reason=nul)
     assert (
         await any_store.set_state(
-            **w,
-            rank=Rank(3, 1),
-            state=S.succeeded,
-            reason=nul,
-            writer="finish#1",
-            fields={"result": {"reason": nul}},
-            attempt=done,
+            StateChange(
+                FencedWrite(**w, rank=Rank(3, 1), writer="finish#1"),
+                state=S.succeeded,
+                reason=nul,
+                fields={"result": {"reason": nul}},
+                attempt=done,
+            )
         )
     ).ok
     item = await any_store.get_work_item(row.id)
@@ -442,7 +477,11 @@ async def test_a_worker_on_an_older_schema_is_told_to_upgrade(pg_url: str, tmp_p
             tenant_id=tid, spec=WorkItemSpec.model_validate(TASK), base_commit=None, repo_path=None
         )
         with pytest.raises(StoreError, match="crewwork db upgrade"):
-            await store.set_state(work_item_id=row.id, tenant_id=tid, rank=Rank(1, 1), state=S.admitted, writer="a")
+            await store.set_state(
+                StateChange(
+                    FencedWrite(work_item_id=row.id, tenant_id=tid, rank=Rank(1, 1), writer="a"), state=S.admitted
+                )
+            )
     finally:
         await store.close()
         subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", name], check=False)

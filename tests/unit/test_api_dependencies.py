@@ -12,8 +12,8 @@ from typing import Any
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
+from crewwork.cli.serve import api_app
 from crewwork.config import Settings
-from crewwork.serve import api_app
 
 
 def _calls(dep: Dependant) -> Iterator[Any]:

@@ -1,5 +1,5 @@
 """Feeding a child's stdin when the child has gone already: the same answer on both event loops crewwork runs on
-(crewwork/childio.py). Before it, the standard loop buffered such a write and dropped it, and uvloop raised
+(crewwork/workspace/childio.py). Before it, the standard loop buffered such a write and dropped it, and uvloop raised
 RuntimeError from the write, which reached an MCP tool's caller as an internal error."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from crewwork import childio, eventloop
+from crewwork.cli import eventloop
 from crewwork.config import Settings
+from crewwork.workspace import childio
 
 
 async def _gone_child() -> asyncio.subprocess.Process:

@@ -26,7 +26,7 @@ class Ran:
 def run_cli(*args: str, stdin: str | None = None, cwd: Path | None = None, env: dict[str, str] | None = None) -> Ran:
     """`crewwork ARGS` in this process (a subprocess per case made this file slow), with no CREWWORK_* setting but
     `env`, in `cwd`. An exception escaping the CLI fails the test, as a traceback would."""
-    from crewwork.cli import main
+    from crewwork.cli.main import main
     from crewwork.config import reset_settings_cache
 
     saved_env, saved_cwd, saved_stdin = dict(os.environ), os.getcwd(), sys.stdin
@@ -214,8 +214,8 @@ def test_a_signing_key_put_where_its_variables_name_goes_is_never_echoed(tmp_pat
     there had it printed by `crewwork config` (as the value in force) and by every error about it (the control pool's
     log, and the reason of each item that could not land). It is now a setting that does not parse, named in one line
     without its value; and a PEM private key is masked wherever crewwork masks secrets (logs, events, config)."""
-    from crewwork.evidence.keys import generate
-    from crewwork.masking import mask_secrets
+    from crewwork.attestation.keys import generate
+    from crewwork.boundary.masking import mask_secrets
 
     generate(tmp_path / "k")
     pem = (tmp_path / "k").read_text()
@@ -226,7 +226,10 @@ def test_a_signing_key_put_where_its_variables_name_goes_is_never_echoed(tmp_pat
     assert seed_b64[-20:] not in p.stdout + p.stderr, p.stderr
     masked = mask_secrets(f"key: {pem} and json {pem!r}")
     assert seed_b64[-20:] not in masked and masked.count("-----BEGIN PRIVATE KEY-----***") == 2, masked
-    assert _bare(tmp_path, "config", CREWWORK_EVIDENCE_SIGNING_KEY_ENV="EVIDENCE_KEY_2026").returncode == 0
+    # A variable's name parses; that the variable is not set is what a control pool would refuse to start with, and
+    # `crewwork config` says so (tests/evidence/test_signing_key_status.py).
+    named = _bare(tmp_path, "config", CREWWORK_EVIDENCE_SIGNING_KEY_ENV="EVIDENCE_KEY_2026")
+    assert "invalid configuration" not in named.stderr and "names EVIDENCE_KEY_2026, which is not set" in named.stderr
 
 
 def test_worker_pools_are_checked_before_anything_starts() -> None:

@@ -7,7 +7,7 @@ import argparse
 import io
 import json
 
-from crewwork.cli import EXIT_CODES, Output, build_parser, state_exit_code
+from crewwork.cli.main import EXIT_CODES, Output, build_parser, state_exit_code
 
 
 class Tty(io.StringIO):
@@ -50,3 +50,21 @@ def test_json_is_accepted_before_and_after_the_command() -> None:
     assert p.parse_args(["status", "x", "--json"]).json is True
     assert p.parse_args(["status", "x"]).json is False
     assert p.parse_args(["webhooks", "rotate", "wh_1", "--overlap", "60", "--json"]).json is True
+
+
+def test_evidence_shows_what_an_attempt_flags_as_plain_text() -> None:
+    from crewwork.cli.render import flag_lines
+
+    validation = {
+        "doubts": ["tests/t.py::test_a: the report says passed, the witness saw it failed"],
+        "runner_reach": ["calc.py:3: names a pytest hook: def pytest_runtest_makereport(item, call):\x1b[2J"],
+        "weakened": [f"calc.py:{n}: silences a linter: x  # noqa" for n in range(12)],
+    }
+    lines = flag_lines(validation)
+    assert lines[0] == "    not believed: tests/t.py::test_a: the report says passed, the witness saw it failed"
+    assert (
+        lines[1]
+        == "    reaches into the test runner: calc.py:3: names a pytest hook: def pytest_runtest_makereport(item, call):"
+    )
+    assert lines[-1] == "    weakens a check: … and 2 more" and len(lines) == 13
+    assert flag_lines({}) == []

@@ -20,6 +20,8 @@ GIVEN_TO_CHILDREN = {
     "CREWWORK_DIAGNOSTICS_FILE",
     "CREWWORK_ATTEMPT",
     "CREWWORK_PREVIEW",  # set to 1 for an app started as a preview (docs/preview.md)
+    "CREWWORK_GATEWAY_TOKEN",  # the attempt's model gateway token, given to an agent CLI (docs/gateway.md)
+    "CREWWORK_WITNESS_DIR",  # where the outcome witness writes its streams, given to a validation run (lifecycle.md)
 }
 
 

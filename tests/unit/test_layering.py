@@ -167,17 +167,20 @@ def test_every_known_cycle_edge_still_exists() -> None:
 
 def test_the_cycle_detector_sees_cycles_however_imported() -> None:
     graph = {m: set(deps) for m, deps in GRAPH.items()}
-    graph["crewwork.ids"].add("crewwork.cli")
-    assert any("crewwork.ids" in c and "crewwork.cli" in c for c in _cycles(graph))
-    assert any("crewwork.ids" in c and "crewwork.cli" in c for c in _cycles(_package_graph(graph)))
-    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from crewwork import ids\ndef f():\n    import crewwork.cli\n"
+    graph["crewwork.models.ids"].add("crewwork.cli.main")
+    assert any("crewwork.models.ids" in c and "crewwork.cli.main" in c for c in _cycles(graph))
+    assert any("crewwork.models" in c and "crewwork.cli" in c for c in _cycles(_package_graph(graph)))
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from crewwork.models import ids\n"
+        "def f():\n    import crewwork.cli\n"
+    )
     path = PACKAGE.parent / "tests" / "unit" / "_layering_probe.py"
     path.write_text(source)
     try:
         kinds = {(m, k) for m, k, _ in _statements(path, "crewwork.probe")}
     finally:
         path.unlink()
-    assert kinds == {("crewwork.ids", "type_checking"), ("crewwork.cli", "function")}
+    assert kinds == {("crewwork.models.ids", "type_checking"), ("crewwork.cli", "function")}
 
 
 @pytest.mark.parametrize(
@@ -190,15 +193,15 @@ def test_the_cycle_detector_sees_cycles_however_imported() -> None:
         ("crewwork.validation", "crewwork.steps"),  # grading is pure
         ("crewwork.sandbox", "crewwork.steps"),
         ("crewwork.workflows", "crewwork.api"),
-        ("crewwork.ids", "crewwork.store"),
-        ("crewwork.masking", "crewwork.store"),
+        ("crewwork.models.ids", "crewwork.store"),
+        ("crewwork.boundary.masking", "crewwork.store"),
         # Evidence bundles are verified offline: the verifier needs no store, no API, no Temporal.
-        ("crewwork.evidence.verify", "crewwork.store"),
-        ("crewwork.evidence.verify", "crewwork.config"),
-        ("crewwork.evidence", "crewwork.api"),
-        ("crewwork.evidence", "crewwork.steps"),
-        ("crewwork.evidence", "crewwork.workflows"),
-        # The MCP endpoint calls the API's route functions; the API process mounts it (crewwork/serve.py).
+        ("crewwork.attestation.verify", "crewwork.store"),
+        ("crewwork.attestation.verify", "crewwork.config"),
+        ("crewwork.attestation", "crewwork.api"),
+        ("crewwork.attestation", "crewwork.steps"),
+        ("crewwork.attestation", "crewwork.workflows"),
+        # The MCP endpoint calls the API's route functions; the API process mounts it (crewwork/cli/serve.py).
         ("crewwork.api", "crewwork.mcp"),
         # The settings tree reads no code that acts on it (the API process reads it without loading any).
         ("crewwork.config", "crewwork.sandbox"),
@@ -215,6 +218,38 @@ def test_lower_layers_do_not_import_upper_ones(lower: str, upper: str) -> None:
         if d == upper or d.startswith(upper + ".")
     }
     assert offenders == set()
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def _documented_map() -> dict[str, set[str]]:
+    """docs/architecture.md's "The map": package -> the packages it may import."""
+    text = DOCS.read_text().split("## The map", 1)[1].split("\n## ", 1)[0]
+    out: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].endswith("`"):
+            out[f"crewwork.{cells[0].strip('`')}"] = {f"crewwork.{d}" for d in cells[2].split()}
+    return out
+
+
+def test_the_documented_map_names_every_package_and_every_import() -> None:
+    """The map in docs/architecture.md is the rule: each package imports only what its row allows, and every
+    package has a row. A new dependency between packages is written there first (and must keep the graph acyclic)."""
+    documented = _documented_map()
+    actual = {
+        p: d - {"crewwork"} for p, d in _package_graph(GRAPH).items() if p not in {"crewwork", "crewwork.__main__"}
+    }
+    assert sorted(set(actual) - set(documented)) == [], "packages missing from docs/architecture.md's map"
+    extra = {p: sorted(d - documented[p]) for p, d in actual.items() if d - documented[p]}
+    assert extra == {}, "imports docs/architecture.md's map does not allow"
+
+
+def test_the_documented_map_is_read() -> None:
+    documented = _documented_map()
+    assert len(documented) >= 20 and documented["crewwork.boundary"] == set()
+    assert "crewwork.store" in documented["crewwork.api"]
 
 
 def report() -> str:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from crewwork.observability import mask_secrets_in_text
+from crewwork.boundary.masking import mask_text
 from tests.conftest import api_process
 
 PEM = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEAx\nabc\n-----END RSA PRIVATE KEY-----"
@@ -33,7 +33,7 @@ LEAKS = [
 
 SCRIPT = r"""
 import logging, sys
-from crewwork.observability import configure_logging
+from crewwork.observability.logs import configure_logging
 configure_logging("INFO", json_logs=sys.argv[1] == "json")
 log = logging.getLogger("crewwork.test")
 log.info('a "quoted" message with\na newline and %s', "an arg")
@@ -82,10 +82,10 @@ def test_text_logs_are_plain_lines_with_secrets_masked() -> None:
 
 
 def test_masking_keeps_what_is_not_secret() -> None:
-    assert mask_secrets_in_text("sqlite+aiosqlite:////tmp/x.db and http://example.test/a") == (
+    assert mask_text("sqlite+aiosqlite:////tmp/x.db and http://example.test/a") == (
         "sqlite+aiosqlite:////tmp/x.db and http://example.test/a"
     )
-    assert mask_secrets_in_text("postgresql://user:p%40ss@h/db") == "postgresql://user:***@h/db"
+    assert mask_text("postgresql://user:p%40ss@h/db") == "postgresql://user:***@h/db"
 
 
 def test_the_api_process_writes_uvicorns_lines_as_json(tmp_path: Path) -> None:

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from crewwork.boundary.outbound import ip_literal
+from crewwork.boundary.urls import parse_repo_url
+from crewwork.cli.stack import Stack
 from crewwork.config import Settings
-from crewwork.outbound import ip_literal
 from crewwork.repos.address import Pin
 from crewwork.repos.credentials import GitAuth
 from crewwork.repos.git import DEFAULT_SSH_COMMAND, git_env
-from crewwork.stack import Stack
-from crewwork.urls import parse_repo_url
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from crewwork import stack as stack_mod
-from crewwork.stack import ManagedProcess, Stack
+from crewwork.cli import stack as stack_mod
+from crewwork.cli.stack import ManagedProcess, Stack
 
 
 def test_restart_backoff_resets_after_a_healthy_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

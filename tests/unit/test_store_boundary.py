@@ -77,8 +77,11 @@ def test_store_methods_return_views_not_rows() -> None:
     tables = {m.class_.__name__ for m in Base.registry.mappers}
     named = re.compile(r"\b(" + "|".join(sorted(tables)) + r")\b")
     returning_rows = set()
-    for info in pkgutil.iter_modules(crewwork.store.__path__):
-        module = importlib.import_module(f"crewwork.store.{info.name}")
+    # Every module of the store, its subpackages' included (crewwork/store/fencing/).
+    for info in pkgutil.walk_packages(crewwork.store.__path__, prefix="crewwork.store."):
+        if ".migrations" in info.name:
+            continue
+        module = importlib.import_module(info.name)
         for cls_name, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ != module.__name__:
                 continue

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from crewwork.models import ValidationSpec
 from crewwork.models.preview import PreviewSpec
-from crewwork.preview.evidence import (
+from crewwork.preview.records import (
     AppRun,
     ConsoleEntry,
     FailedRequest,
@@ -18,7 +18,7 @@ from crewwork.preview.evidence import (
     PreviewEvidence,
     StepRecord,
 )
-from crewwork.preview.grading import grade_preview, json_path
+from crewwork.preview.verdict import grade_preview, json_path
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import Cause, ValidationEvidence, grade
 
@@ -187,6 +187,58 @@ def test_browser_flow_failures(flow: FlowRecord, failed: str) -> None:
     v = grade(evidence(preview(flows=[flow])))
     assert v.cause == Cause.probe_failure and v.failing_tests == ["preview::browser::add"]
     assert v.preview is not None and v.preview.probes[1].failed == failed
+
+
+@pytest.mark.parametrize(
+    "flow",
+    [
+        # Errors counted past what was kept: none of them in the record, all of them in the count.
+        good_flow(console_seen=10_001, console_errors_seen=1),
+        good_flow(page_errors_seen=250),
+        good_flow(failed_requests_seen=3),
+        good_flow(console=[ConsoleEntry(type="assert", text="Assertion failed: total")]),
+    ],
+)
+def test_errors_are_judged_on_their_counts_not_on_what_was_kept(flow: FlowRecord) -> None:
+    v = grade(evidence(preview(flows=[flow])))
+    assert not v.passed and v.preview is not None
+    assert v.preview.probes[1].failed in ("no console errors", "no failed requests")
+
+
+def test_a_flow_whose_deciding_evidence_was_cut_is_not_judged() -> None:
+    cut = good_flow(not_judged=["the browser sent events over the DevTools pipe's bounds that were dropped (1 X)"])
+    v = grade(evidence(preview(flows=[cut])))
+    assert not v.passed and v.preview is not None
+    assert (v.preview.probes[1].failed or "").startswith("not judged") and "dropped" in (v.preview.probes[1].seen or "")
+    # What cannot change the verdict is only noted.
+    assert grade(evidence(preview(flows=[good_flow(cut=["90 of 10,100 console messages not kept"])]))).passed
+
+
+@pytest.mark.parametrize(
+    ("assertion", "body", "truncated", "encoding", "outcome"),
+    [
+        ({"not_contains": "error"}, "a" * 100, True, None, "not judged"),
+        ({"not_contains": "error"}, "an error", True, None, "body does not contain 'error'"),
+        ({"contains": "ok"}, "a" * 100, True, None, "not judged"),
+        ({"contains": "ok"}, "ok" + "a" * 100, True, None, "pass"),
+        ({"regex": "^a+"}, "a" * 100, True, None, "pass"),
+        ({"regex": "a$"}, "a" * 100, True, None, "not judged"),
+        ({"regex": "b\\b"}, "ab " + "a" * 10, True, None, "pass"),
+        ({"regex": "a\\b"}, "a" * 100, True, None, "not judged"),
+        ({"json_path": "$.total", "equals": 6}, '{"total": 6, "items": [', True, None, "not judged"),
+        ({"not_contains": "error"}, "[12 bytes of gzip-encoded body, not decoded]", False, "gzip", "not judged"),
+        ({"not_contains": "error"}, "all fine", False, None, "pass"),
+    ],
+)
+def test_a_body_cut_or_compressed_cannot_pass_what_it_does_not_show(
+    assertion: dict[str, object], body: str, truncated: bool, encoding: str | None, outcome: str
+) -> None:
+    spec = PreviewSpec.model_validate({"http": [{"name": "p", "expect": [assertion]}]})
+    x = HttpExchange(
+        name="p", method="GET", path="/", status=200, body=body, body_truncated=truncated, body_encoding=encoding
+    )
+    probe = grade_preview(spec, PreviewEvidence(ready=True, http=[x])).probes[0]
+    assert ("pass" if probe.passed else (probe.failed or "")).startswith(outcome), probe
 
 
 def test_console_warnings_are_not_errors() -> None:

@@ -82,6 +82,11 @@ class World:
     def args(self, name: str) -> list[dict[str, Any]]:
         return [a for n, a in self.calls if n == name]
 
+    def gave_back_the_workspace(self) -> bool:
+        """The item's end released its workspace lease: one `cleanup` local activity that names the lease's grant
+        (patch `lean-end`)."""
+        return any(a.get("workspace_grant") is not None for a in self.args("cleanup"))
+
     @staticmethod
     def _next(answers: list[Any]) -> Any:
         answer = answers.pop(0) if len(answers) > 1 else answers[0]
@@ -113,11 +118,13 @@ class World:
 
         return [
             scripted("admit", lambda _: self._next(world.admit)),
-            scripted("set_state", lambda _: {"ok": True}),
+            # A state change that carries an attempt's record is refused as the record would be.
+            scripted("set_state", lambda inp: record(inp) if inp.get("record") else {"ok": True}),
             scripted("acquire_workspace", lambda _: self._next(world.workspace)),
             scripted("renew_workspace", lambda _: True),
             scripted("release_workspace", lambda _: True),
             scripted("record_attempt", record),
+            scripted("record_review", lambda _: {"ok": True}),
             scripted("land_change", land),
             scripted("finish", lambda _: {"ok": True}),
             scripted("cleanup", lambda _: None),
@@ -228,8 +235,11 @@ async def test_a_code_change_repairs_then_lands_and_gives_back_the_workspace(run
     names = run.world.names()
     assert names[:2] == ["admit", "acquire_workspace"]
     assert names.count("run_agent") == 2 and names.count("validate_change") == 2
-    assert names.index("land_change") < names.index("finish") < names.index("release_workspace")
-    assert names[-1] == "cleanup"
+    # The end: the result, then one call that gives the workspace lease back and removes the worktrees.
+    assert names.index("land_change") < names.index("finish") < names.index("cleanup")
+    assert names[-1] == "cleanup" and "release_workspace" not in names
+    end = run.world.args("cleanup")[-1]
+    assert end["workspace_grant"] == 1 and end["workspace_key"].startswith("ws:")
     # The second attempt is told why the first failed.
     second = run.world.args("run_agent")[1]
     assert second["attempt"] == 2 and second["diagnostics"] == "1 test of 1 failed"
@@ -312,10 +322,32 @@ async def test_review_reject_ends_the_item_rejected_without_landing(run: Run) ->
     handle = await run.start(spec(review={"required": True}))
     await wait_for(lambda: "set_state" in run.world.names(), "awaiting review", run.env)
     with run.env.auto_time_skipping_disabled():
-        await handle.execute_update(WorkItemWorkflow.review, ReviewDecision(action="reject", comment="no"))
+        await handle.execute_update(
+            WorkItemWorkflow.review, ReviewDecision(action="reject", comment="no", reviewer="bo", api_key_id="key_1")
+        )
     result = await handle.result()
-    assert (result.state, result.reason) == ("rejected", "rejected by reviewer: no")
+    assert (result.state, result.reason) == ("rejected", "rejected by reviewer bo (API key key_1): no")
     assert "land_change" not in run.world.names()
+    # The decision is a fact of the item, recorded before it ends, and the result names it.
+    (recorded,) = run.world.args("record_review")
+    assert recorded["review"]["action"] == "reject" and recorded["review"]["attempt"] == 1
+    assert run.world.names().index("record_review") < run.world.names().index("finish")
+    assert result.review is not None and result.review.reviewer == "bo"
+
+
+async def test_the_passing_attempt_is_recorded_by_the_write_that_awaits_review(run: Run) -> None:
+    run.world.validate = [failing("fp-a"), {"passed": True, "reason": "ok", "cause": "passed"}]
+    handle = await run.start(spec(review={"required": True}))
+    await wait_for(lambda: "set_state" in run.world.names(), "awaiting review", run.env)
+    # The failed attempt has a record of its own; the passing one travels with `awaiting_review`, one call.
+    assert [a["verdict"] for a in run.world.args("record_attempt")] == ["failed"]
+    (awaiting,) = run.world.args("set_state")
+    assert awaiting["state"] == "awaiting_review" and awaiting["attempt"] == 2
+    assert (awaiting["record"]["attempt"], awaiting["record"]["verdict"]) == (2, "passed")
+    with run.env.auto_time_skipping_disabled():
+        await handle.execute_update(WorkItemWorkflow.review, ReviewDecision(action="approve"))
+    result = await handle.result()
+    assert result.state == "succeeded" and [a.verdict for a in result.attempts] == ["failed", "passed"]
 
 
 async def test_a_review_update_is_refused_unless_the_item_awaits_review(run: Run) -> None:
@@ -332,8 +364,54 @@ async def test_a_review_update_is_refused_unless_the_item_awaits_review(run: Run
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(WorkItemWorkflow.review, ReviewDecision(action="request_changes", comment=" "))
         assert "needs a comment" in str(refused.value.cause)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(WorkItemWorkflow.review, ReviewDecision(action="reject"))
+        assert "reject needs a reason" in str(refused.value.cause)
         await handle.execute_update(WorkItemWorkflow.review, ReviewDecision(action="approve"))
     assert (await handle.result()).state == "succeeded"
+
+
+async def test_a_decision_on_an_attempt_that_no_longer_awaits_review_is_refused_as_stale(run: Run) -> None:
+    """The console showed attempt 1 when the reviewer approved, but attempt 2 is the one awaiting review: refused,
+    saying which attempt to look at; a decision naming attempt 2 (and its diff) is taken, and lands attempt 2."""
+    second_diff = {**ARTIFACT, "id": "a2", "sha256": "2" * 64}
+    run.world.agent = [agent_ok(), agent_ok(diff_ref=second_diff)]
+    handle = await run.start(spec(review={"required": True}))
+    await wait_for(lambda: "set_state" in run.world.names(), "attempt 1 awaiting review", run.env)
+    with run.env.auto_time_skipping_disabled():
+        await handle.execute_update(
+            WorkItemWorkflow.review,
+            ReviewDecision(
+                action="request_changes",
+                attempt=1,
+                line_comments=[{"path": "calc.py", "line": 2, "body": "use +"}],
+            ),
+        )
+    await wait_for(lambda: run.world.names().count("set_state") == 3, "attempt 2 awaiting review", run.env)
+    with run.env.auto_time_skipping_disabled():
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(WorkItemWorkflow.review, ReviewDecision(action="approve", attempt=1))
+        assert "stale review" in str(refused.value.cause) and "attempt 2 is the one awaiting review" in str(
+            refused.value.cause
+        )
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(
+                WorkItemWorkflow.review, ReviewDecision(action="approve", attempt=2, diff_sha256="0" * 64)
+            )
+        assert "is not attempt 2's" in str(refused.value.cause)
+        await handle.execute_update(
+            WorkItemWorkflow.review, ReviewDecision(action="approve", attempt=2, diff_sha256="2" * 64, reviewer="al")
+        )
+    result = await handle.result()
+    assert result.state == "succeeded", result.reason
+    land = run.world.args("land_change")[0]
+    assert land["diff_ref"]["id"] == "a2" and "Reviewed-by: al" in land["message"]
+    # The line comment reached attempt 2 with its file and line.
+    second = run.world.args("run_agent")[1]
+    assert "- calc.py:2\n> use +" in second["review_comment"]
+    recorded = [a["review"] for a in run.world.args("record_review")]
+    assert [(r["action"], r["attempt"]) for r in recorded] == [("request_changes", 1), ("approve", 2)]
+    assert recorded[1]["diff_sha256"] == "2" * 64
 
 
 async def test_an_unanswered_review_times_out_and_renews_the_lease_meanwhile(run: Run) -> None:
@@ -366,7 +444,9 @@ async def test_changes_requested_readmits_and_hands_the_comment_to_the_next_atte
     assert names.count("admit") == 2 and names.count("acquire_workspace") == 2
     assert run.world.args("admit")[1]["resumed"] is True
     second = run.world.args("run_agent")[1]
-    assert (second["attempt"], second["review_comment"], second["diagnostics"]) == (2, "rename it", None)
+    assert (second["attempt"], second["diagnostics"]) == (2, None)
+    # The reviewer's words reach the next attempt quoted, as reviewer input about attempt 1 (data, not instructions).
+    assert "Reviewer input on attempt 1" in second["review_comment"] and "> rename it" in second["review_comment"]
 
 
 # ------------------------------------------------------------------------------------------------ limits
@@ -422,6 +502,15 @@ async def test_a_long_loop_continues_as_new_with_its_steps_and_attempts_carried(
 # ------------------------------------------------------------------------------------------------ failures
 
 
+async def test_a_refused_awaiting_review_write_ends_the_item_dead_before_review(run: Run) -> None:
+    """The passing attempt's record goes with the `awaiting_review` write: refused, the item cannot await a review of
+    an attempt the store does not hold."""
+    run.world.record_stale = True
+    result = await (await run.start(spec(review={"required": True}))).result()
+    assert result.state == "dead" and "attempt record refused" in result.reason, result.reason
+    assert "record_review" not in run.world.names() and "land_change" not in run.world.names()
+
+
 async def test_a_stale_attempt_record_ends_the_item_dead(run: Run) -> None:
     run.world.record_stale = True
     run.world.validate = [failing("fp-a")]
@@ -441,7 +530,7 @@ async def test_a_repository_refusal_at_landing_fails_the_item_not_dead(run: Run)
     run.world.land = [ApplicationError("push rejected by the remote", type="RepositoryError", non_retryable=True)]
     result = await (await run.start(spec())).result()
     assert result.state == "failed" and "RepositoryError: push rejected" in result.reason, result.reason
-    assert run.world.names().count("land_change") == 1 and "release_workspace" in run.world.names()
+    assert run.world.names().count("land_change") == 1 and run.world.gave_back_the_workspace()
 
 
 async def test_cancelling_records_the_cancellation_and_gives_back_the_workspace(run: Run) -> None:
@@ -452,4 +541,4 @@ async def test_cancelling_records_the_cancellation_and_gives_back_the_workspace(
         await handle.result()
     finish = run.world.args("finish")
     assert finish and finish[-1]["result"]["state"] == "cancelled"
-    assert "release_workspace" in run.world.names() and "land_change" not in run.world.names()
+    assert run.world.gave_back_the_workspace() and "land_change" not in run.world.names()

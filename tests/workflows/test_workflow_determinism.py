@@ -38,12 +38,12 @@ FORBIDDEN_MODULES = {
     "httpx",
     "sqlalchemy",
     "crewwork.store",
-    "crewwork.gitops",
+    "crewwork.workspace.gitops",
     "crewwork.sandbox",
     "crewwork.agents",
 }
 # The I/O side of a step: its activity and the ports (store, repositories, sandboxes) activities are bound to.
-FORBIDDEN_MODULES |= {"crewwork.steps.ports", "crewwork.repos", "crewwork.evidence", "crewwork.preview"}
+FORBIDDEN_MODULES |= {"crewwork.steps.ports", "crewwork.repos", "crewwork.attestation", "crewwork.preview"}
 
 
 def _is_activity_module(name: str) -> bool:
@@ -105,7 +105,7 @@ def test_workflow_module_has_no_nondeterministic_code(path: Path) -> None:
         "from crewwork.steps.land.activity import land_change",
         "from crewwork.steps import ports",
         "import crewwork.steps.agent.activity",
-        "from crewwork.repos.service import Repositories",
+        "from crewwork.repos.worker import Repositories",
     ],
 )
 def test_the_guard_catches_nondeterministic_code(snippet: str) -> None:

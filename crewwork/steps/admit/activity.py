@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from crewwork.limits import check_within_ceilings
-from crewwork.starts import terms
+from crewwork.admission.starts import terms
+from crewwork.models.limits import check_within_ceilings
 from crewwork.steps.admit import AdmitInput, AdmitResult
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.errors import bad_input
@@ -21,14 +21,7 @@ async def admit(ports: Ports, inp: AdmitInput) -> AdmitResult:
         if await store.get_work_item(inp.work_item_id, inp.tenant_id) is None:
             raise bad_input(f"work item {inp.work_item_id} is not in the store") from None
         return AdmitResult(admitted=False, reason=str(exc))
-    res = await store.admit(
-        work_item_id=inp.work_item_id,
-        tenant_id=inp.tenant_id,
-        rank=w.rank,
-        writer=w.writer,
-        max_in_flight=settings.tenant_max_in_flight,
-        fingerprints=store.fingerprints_in,
-    )
+    res = await store.admit(w.write, settings.tenant_max_in_flight, store.fingerprints_in)
     if res.missing:
         raise bad_input(f"work item {inp.work_item_id} is not in the store")
     if res.closed:
@@ -37,7 +30,7 @@ async def admit(ports: Ports, inp: AdmitInput) -> AdmitResult:
         raise w.stale(res, "admit")
     adm = res.value
     # What the item runs under, also when it is queued: a queued item that a freed place is handed to
-    # (`hand_off` in crewwork/store/fencing_python.py) goes on with these, without asking again.
+    # (`hand_off` in crewwork/store/fencing/reference.py) goes on with these, without asking again.
     agreed = terms(inp.spec, settings)
     budget, review_timeout_s = agreed.budget, agreed.review_timeout_s
     if not adm.admitted:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crewwork.handoff import HAND_OFF_CAP, tell_admitted
+from crewwork.admission.handoff import HAND_OFF_CAP, tell_admitted
 from crewwork.steps.attempt import AttemptWriter
 from crewwork.steps.finish import FinishInput
 from crewwork.steps.ports import Ports

@@ -14,19 +14,21 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
+from crewwork.attestation.facts import ReviewFact
+from crewwork.attestation.format import MAX_BUNDLE_BYTES
+from crewwork.attestation.publish import BUNDLE_ARTIFACT, EvidenceUnavailable, Signed
+from crewwork.attestation.statements import rfc3339
 from crewwork.config import Settings
-from crewwork.evidence.facts import ReviewFact
-from crewwork.evidence.format import MAX_BUNDLE_BYTES
-from crewwork.evidence.publish import BUNDLE_ARTIFACT, EvidenceUnavailable, Signed
 from crewwork.forge import ForgeError
 from crewwork.models import WorkItemState
 from crewwork.repos.landing import Landed, LandingConflictError, notes_ref
-from crewwork.repos.service import REPO_ERRORS
+from crewwork.repos.worker import REPO_ERRORS
 from crewwork.steps.attempt import AttemptWriter, artifact_bytes
 from crewwork.steps.errors import EVIDENCE_UNAVAILABLE, LANDING_CONFLICT, PULL_REQUEST_FAILED, STALE_ATTEMPT, bad_input
 from crewwork.steps.execution import repo_failure
 from crewwork.steps.land import LandInput, LandResult
 from crewwork.steps.ports import Ports
+from crewwork.store.fencing import REVIEW_EVENT
 
 
 async def land_change(ports: Ports, inp: LandInput) -> LandResult:
@@ -34,13 +36,13 @@ async def land_change(ports: Ports, inp: LandInput) -> LandResult:
     started = await w.set_state(WorkItemState.landing, "landing")
     if started.stale:
         raise w.stale(started, "land_change")
-    # Evidence hook (crewwork/evidence): a bundle that cannot be signed stops the landing before anything is pushed.
+    # Evidence hook (crewwork/attestation): a bundle that cannot be signed stops the landing before anything is pushed.
     with _refusals(ports):
         signs = ports.evidence.ready() is not None
     diff = (await artifact_bytes(ports.store, inp.diff_ref.id)).decode()
     await _keep_workspace_lease(ports, inp, w)
     landed = await _push(ports, inp, w, diff)
-    # Evidence hook (crewwork/evidence): sign the landed change, push the bundle as a git note, keep it.
+    # Evidence hook (crewwork/attestation): sign the landed change, push the bundle as a git note, keep it.
     evidence_text = await _publish_evidence(ports, inp, w, landed) if signs else None
     if not signs:
         await _note_unsigned(ports, inp, w, landed.commit)
@@ -156,7 +158,7 @@ async def _record_landed(
 
 
 async def _publish_evidence(ports: Ports, inp: LandInput, w: AttemptWriter, landed: Landed) -> str:
-    """Sign the landed change's evidence (crewwork/evidence), push it as a git note next to the delivery branch
+    """Sign the landed change's evidence (crewwork/attestation), push it as a git note next to the delivery branch
     (unless CREWWORK_EVIDENCE_NOTES=off), store it as the item's `evidence-bundle.json` and record
     `evidence_signed`. Returns the paragraph for the pull request's body. Deterministic: a retried landing signs
     the same bytes and pushes nothing new."""
@@ -181,10 +183,22 @@ async def _publish_evidence(ports: Ports, inp: LandInput, w: AttemptWriter, land
 
 
 async def _review_fact(ports: Ports, inp: LandInput) -> ReviewFact:
-    """Who let the change land: the reviewer's decision, or none where no review was required."""
+    """Who let the change land: the reviewer's decision (with its line comments, the diff it was about and the
+    decisions before it, as the item's `review_decided` events recorded them: what the console and `crewwork status`
+    show), or none where no review was required."""
     row = await ports.store.get_work_item(inp.work_item_id)
     required = bool(((row.spec if row is not None else {}).get("review") or {}).get("required"))
     d = inp.review
+    recorded = [e.data for e in await ports.store.events_of_type(inp.work_item_id, REVIEW_EVENT)]
+    approval = next(
+        (
+            r
+            for r in reversed(recorded)
+            if r.get("action") == "approve" and r.get("decided_at") == inp.review_decided_at
+        ),
+        None,
+    )
+    earlier = [r for r in recorded if r is not approval and (r.get("decided_at") or 0) <= (inp.review_decided_at or 0)]
     return ReviewFact(
         required=required or d is not None,
         decision=d.action if d is not None else ("approve" if required else None),
@@ -192,6 +206,20 @@ async def _review_fact(ports: Ports, inp: LandInput) -> ReviewFact:
         api_key_id=d.api_key_id if d is not None else None,
         comment=d.comment if d is not None else None,
         decided_at=inp.review_decided_at,
+        diff_sha256=(approval or {}).get("diff_sha256") or inp.diff_ref.sha256,
+        line_comments=tuple(c.model_dump() for c in d.line_comments) if d is not None else (),
+        history=tuple(
+            {
+                "decision": r.get("action"),
+                "attempt": r.get("attempt"),
+                "reviewer": r.get("reviewer"),
+                "apiKey": r.get("api_key_id"),
+                "comment": r.get("comment"),
+                "decidedAt": rfc3339(float(r["decided_at"])) if r.get("decided_at") is not None else None,
+                "lineComments": len(r.get("line_comments") or []),
+            }
+            for r in earlier
+        ),
     )
 
 

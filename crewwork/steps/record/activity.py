@@ -23,13 +23,7 @@ def attempt_record(inp: RecordInput) -> AttemptRecord:
 async def record_attempt(ports: Ports, inp: RecordInput) -> RecordResult:
     store = ports.store
     w = AttemptWriter.of(store, inp)
-    res = await store.record_attempt(
-        work_item_id=inp.work_item_id,
-        tenant_id=inp.tenant_id,
-        rank=w.rank,
-        record=attempt_record(inp),
-        writer=w.writer,
-    )
+    res = await w.record_attempt(attempt_record(inp))
     # Rejected: report the recorded history as it stands.
     fingerprints = res.value if res.value is not None else await store.fingerprints(inp.work_item_id)
     return RecordResult(ok=res.ok, stale=res.stale, fingerprints=fingerprints)

@@ -1,17 +1,19 @@
 """A state the workflow announces between steps (`queued` for a readmission, `awaiting_review`): one fenced write
 that, when the item gives up its place, hands the place to the tenant's first queued items (the activity:
-crewwork/steps/state/activity.py)."""
+crewwork/steps/state/activity.py).
+
+    contract.py  what the workflow sees: the step's input and result models and its `Step` policy
+    activity.py  the activity, a plain function of explicit ports (loaded by the pools only)
+"""
 
 from __future__ import annotations
 
-from crewwork.models import WorkItemState
-from crewwork.steps.step import ItemRef, Step, WriteOutcome
+from crewwork.steps.state.contract import (
+    SET_STATE,
+    SetStateInput,
+)
 
-
-class SetStateInput(ItemRef):
-    state: WorkItemState
-    reason: str = ""
-    attempt: int | None = None
-
-
-SET_STATE = Step("set_state", SetStateInput, WriteOutcome, local=True)
+__all__ = [
+    "SET_STATE",
+    "SetStateInput",
+]

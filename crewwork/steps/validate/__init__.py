@@ -1,51 +1,24 @@
 """One attempt's validation: the captured diff applied to the base tree, protected paths put back, the repository's
 own tests (and, where declared, preview probes) run in a fresh sandbox, the evidence graded by a pure function (the
-activity: crewwork/steps/validate/activity.py)."""
+activity: crewwork/steps/validate/activity.py).
+
+    contract.py  what the workflow sees: the step's input and result models and its `Step` policy
+    activity.py  the activity, a plain function of explicit ports (loaded by the pools only)
+    extra_runs.py  the baseline on the base commit and the flaky reruns (validation.baseline)
+"""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from crewwork.models import ArtifactRef, DiffStats, EnvironmentSpec, SandboxSpec, ValidationOutcome, ValidationSpec
-from crewwork.steps.step import EXECUTION_HEARTBEAT, EXECUTION_RETRY, ItemRef, Step
-
-VALIDATE_MARGIN = timedelta(minutes=2)
-
-
-class ValidateInput(ItemRef):
-    attempt: int
-    repo_path: str
-    base_commit: str
-    validation: ValidationSpec
-    sandbox: SandboxSpec
-    diff_ref: ArtifactRef | None = None
-    diff_stats: DiffStats | None = None
-    review_comment: str | None = None
-    environment: EnvironmentSpec | None = None
-    """The repository's environment (resolved at submission): setup, interpreter, setup network and secrets."""
-
-
-def validation_budget_s(validation: ValidationSpec, environment: EnvironmentSpec | None) -> float:
-    """Start-to-close budget of one validation: its run, each setup command, and the environment's setup."""
-    total = validation.timeout_s * (1 + len(validation.setup))
-    if environment is not None:
-        total += environment.setup_timeout_s * (len(environment.setup) + (1 if environment.python else 0))
-    if validation.preview is not None:
-        total += validation.preview.lifetime_s
-    return total
-
-
-def _timeout(inp: ValidateInput) -> timedelta:
-    return timedelta(seconds=validation_budget_s(inp.validation, inp.environment)) + VALIDATE_MARGIN
-
-
-VALIDATE = Step(
-    "validate_change",
+from crewwork.steps.validate.contract import (
+    VALIDATE,
+    VALIDATE_MARGIN,
     ValidateInput,
-    ValidationOutcome,
-    pool="validate",
-    start_to_close=_timeout,
-    heartbeat=EXECUTION_HEARTBEAT,
-    retry=EXECUTION_RETRY,
-    dead="validation failed{tries}: {cause}",
+    validation_budget_s,
 )
+
+__all__ = [
+    "VALIDATE",
+    "VALIDATE_MARGIN",
+    "ValidateInput",
+    "validation_budget_s",
+]

@@ -4,11 +4,16 @@ Validation never runs in the agent's workspace: the captured diff is applied to 
 git directory, protected test infrastructure is put back to the base commit (a change must not weaken the tests that
 judge it; `crewwork.validation.protect`), the result is written into a fresh workspace, the repository's environment
 is prepared (once per host and base commit, `crewwork.sandbox.prepare`), the command runs in a fresh sandbox, the
-report is read back without trusting it (`crewwork.safefs`), the preview probes run where declared, and the saved
+report is read back without trusting it (`crewwork.boundary.safefs`), the preview probes run where declared, and the saved
 evidence is graded with a pure function (`crewwork.validation.grading`).
 
 Each of those is a phase of `Validation`; a phase that already decides the verdict (no change, a patch that does not
 apply, a setup that fails) returns its evidence, and `judge` grades whatever evidence the attempt ended with.
+
+Where the item asks (`validation.baseline`) and the change's run has failing tests, `against_base` runs the same
+command on the base tree (cached per tenant, repository, base commit and definition in the store) and re-runs the
+change's tree a bounded number of times for flaky tests, each in a fresh workspace with the same sandbox, limits and
+prepared environment; what they showed goes into the evidence (crewwork.validation.baseline) and grading compares.
 """
 
 from __future__ import annotations
@@ -21,13 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crewwork import gitops
+from crewwork.attestation.sandbox_spec import sandbox_spec
 from crewwork.config import Settings
-from crewwork.evidence.sandbox_spec import sandbox_spec
-from crewwork.gitops import Tree
 from crewwork.models import (
     ArtifactRef,
     EnvironmentSpec,
+    EvidenceCut,
     SandboxReport,
     TenantRef,
     ValidationOutcome,
@@ -38,7 +42,8 @@ from crewwork.repos.credentials import CredentialError, read_secret
 from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
 from crewwork.sandbox.disk import prepare_disk_cap_mb
-from crewwork.sandbox.prepare import CacheOwner, PreparedEnv, PreparedEnvCache, SetupFailed, SetupPlan
+from crewwork.sandbox.envplan import CacheOwner, PreparedEnv, SetupFailed, SetupPlan
+from crewwork.sandbox.prepare import PreparedEnvCache
 from crewwork.steps.attempt import AttemptWriter, artifact_bytes, watch
 from crewwork.steps.errors import bad_input
 from crewwork.steps.execution import (
@@ -47,16 +52,23 @@ from crewwork.steps.execution import (
     hold_mirror,
     make_workspace,
     pick_sandbox,
-    read_report,
+    read_report_bounded,
     sandbox_limits,
     save,
 )
 from crewwork.steps.ports import Ports
 from crewwork.steps.validate import ValidateInput
+from crewwork.steps.validate.extra_runs import Verdict, against_base
+from crewwork.steps.validate.scanning import ScanStage
+from crewwork.steps.validate.witnessing import STREAMS_REL, WitnessRun, read_streams
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
 from crewwork.validation.protect import Protection, apply_protection, strip_platform
-from crewwork.workspace import Workspace, WorkspaceError
+from crewwork.validation.reach import scan_diff, unprotected_conftests
+from crewwork.validation.weakening import scan_weakening
+from crewwork.validation.witness import expects_witness
+from crewwork.workspace.gitops import Tree
+from crewwork.workspace.tree import Workspace, WorkspaceError, gitops
 
 
 async def validate_change(ports: Ports, inp: ValidateInput) -> ValidationOutcome:
@@ -97,12 +109,14 @@ async def validate(
         if verdict is None and v.needs_setup:
             verdict = await v.prepare_environment()
         if verdict is None:
-            verdict = await v.run_tests()
-        return v.judge(*verdict)
-
-
-Verdict = tuple[ValidationEvidence, SandboxReport | None]
-"""The evidence a validation ended with, and the sandbox report of the run that produced it (if one ran)."""
+            scan = v.scan_stage(diff)
+            if scan is not None:
+                await scan.before_tests()
+            verdict = await v.with_preview(*await against_base(v, *await v.run_tests()))
+            if scan is not None:
+                verdict = await v.with_scan(scan, verdict)
+        # Parsing a report of up to 32 MiB is CPU work: in a thread, so heartbeats go on meanwhile.
+        return await asyncio.to_thread(v.judge, *verdict)
 
 
 @dataclass
@@ -125,6 +139,7 @@ class Validation:
     env: dict[str, str] = field(default_factory=dict)
     mounts: list[Mount] = field(default_factory=list)
     prepared: PreparedEnv | None = None
+    mirror: Any = None
 
     def __post_init__(self) -> None:
         spec = self.inp.validation
@@ -158,7 +173,7 @@ class Validation:
         image = inp.environment.image if inp.environment else None
         self.sandbox = pick_sandbox(inp.sandbox, ports.settings, image)
         self.limits = sandbox_limits(inp.sandbox, inp.validation.timeout_s, ports.settings.sandbox)
-        mirror = await hold_mirror(ports, self.w, inp.repo_path, inp.base_commit, inp.attempt)
+        mirror = self.mirror = await hold_mirror(ports, self.w, inp.repo_path, inp.base_commit, inp.attempt)
         try:
             self.ws = await make_workspace(
                 ports,
@@ -196,6 +211,23 @@ class Validation:
         )
         self.extra["protected_reset"] = resets
         self.facts["protected_reset"] = [f"{r.path} ({r.why})" for r in resets]
+        reach, total = await asyncio.to_thread(
+            scan_diff,
+            diff,
+            skip=frozenset(r.path for r in resets),
+            unprotected=unprotected_conftests(self.base, self.final),
+        )
+        self.facts["runner_reach"] = [f.describe() for f in reach]
+        self.facts["runner_reach_total"] = total
+        weakened, weakened_total = await asyncio.to_thread(scan_weakening, diff, skip=frozenset(r.path for r in resets))
+        more = [f"… and {weakened_total - len(weakened)} more"] if weakened_total > len(weakened) else []
+        self.facts["weakened"] = [f.describe() for f in weakened] + more
+        self.facts["runner_code_allowed"] = spec.protect.runner_code == "allow"
+        self.facts["changed_paths"] = sorted(
+            p.decode("utf-8", "surrogateescape")
+            for p in set(self.base) | set(self.final)
+            if self.base.get(p) != self.final.get(p)
+        )
         if self.final == self.base:
             return self.evidence(effective_change=False), None
         self.heartbeat()
@@ -225,11 +257,7 @@ class Validation:
         cache = PreparedEnvCache(
             ports.settings.data_dir.resolve() / "prepared", disk_mb=prepare_disk_cap_mb(ports.settings.sandbox)
         )
-        registration = await ports.store.find_repository(inp.tenant_id, inp.repo_path)
-        owner = CacheOwner(
-            tenant_id=inp.tenant_id,
-            repository=registration.id if registration is not None else f"unregistered:{inp.repo_path}",
-        )
+        owner = CacheOwner(tenant_id=inp.tenant_id, repository=await self.repository_key())
         try:
             self.prepared = await cache.get_or_prepare(
                 owner=owner,
@@ -272,50 +300,106 @@ class Validation:
         )
         return evidence, report
 
+    async def repository_key(self) -> str:
+        """The tenant's registration of the repository, what caches are kept under (never across tenants)."""
+        inp = self.inp
+        registration = await self.ports.store.find_repository(inp.tenant_id, inp.repo_path)
+        return registration.id if registration is not None else f"unregistered:{inp.repo_path}"
+
     async def run_tests(self) -> Verdict:
-        """The validation command in a fresh sandbox; its log and report kept; then, once the tests pass, the
-        preview probes (docs/preview.md)."""
-        spec, ws, settings = self.inp.validation, self.ws, self.ports.settings
+        """The validation command in a fresh sandbox; its log and report kept."""
+        spec = self.inp.validation
+        evidence, rep, refs = await self.run_in(self.ws, "", self.facts, preview_spec=spec.preview)
+        self.extra.update(refs)
+        return evidence, rep
+
+    async def with_preview(self, evidence: ValidationEvidence, rep: SandboxReport | None) -> Verdict:
+        """Once the tests pass (compared with the baseline, where asked for), the preview probes (docs/preview.md)."""
+        if (
+            self.inp.validation.preview is not None
+            and (await asyncio.to_thread(grade, evidence.model_copy(update={"preview_spec": None}))).passed
+        ):
+            evidence = await self.preview(evidence)
+        return evidence, rep
+
+    async def run_in(
+        self, ws: Workspace, tag: str, facts: dict[str, Any], *, preview_spec: Any = None
+    ) -> tuple[ValidationEvidence, SandboxReport, dict[str, ArtifactRef]]:
+        """One run of the validation command in `ws` (written already), its log, report and witness streams saved
+        as artifacts named with `tag`, and the evidence grading needs."""
+        spec, settings = self.inp.validation, self.ports.settings
+        refs: dict[str, ArtifactRef] = {}
         # The platform's directory, owned by the sandbox user; the report path's parent exists too. Whatever the
         # run leaves there is read back without following anything.
         ws.make_dir(gitops.PLATFORM_DIR)
         if spec.junit_path is not None and len(spec.junit_path.parts) > 1:
             ws.make_dir("/".join(spec.junit_path.parts[:-1]))
+        env, mounts = self.env, self.mounts
+        facts = dict(facts)
+        if spec.protect.witness == "auto":
+            ws.make_dir(STREAMS_REL)
+            witness = WitnessRun.prepare(self.sandbox, settings.data_dir, ws.path, self.env)
+            env, mounts = {**self.env, **witness.env}, [*self.mounts, witness.mount]
+            facts["witness_expected"] = expects_witness(spec.command)
+            if not tag:
+                self.facts["witness_expected"] = facts["witness_expected"]
         self.heartbeat()
-        run = await self.sandbox.run(
-            spec.command, workspace=ws.path, limits=self.limits, env=self.env, mounts=self.mounts
-        )
+        run = await self.sandbox.run(spec.command, workspace=ws.path, limits=self.limits, env=env, mounts=mounts)
         self.heartbeat()
-        rep = run.report(8000).model_copy(
-            # evidence hook: what the run was given, signed in the item's evidence bundle (crewwork/evidence)
+        rep = run.report(TAIL_BYTES).model_copy(
+            # evidence hook: what the run was given, signed in the item's evidence bundle (crewwork/attestation)
             update={
                 "workspace_disk": ws.disk_enforcement,
                 "spec": sandbox_spec(self.sandbox, self.limits, self.mounts),
             }
         )
-        self.extra["log_ref"] = await self.save(
-            "validation.log",
+        refs["log_ref"] = await self.save(
+            f"{tag}validation.log",
             b"$ " + " ".join(spec.command).encode() + b"\n" + run.stdout + b"\n--- stderr ---\n" + run.stderr,
         )
-        report, refused = None, None
+        report, refused, cut = None, None, None
         if spec.junit_path is not None:
-            report, refused = await asyncio.to_thread(
-                read_report, ws.path, spec.junit_path, min(MAX_REPORT_BYTES, settings.max_artifact_bytes)
+            bound = (
+                "MAX_REPORT_BYTES" if MAX_REPORT_BYTES <= settings.max_artifact_bytes else "CREWWORK_MAX_ARTIFACT_BYTES"
+            )
+            report, refused, cut = await asyncio.to_thread(
+                read_report_bounded,
+                ws.path,
+                spec.junit_path,
+                min(MAX_REPORT_BYTES, settings.max_artifact_bytes),
+                bound=bound,
             )
         if report is not None:
-            self.extra["report_ref"] = await self.save("junit.xml", report, "application/xml")
+            refs["report_ref"] = await self.save(f"{tag}junit.xml", report, "application/xml")
+        cuts = [cut] if cut is not None else []
+        if spec.protect.witness == "auto":
+            streams = await asyncio.to_thread(read_streams, ws.path)
+            facts["witness_streams"] = streams.streams
+            facts["witness_refused"] = streams.refused
+            if not tag:
+                self.facts["witness_streams"] = streams.streams
+                self.facts["witness_refused"] = streams.refused
+            if streams.cut is not None:
+                cuts.append(streams.cut)
+            if streams.streams:
+                refs["witness_ref"] = await self.save(
+                    f"{tag}witness.jsonl",
+                    b"".join(streams.streams[k] for k in sorted(streams.streams)),
+                    "application/x-ndjson",
+                )
         evidence = ValidationEvidence.from_sandbox(
             rep,
-            **self.facts,
+            **facts,
             report=report,
             report_refused=refused,
+            cuts=cuts,
+            stdout_cut=stdout_cut(run.stdout, run.truncated, TAIL_BYTES, self.limits.max_log_bytes),
             # With a configured report path a missing report is not evidence of anything: it fails.
             report_format="junit" if spec.junit_path else None,
-            preview_spec=spec.preview,
+            report_path=str(spec.junit_path) if spec.junit_path is not None else None,
+            preview_spec=preview_spec,
         )
-        if spec.preview is not None and grade(evidence.model_copy(update={"preview_spec": None})).passed:
-            evidence = await self.preview(evidence)
-        return evidence, rep
+        return evidence, rep, refs
 
     async def preview(self, evidence: ValidationEvidence) -> ValidationEvidence:
         """Preview hook: the one call into crewwork/preview, once the tests passed, in this workspace, with this
@@ -338,6 +422,40 @@ class Validation:
         self.extra["preview"] = preview
         return evidence.model_copy(update={"preview": preview.evidence})
 
+    def scan_stage(self, diff: bytes) -> ScanStage | None:
+        """Scanners hook: the work item's security scanners (docs/scanners.md), None when it asks for none."""
+        spec = self.inp.validation.scanners
+        if spec is None:
+            return None
+        return ScanStage(
+            spec=spec,
+            sandbox=self.sandbox,
+            limits=self.limits,
+            ws=self.ws,
+            base=self.base,
+            final=self.final,
+            diff=diff,
+            data_dir=self.ports.settings.data_dir,
+            env=self.env,
+            mounts=self.mounts,
+        )
+
+    async def with_scan(self, scan: ScanStage, verdict: Verdict) -> Verdict:
+        """The custom scanners (after the tests), the SARIF evidence log kept, and the findings in the evidence."""
+        self.heartbeat()
+        await scan.after_tests()
+        self.heartbeat()
+        self.extra["scan_ref"] = await scan.save_log(self.save)
+        evidence, report = verdict
+        evidence = evidence.model_copy(
+            update={
+                "scan": scan.outcome(),
+                "scan_required": scan.spec.required,
+                "cuts": [*evidence.cuts, *scan.cuts],
+            }
+        )
+        return evidence, report
+
     def judge(self, evidence: ValidationEvidence, sandbox_report: SandboxReport | None = None) -> ValidationOutcome:
         """Grade the evidence (a pure function) and say what the next attempt needs to know when it failed."""
         inp = self.inp
@@ -353,9 +471,35 @@ class Validation:
             sandbox=sandbox_report,
             log_ref=self.extra.get("log_ref"),
             report_ref=self.extra.get("report_ref"),
+            witness_ref=self.extra.get("witness_ref"),
             diagnostics=diagnostics,
             protected_reset=self.extra.get("protected_reset"),
-        )
+            extra_runs=self.extra.get("extra_runs"),
+        ).model_copy(update={"scan": evidence.scan, "scan_ref": self.extra.get("scan_ref")})
+
+
+TAIL_BYTES = 8000
+"""Bytes of the test command's stdout and stderr the evidence carries (the whole log is an artifact)."""
+
+
+def stdout_cut(stdout: bytes, captured_truncated: bool, tail_bytes: int, max_log_bytes: int) -> EvidenceCut | None:
+    """How the evidence's stdout tail was cut from what the command wrote, or None when it holds all of it. Whether
+    the cut decides is the terminal parser's to say (crewwork.validation.parsers)."""
+    if not captured_truncated and len(stdout) <= tail_bytes:
+        return None
+    return EvidenceCut(
+        what="the test command's stdout",
+        bound="the evidence's stdout tail"
+        if not captured_truncated
+        else "the sandbox's max_log_bytes (8 MiB) and the tail",
+        limit=tail_bytes,
+        unit="bytes",
+        seen=None if captured_truncated else len(stdout),
+        kept=min(len(stdout), tail_bytes),
+        decisive=False,
+        why=f"the last {tail_bytes} bytes are kept (the sandbox keeps the first and last {max_log_bytes // 2} bytes "
+        "of a longer output)",
+    )
 
 
 def setup_plan(

@@ -1,4 +1,4 @@
-"""the open work items (not terminal) in submission order, for the reconciler (crewwork/reconcile.py)
+"""the open work items (not terminal) in submission order, for the reconciler (crewwork/admission/reconcile.py)
 
 A partial index: it holds only the items still open, so its size follows the work in flight, not the table's
 history, and a pass of the reconciler reads its next batch without scanning finished items (its query names the
