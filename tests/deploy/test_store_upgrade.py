@@ -37,7 +37,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OLD_BOOT = (
     "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
-    "sys.path.insert(0, {old!r}); from crewwork.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    # As `python -m crewwork`, which every release has (its CLI's module moved).
+    "sys.path.insert(0, {old!r}); import runpy; runpy.run_module('crewwork', run_name='__main__', alter_sys=True)"
 )
 
 
