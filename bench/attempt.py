@@ -285,7 +285,7 @@ async def run(rounds: int, with_witness: bool, land_rounds: int) -> dict[str, An
     from crewwork.sandbox.base import SandboxLimits
     from crewwork.sandbox.envplan import CacheOwner
     from crewwork.sandbox.prepare import PreparedEnvCache
-    from crewwork.steps.validate.activity import setup_plan
+    from crewwork.steps.validate.setup import setup_plan
     from crewwork.steps.validate.witnessing import WitnessRun
     from tests.repos.pkgindex import TOOLZ, PackageIndex, toolz_repo
     from tests.repos.servers import GitDaemon, bare_from, git

@@ -57,7 +57,8 @@ from crewwork.sandbox.prepare import PreparedEnvCache  # noqa: E402
 from crewwork.steps.attempt import AttemptWriter  # noqa: E402
 from crewwork.steps.ports import Ports  # noqa: E402
 from crewwork.steps.validate import ValidateInput  # noqa: E402
-from crewwork.steps.validate.activity import setup_plan, validate  # noqa: E402
+from crewwork.steps.validate.activity import validate  # noqa: E402
+from crewwork.steps.validate.setup import setup_plan  # noqa: E402
 from crewwork.store.db import upgrade  # noqa: E402
 from crewwork.store.store import Store  # noqa: E402
 from crewwork.validation.grading import ValidationEvidence, grade  # noqa: E402

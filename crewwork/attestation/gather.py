@@ -93,7 +93,21 @@ def validation_record(spec: dict[str, Any], v: ValidationOutcome) -> dict[str, A
         "tests_executed": v.tests_executed,
         **({"preview": preview_record(val, v)} if val.get("preview") or v.preview else {}),
         **({"scanners": scan_record(val, v)} if val.get("scanners") is not None or v.scan else {}),
+        **({"checks": check_records(val, v)} if val.get("checks") or v.checks else {}),
     }
+
+
+def check_records(val: dict[str, Any], v: ValidationOutcome) -> list[dict[str, Any]]:
+    """Each declared check with its result (its log's and report's digests: the reports are subjects too)."""
+    declared = {c.get("name"): c for c in val.get("checks") or []}
+    out = []
+    for c in v.checks:
+        record = c.model_dump(mode="json", exclude={"log_ref", "report_ref"})
+        record["declared"] = declared.get(c.name)
+        record["log_sha256"] = c.log_ref.sha256 if c.log_ref is not None else None
+        record["report_sha256"] = c.report_ref.sha256 if c.report_ref is not None else None
+        out.append(record)
+    return out
 
 
 def scan_record(val: dict[str, Any], v: ValidationOutcome) -> dict[str, Any]:
@@ -123,12 +137,13 @@ def preview_record(val: dict[str, Any], v: ValidationOutcome) -> dict[str, Any]:
 
 async def probe_files(store: Store, v: ValidationOutcome) -> list[FileFact]:
     """Each probe's transcript and the preview's whole evidence record, what the outcome witness recorded, and the
-    reports of the baseline and the reruns run for this attempt (validation.baseline), and the security scanners' SARIF
-    log, as subjects of the test result."""
+    reports of the baseline and the reruns run for this attempt (validation.baseline), the security scanners' SARIF
+    log and each named check's report (validation.checks), as subjects of the test result."""
     refs = [p.transcript_ref for p in v.preview.probes] + [v.preview.evidence_ref] if v.preview is not None else []
     refs.append(v.witness_ref)
     refs += [r.report_ref for r in v.extra_runs]
     refs.append(v.scan_ref)
+    refs += [c.report_ref for c in v.checks]
     out = []
     for ref in refs:
         if ref is None or not FILE_NAME.match(ref.name):

@@ -8,10 +8,11 @@ from __future__ import annotations
 import enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from crewwork.boundary.paths import PathPattern, RelPath, ReportPath
 from crewwork.boundary.urls import RepoURLError, parse_repo_url
+from crewwork.models.checks import MAX_CHECK_PARALLEL, MAX_CHECKS, CheckSpec
 from crewwork.models.ids import is_tenant_id
 from crewwork.models.preview import PreviewSpec
 from crewwork.models.scan import ScannersSpec
@@ -319,6 +320,33 @@ class ValidationSpec(Strict):
         description="With a baseline: times the change's tree is re-run at most when tests fail that pass at the "
         "base; a test that passes in one of them is flaky.",
     )
+    checks: list[CheckSpec] = Field(
+        default_factory=list,
+        max_length=MAX_CHECKS,
+        description="Named checks besides the tests (lint, type-check, another environment's tests, any command): "
+        "each runs in its own fresh sandbox on the change's tree and is graded on its own; a required one failing "
+        "fails the attempt (cause `check_failed`). Empty: the tests alone judge, as before (docs/checks.md).",
+    )
+    check_parallel: int = Field(
+        default=2,
+        ge=1,
+        le=MAX_CHECK_PARALLEL,
+        description="Checks of one attempt that run at once (each in its own sandbox, with the item's limits), "
+        "besides the tests.",
+    )
+
+    @field_validator("checks")
+    @classmethod
+    def _distinct_checks(cls, v: list[CheckSpec], info: ValidationInfo) -> list[CheckSpec]:
+        names = [c.name for c in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"check names must be distinct: {', '.join(dup)} repeated")
+        junit = info.data.get("junit_path")
+        paths = [str(c.report_path) for c in v if c.report_path is not None] + ([str(junit)] if junit else [])
+        if len(set(paths)) != len(paths):
+            raise ValueError("each check needs its own report_path, not another check's or validation.junit_path")
+        return v
 
     @field_validator("command")
     @classmethod

@@ -214,6 +214,28 @@ class ExtraRun(BaseModel):
     report_ref: ArtifactRef | None = None
 
 
+class CheckResult(BaseModel):
+    """One check's verdict on one attempt, with what it rests on."""
+
+    name: str
+    required: bool
+    report: str = Field(description="`exit`, `junit` or `sarif`.")
+    passed: bool
+    cause: str = Field(description="The check's own cause (`passed`, `check_failed`, `test_failure`, `timeout` ...).")
+    reason: str
+    exit_code: int | None = None
+    duration_s: float | None = None
+    findings: list[str] = Field(
+        default_factory=list,
+        description="Failing test ids or `path:line: rule: message` of results (at most MAX_CHECK_FINDINGS).",
+    )
+    findings_total: int = Field(default=0, description="All failing tests or failing results, however many shown.")
+    environment: str | None = Field(default=None, description="The check's own environment, when it has one.")
+    fingerprint: str | None = None
+    log_ref: ArtifactRef | None = None
+    report_ref: ArtifactRef | None = None
+
+
 class ValidationOutcome(BaseModel):
     passed: bool
     reason: str
@@ -272,6 +294,10 @@ class ValidationOutcome(BaseModel):
     )
     scan_ref: ArtifactRef | None = Field(
         default=None, description="The scanners' findings as one SARIF 2.1.0 log (baselineState new/unchanged)."
+    )
+    checks: list[CheckResult] = Field(
+        default_factory=list,
+        description="Each named check's verdict (validation.checks, docs/checks.md); empty when none is declared.",
     )
     pre_existing: list[str] = Field(
         default_factory=list,

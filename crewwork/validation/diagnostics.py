@@ -70,6 +70,9 @@ HINTS: dict[Cause, str] = {
     "count.",
     Cause.scan_failed: "The tests passed, but a required security scanner gave no evidence (it crashed, timed out "
     "or left no readable SARIF). Keep changed files small and readable.",
+    Cause.check_failed: "The tests passed, but a required check (lint, type-check, another environment's tests) "
+    "failed. Its findings are listed under 'Checks that did not pass'; fix the code they name, never the check's "
+    "configuration (it is protected, and a weakened check is flagged).",
     Cause.probe_failure: "The tests passed, but the running app failed an acceptance probe: an HTTP answer or "
     "what a browser saw. The probes below say what was expected and what came back; fix the app, not the probes.",
 }

@@ -103,7 +103,7 @@ class Protection:
             paths=list(spec.protect.paths),
             exclude=list(spec.protect.exclude),
             defaults=spec.protect.defaults,
-            checkers=checkers_in(spec.command),
+            checkers=set().union(checkers_in(spec.command), *(checkers_in(c.command) for c in spec.checks)),
         )
 
     def explicit_reason(self, path: str) -> str | None:
@@ -294,20 +294,26 @@ def _shadows_witness(raw: bytes) -> bool:
     return any(part in WITNESS_NAMES for part in raw.split(b"/"))
 
 
-def _platform_owned(report_path: str | None) -> Callable[[bytes], bool]:
+def report_paths(spec: ValidationSpec) -> list[str]:
+    """Where the validation's runs write reports: the tests' JUnit report and each check's."""
+    paths = [spec.junit_path, *(c.report_path for c in spec.checks)]
+    return [str(p) for p in paths if p is not None]
+
+
+def _platform_owned(report_paths: Iterable[str]) -> Callable[[bytes], bool]:
     reserved = {PLATFORM_DIR.encode()}
-    if report_path is not None:
+    for report_path in report_paths:
         parts = report_path.split("/")
         reserved |= {"/".join(parts[:i]).encode() for i in range(1, len(parts) + 1)}
     prefix = PLATFORM_DIR.encode() + b"/"
     return lambda raw: raw in reserved or raw.startswith(prefix) or _shadows_witness(raw)
 
 
-def strip_platform(tree: Tree, report_path: str | None) -> tuple[Tree, list[ResetPath]]:
-    """`tree` without what belongs to the platform: `.crewwork/`, the report path and its parent directories
+def strip_platform(tree: Tree, report_paths: Iterable[str]) -> tuple[Tree, list[ResetPath]]:
+    """`tree` without what belongs to the platform: `.crewwork/`, each report path and its parent directories
     (whatever a repository or a change holds there, a symlink to a host directory say, never reaches the
     workspace)."""
-    owned = _platform_owned(report_path)
+    owned = _platform_owned(report_paths)
     out: Tree = {}
     removed: list[ResetPath] = []
     for raw, entry in sorted(tree.items()):
@@ -329,15 +335,16 @@ async def apply_protection(
     changed: Tree,
     prot: Protection,
     *,
-    report_path: str | None = None,
+    report_paths: Iterable[str] = (),
 ) -> tuple[Tree, list[ResetPath]]:
     """`changed` with every protected path put back to `base` (or removed), and what was reset and why.
 
     Also drops anything the change put in the platform directory, at the report path or under the outcome witness's
     name: the diff cannot ship evidence, nor shadow what gathers it."""
     await discover_plugins(git, base, prot)
-    out, resets = strip_platform(changed, report_path)
-    platform_owned = _platform_owned(report_path)
+    report_paths = list(report_paths)
+    out, resets = strip_platform(changed, report_paths)
+    platform_owned = _platform_owned(report_paths)
     touched = sorted(p for p in set(base) | set(changed) if base.get(p) != changed.get(p))
     for raw in touched:
         if platform_owned(raw):

@@ -54,6 +54,7 @@ class Cause(enum.StrEnum):
     suspected_tampering = "suspected_tampering"
     security_finding = "security_finding"
     scan_failed = "scan_failed"
+    check_failed = "check_failed"
 
 
 class Verdict(BaseModel):

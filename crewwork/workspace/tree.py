@@ -249,8 +249,11 @@ class Workspace:
         finally:
             os.close(root_fd)
 
-    async def update(self, old: Mapping[bytes, TreeEntry], new: Mapping[bytes, TreeEntry]) -> None:
-        """Turn a workspace holding `old` (written by the host, touched by nothing else) into one holding `new`."""
+    async def update(
+        self, old: Mapping[bytes, TreeEntry], new: Mapping[bytes, TreeEntry], *, source: PrivateGit | None = None
+    ) -> None:
+        """Turn a workspace holding `old` (written by the host, touched by nothing else) into one holding `new`
+        (`source`: the git directory holding new blobs when it is another workspace's)."""
         gone = sorted((p for p in old if p not in new or old[p] != new[p]), reverse=True)
         root_fd = safefs.open_root(self.path)
         try:
@@ -266,7 +269,7 @@ class Workspace:
                         safefs.remove(root_fd, p)
         finally:
             os.close(root_fd)
-        await self.write_entries(new, only={p for p in new if p not in old or old[p] != new[p]})
+        await self.write_entries(new, only={p for p in new if p not in old or old[p] != new[p]}, source=source)
 
     def make_dir(self, rel: str) -> None:
         """Create a directory (and parents) for the sandbox user, e.g. the report's parent directory."""

@@ -14,6 +14,7 @@ from crewwork.validation.protect import (
     Protection,
     addopts_plugins,
     apply_protection,
+    report_paths,
     conftest_plugins,
     pytest_tables,
 )
@@ -148,7 +149,7 @@ async def _protect(tmp_path: Path, base: dict[str, str], change: dict[str, str |
         assert changed[0] is not None, changed[1]
         vspec = ValidationSpec.model_validate({"command": ["x"], **spec})
         final, resets = await apply_protection(
-            ws.git, ws.base, changed[0], Protection.from_spec(vspec), report_path=vspec.junit_path
+            ws.git, ws.base, changed[0], Protection.from_spec(vspec), report_paths=report_paths(vspec)
         )
         return {p.decode(): e for p, e in final.items()}, {r.path: (r.action, r.why) for r in resets}
     finally:

@@ -13,7 +13,7 @@ import pytest
 from crewwork.models import ResetPath, TestCaseResult
 from crewwork.sandbox._proc import OutputCapture
 from crewwork.steps.execution import bounded, read_report_bounded
-from crewwork.steps.validate.activity import stdout_cut
+from crewwork.steps.validate.output import stdout_cut
 from crewwork.validation import parsers
 from crewwork.validation.bounded import Sample
 from crewwork.validation.diagnostics import build_diagnostics

@@ -21,28 +21,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from crewwork.attestation.sandbox_spec import sandbox_spec
-from crewwork.config import Settings
 from crewwork.models import (
     ArtifactRef,
+    CheckResult,
+    CheckSpec,
     EnvironmentSpec,
-    EvidenceCut,
     SandboxReport,
-    TenantRef,
     ValidationOutcome,
     WorkItemState,
 )
 from crewwork.preview.run import PreviewRun, run_preview
-from crewwork.repos.credentials import CredentialError, read_secret
-from crewwork.repos.environment import EnvironmentRejected, check_environment
+from crewwork.repos.environment import EnvironmentRejected
 from crewwork.sandbox.base import Mount, Sandbox, SandboxLimits
 from crewwork.sandbox.disk import prepare_disk_cap_mb
-from crewwork.sandbox.envplan import CacheOwner, PreparedEnv, SetupFailed, SetupPlan
+from crewwork.sandbox.envplan import CacheOwner, PreparedEnv, SetupFailed
 from crewwork.sandbox.prepare import PreparedEnvCache
 from crewwork.steps.attempt import AttemptWriter, artifact_bytes, watch
 from crewwork.steps.errors import bad_input
@@ -58,12 +56,16 @@ from crewwork.steps.execution import (
 )
 from crewwork.steps.ports import Ports
 from crewwork.steps.validate import ValidateInput
+from crewwork.steps.validate.checks import run_checks
 from crewwork.steps.validate.extra_runs import Verdict, against_base
+from crewwork.steps.validate.output import TAIL_BYTES, stdout_cut
 from crewwork.steps.validate.scanning import ScanStage
+from crewwork.steps.validate.setup import setup_plan
 from crewwork.steps.validate.witnessing import STREAMS_REL, WitnessRun, read_streams
+from crewwork.validation.checks import checks_diagnostics, with_checks
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
-from crewwork.validation.protect import Protection, apply_protection, strip_platform
+from crewwork.validation.protect import Protection, apply_protection, report_paths, strip_platform
 from crewwork.validation.reach import scan_diff, unprotected_conftests
 from crewwork.validation.weakening import scan_weakening
 from crewwork.validation.witness import expects_witness
@@ -112,9 +114,20 @@ async def validate(
             scan = v.scan_stage(diff)
             if scan is not None:
                 await scan.before_tests()
-            verdict = await v.with_preview(*await against_base(v, *await v.run_tests()))
-            if scan is not None:
-                verdict = await v.with_scan(scan, verdict)
+
+            async def tests() -> Verdict:
+                verdict = await v.with_preview(*await against_base(v, *await v.run_tests()))
+                return await v.with_scan(scan, verdict) if scan is not None else verdict
+
+            if inp.validation.checks:
+                # Beside the tests, each in its own sandbox (crewwork/steps/validate/checks.py); a failure of either
+                # cancels the other.
+                async with asyncio.TaskGroup() as group:
+                    tested = group.create_task(tests())
+                    checked = group.create_task(run_checks(v))
+                verdict, v.extra["checks"] = tested.result(), checked.result()
+            else:
+                verdict = await tests()
         # Parsing a report of up to 32 MiB is CPU work: in a thread, so heartbeats go on meanwhile.
         return await asyncio.to_thread(v.judge, *verdict)
 
@@ -205,9 +218,10 @@ class Validation:
         changed, err = await ws.apply(diff)
         if changed is None:
             return self.evidence(patch_applied=False, stderr_tail=err[-4000:]), None
-        self.base, _ = strip_platform(ws.base, spec.junit_path)
+        reports = report_paths(spec)
+        self.base, _ = strip_platform(ws.base, reports)
         self.final, resets = await apply_protection(
-            ws.git, ws.base, changed, Protection.from_spec(spec), report_path=spec.junit_path
+            ws.git, ws.base, changed, Protection.from_spec(spec), report_paths=reports
         )
         self.extra["protected_reset"] = resets
         self.facts["protected_reset"] = [f"{r.path} ({r.why})" for r in resets]
@@ -240,37 +254,10 @@ class Validation:
     async def prepare_environment(self) -> Verdict | None:
         """Setup runs once per (repository, base commit, environment) on this host, on the base content; every later
         attempt and validation mounts the result read-only instead of reinstalling. Then the change goes in."""
-        inp, ports = self.inp, self.ports
-        plan, setup_limits = None, self.limits
-        if inp.environment is not None:
-            try:
-                plan = setup_plan(
-                    inp.environment,
-                    ports.settings,
-                    await ports.store.tenant_ref(inp.tenant_id),
-                    exposed=ports.repos.credentials.exposed,
-                    redact=ports.repos.redact,
-                )
-            except EnvironmentRejected as exc:
-                raise bad_input(str(exc)) from exc
-            setup_limits = dataclasses.replace(self.limits, timeout_s=inp.environment.setup_timeout_s)
-        cache = PreparedEnvCache(
-            ports.settings.data_dir.resolve() / "prepared", disk_mb=prepare_disk_cap_mb(ports.settings.sandbox)
-        )
-        owner = CacheOwner(tenant_id=inp.tenant_id, repository=await self.repository_key())
+        inp = self.inp
+        cache = self.prepared_cache()
         try:
-            self.prepared = await cache.get_or_prepare(
-                owner=owner,
-                sandbox=self.sandbox,
-                repo=inp.repo_path,
-                base_commit=inp.base_commit,
-                setup=self.setup_commands,
-                source=self.ws.path,
-                limits=setup_limits,
-                plan=plan,
-                # Kept from eviction while the tests run on it (released when the workspace goes).
-                hold=True,
-            )
+            self.prepared = await self.prepared_env(inp.environment, self.setup_commands, self.ws.path, cache)
         except SetupFailed as exc:
             return await self._setup_failed(exc, cache)
         prepared = self.prepared
@@ -285,6 +272,43 @@ class Validation:
         except WorkspaceError as exc:
             return self.evidence(disk_limited=True, stderr_tail=str(exc)[-4000:]), None
         return None
+
+    def prepared_cache(self) -> PreparedEnvCache:
+        settings = self.ports.settings
+        return PreparedEnvCache(settings.data_dir.resolve() / "prepared", disk_mb=prepare_disk_cap_mb(settings.sandbox))
+
+    async def prepared_env(
+        self, environment: EnvironmentSpec | None, setup: list[list[str]], source: Path, cache: PreparedEnvCache
+    ) -> PreparedEnv:
+        """`environment` prepared (or found) for this tenant, repository and base commit, from the base content in
+        `source`, and held until released. Raises SetupFailed."""
+        inp, ports = self.inp, self.ports
+        plan, setup_limits = None, self.limits
+        if environment is not None:
+            try:
+                plan = setup_plan(
+                    environment,
+                    ports.settings,
+                    await ports.store.tenant_ref(inp.tenant_id),
+                    exposed=ports.repos.credentials.exposed,
+                    redact=ports.repos.redact,
+                )
+            except EnvironmentRejected as exc:
+                raise bad_input(str(exc)) from exc
+            setup_limits = dataclasses.replace(self.limits, timeout_s=environment.setup_timeout_s)
+        owner = CacheOwner(tenant_id=inp.tenant_id, repository=await self.repository_key())
+        return await cache.get_or_prepare(
+            owner=owner,
+            sandbox=self.sandbox,
+            repo=inp.repo_path,
+            base_commit=inp.base_commit,
+            setup=setup,
+            source=source,
+            limits=setup_limits,
+            plan=plan,
+            # Kept from eviction while the runs use it (released when they are done).
+            hold=True,
+        )
 
     async def _setup_failed(self, exc: SetupFailed, cache: PreparedEnvCache) -> Verdict:
         """The setup's own exit code says why; the test command never ran."""
@@ -323,49 +347,65 @@ class Validation:
         return evidence, rep
 
     async def run_in(
-        self, ws: Workspace, tag: str, facts: dict[str, Any], *, preview_spec: Any = None
+        self,
+        ws: Workspace,
+        tag: str,
+        facts: dict[str, Any],
+        *,
+        preview_spec: Any = None,
+        check: CheckSpec | None = None,
+        prepared: tuple[dict[str, str], list[Mount]] | None = None,
     ) -> tuple[ValidationEvidence, SandboxReport, dict[str, ArtifactRef]]:
-        """One run of the validation command in `ws` (written already), its log, report and witness streams saved
-        as artifacts named with `tag`, and the evidence grading needs."""
+        """One run of the validation command (or of `check`'s, in its own prepared environment when it has one) in
+        `ws` (written already), its log, report and witness streams saved as artifacts named with `tag`, and the
+        evidence grading needs."""
         spec, settings = self.inp.validation, self.ports.settings
+        command, junit_path, limits = spec.command, spec.junit_path, self.limits
+        if check is not None:
+            command = check.command
+            junit_path = check.report_path if check.report == "junit" else None
+            if check.timeout_s is not None:
+                limits = dataclasses.replace(limits, timeout_s=check.timeout_s)
         refs: dict[str, ArtifactRef] = {}
         # The platform's directory, owned by the sandbox user; the report path's parent exists too. Whatever the
         # run leaves there is read back without following anything.
         ws.make_dir(gitops.PLATFORM_DIR)
-        if spec.junit_path is not None and len(spec.junit_path.parts) > 1:
-            ws.make_dir("/".join(spec.junit_path.parts[:-1]))
-        env, mounts = self.env, self.mounts
+        for path in (junit_path, check.report_path if check is not None else None):
+            if path is not None and len(path.parts) > 1:
+                ws.make_dir("/".join(path.parts[:-1]))
+        base_env, base_mounts = prepared if prepared is not None else (self.env, self.mounts)
+        env, mounts = base_env, base_mounts
         facts = dict(facts)
         if spec.protect.witness == "auto":
             ws.make_dir(STREAMS_REL)
-            witness = WitnessRun.prepare(self.sandbox, settings.data_dir, ws.path, self.env)
-            env, mounts = {**self.env, **witness.env}, [*self.mounts, witness.mount]
-            facts["witness_expected"] = expects_witness(spec.command)
+            witness = WitnessRun.prepare(self.sandbox, settings.data_dir, ws.path, base_env)
+            env, mounts = {**base_env, **witness.env}, [*base_mounts, witness.mount]
+            facts["witness_expected"] = expects_witness(command)
             if not tag:
                 self.facts["witness_expected"] = facts["witness_expected"]
         self.heartbeat()
-        run = await self.sandbox.run(spec.command, workspace=ws.path, limits=self.limits, env=env, mounts=mounts)
+        run = await self.sandbox.run(command, workspace=ws.path, limits=limits, env=env, mounts=mounts)
         self.heartbeat()
         rep = run.report(TAIL_BYTES).model_copy(
             # evidence hook: what the run was given, signed in the item's evidence bundle (crewwork/attestation)
             update={
                 "workspace_disk": ws.disk_enforcement,
-                "spec": sandbox_spec(self.sandbox, self.limits, self.mounts),
+                "spec": sandbox_spec(self.sandbox, limits, base_mounts),
             }
         )
         refs["log_ref"] = await self.save(
             f"{tag}validation.log",
-            b"$ " + " ".join(spec.command).encode() + b"\n" + run.stdout + b"\n--- stderr ---\n" + run.stderr,
+            b"$ " + " ".join(command).encode() + b"\n" + run.stdout + b"\n--- stderr ---\n" + run.stderr,
         )
         report, refused, cut = None, None, None
-        if spec.junit_path is not None:
+        if junit_path is not None:
             bound = (
                 "MAX_REPORT_BYTES" if MAX_REPORT_BYTES <= settings.max_artifact_bytes else "CREWWORK_MAX_ARTIFACT_BYTES"
             )
             report, refused, cut = await asyncio.to_thread(
                 read_report_bounded,
                 ws.path,
-                spec.junit_path,
+                junit_path,
                 min(MAX_REPORT_BYTES, settings.max_artifact_bytes),
                 bound=bound,
             )
@@ -393,10 +433,10 @@ class Validation:
             report=report,
             report_refused=refused,
             cuts=cuts,
-            stdout_cut=stdout_cut(run.stdout, run.truncated, TAIL_BYTES, self.limits.max_log_bytes),
+            stdout_cut=stdout_cut(run.stdout, run.truncated, TAIL_BYTES, limits.max_log_bytes),
             # With a configured report path a missing report is not evidence of anything: it fails.
-            report_format="junit" if spec.junit_path else None,
-            report_path=str(spec.junit_path) if spec.junit_path is not None else None,
+            report_format="junit" if junit_path else None,
+            report_path=str(junit_path) if junit_path is not None else None,
             preview_spec=preview_spec,
         )
         return evidence, rep, refs
@@ -459,12 +499,15 @@ class Validation:
     def judge(self, evidence: ValidationEvidence, sandbox_report: SandboxReport | None = None) -> ValidationOutcome:
         """Grade the evidence (a pure function) and say what the next attempt needs to know when it failed."""
         inp = self.inp
-        verdict = grade(evidence)
+        checks: list[CheckResult] = self.extra.get("checks") or []
+        verdict = with_checks(grade(evidence), checks)
         diagnostics = None
         if not verdict.passed:
             diagnostics = build_diagnostics(
                 verdict, evidence, inp.attempt, inp.diff_stats, review_comment=inp.review_comment
             )
+            more = checks_diagnostics(checks)
+            diagnostics = f"{diagnostics}\n\n{more}" if more else diagnostics
         preview: PreviewRun | None = self.extra.get("preview")
         return verdict.to_outcome(
             preview=preview.outcome(verdict.preview) if preview is not None else None,
@@ -475,55 +518,4 @@ class Validation:
             diagnostics=diagnostics,
             protected_reset=self.extra.get("protected_reset"),
             extra_runs=self.extra.get("extra_runs"),
-        ).model_copy(update={"scan": evidence.scan, "scan_ref": self.extra.get("scan_ref")})
-
-
-TAIL_BYTES = 8000
-"""Bytes of the test command's stdout and stderr the evidence carries (the whole log is an artifact)."""
-
-
-def stdout_cut(stdout: bytes, captured_truncated: bool, tail_bytes: int, max_log_bytes: int) -> EvidenceCut | None:
-    """How the evidence's stdout tail was cut from what the command wrote, or None when it holds all of it. Whether
-    the cut decides is the terminal parser's to say (crewwork.validation.parsers)."""
-    if not captured_truncated and len(stdout) <= tail_bytes:
-        return None
-    return EvidenceCut(
-        what="the test command's stdout",
-        bound="the evidence's stdout tail"
-        if not captured_truncated
-        else "the sandbox's max_log_bytes (8 MiB) and the tail",
-        limit=tail_bytes,
-        unit="bytes",
-        seen=None if captured_truncated else len(stdout),
-        kept=min(len(stdout), tail_bytes),
-        decisive=False,
-        why=f"the last {tail_bytes} bytes are kept (the sandbox keeps the first and last {max_log_bytes // 2} bytes "
-        "of a longer output)",
-    )
-
-
-def setup_plan(
-    env: EnvironmentSpec,
-    settings: Settings,
-    tenant: TenantRef | None,
-    *,
-    exposed: Iterable[Path] = (),
-    redact: Callable[[str], str] | None = None,
-) -> SetupPlan:
-    """The plan the prepared-environment cache builds with: the allowlist only when asked for, the named secrets
-    read from their files now (so a rotated secret is picked up by the next build)."""
-    check_environment(env, settings, tenant)
-    secrets: dict[str, str] = {}
-    for name in env.secrets:
-        ref = settings.setup_secrets[name]
-        try:
-            secrets[ref.env] = read_secret(name, ref.file, exposed)
-        except (CredentialError, UnicodeDecodeError) as exc:
-            raise EnvironmentRejected(f"environment.secrets: {exc}") from None
-    return SetupPlan(
-        python=env.python,
-        allowlist=tuple(settings.setup_allowlist()) if env.network else (),
-        secrets=secrets,
-        image=env.image,
-        redact=redact,
-    )
+        ).model_copy(update={"scan": evidence.scan, "scan_ref": self.extra.get("scan_ref"), "checks": checks})

@@ -5,8 +5,17 @@ activity: crewwork/steps/validate/activity.py)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from crewwork.models import ArtifactRef, DiffStats, EnvironmentSpec, SandboxSpec, ValidationOutcome, ValidationSpec
+from crewwork.models import (
+    ArtifactRef,
+    CheckSpec,
+    DiffStats,
+    EnvironmentSpec,
+    SandboxSpec,
+    ValidationOutcome,
+    ValidationSpec,
+)
 from crewwork.steps.step import EXECUTION_HEARTBEAT, EXECUTION_RETRY, ItemRef, Step
 
 VALIDATE_MARGIN = timedelta(minutes=2)
@@ -36,7 +45,36 @@ def validation_budget_s(validation: ValidationSpec, environment: EnvironmentSpec
     if validation.baseline != "off":
         # The baseline on the base commit and the reruns of the change's tree (crewwork.validation.baseline).
         total += validation.timeout_s * (1 + validation.flaky_reruns)
-    return total
+    # The checks run beside the tests; counted after them, so a slow check never starves the budget.
+    return total + checks_budget_s(validation, environment)
+
+
+def check_environment(spec: CheckSpec, item: EnvironmentSpec | None) -> EnvironmentSpec | None:
+    """The environment `spec` runs in: the item's, with the check's interpreter and setup where it names them."""
+    if spec.environment is None:
+        return item
+    base = item or EnvironmentSpec()
+    update: dict[str, Any] = {}
+    if spec.environment.python is not None:
+        update["python"] = spec.environment.python
+    if spec.environment.setup is not None:
+        update["setup"] = spec.environment.setup
+    return base.model_copy(update=update)
+
+
+def checks_budget_s(validation: ValidationSpec, environment: EnvironmentSpec | None) -> float:
+    """Wall-clock the checks may add to a validation: their runs (and own setups) in waves of `check_parallel`."""
+    if not validation.checks:
+        return 0.0
+    each = []
+    for c in validation.checks:
+        t = c.timeout_s or validation.timeout_s
+        env = check_environment(c, environment) if c.environment is not None else None
+        if env is not None:
+            t += env.setup_timeout_s * (len(env.setup) + (1 if env.python else 0))
+        each.append(t)
+    waves = -(-len(each) // validation.check_parallel)
+    return max(each) * waves
 
 
 def _timeout(inp: ValidateInput) -> timedelta:

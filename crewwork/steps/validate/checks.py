@@ -1,0 +1,118 @@
+"""The validate step's named checks (validation.checks, docs/checks.md): each in a fresh workspace holding the
+change's tree (protected paths put back, report paths cleared, as for the tests), in a fresh sandbox with the
+validation's limits, in the work item's prepared environment or its own (`environment`: another interpreter or
+dependency set, prepared once per tenant, repository, base commit and definition like any other), at most
+`validation.check_parallel` at once, beside the tests. Each is graded by `crewwork.validation.checks.grade_check`;
+its log and report are artifacts.
+
+Why inside the validate activity and not one activity each: every write an activity makes to the item is fenced by
+the rank of its step, in the order Temporal scheduled them (docs/reliability.md); parallel activities of one item
+would each hold a rank and refuse each other's writes. One step, one rank, the checks in parallel inside it, and a
+heartbeat that covers them all."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from crewwork.models import CheckResult, CheckSpec
+from crewwork.sandbox.envplan import PreparedEnv, SetupFailed
+from crewwork.steps.execution import make_workspace, read_report_bounded
+from crewwork.steps.validate.contract import check_environment
+from crewwork.validation.checks import CheckEvidence, check_result, grade_check
+from crewwork.validation.grading import ValidationEvidence
+from crewwork.validation.scanners.sarif import MAX_SARIF_BYTES
+from crewwork.workspace.tree import WorkspaceError
+
+if TYPE_CHECKING:
+    from crewwork.steps.validate.activity import Validation
+
+
+async def run_checks(v: Validation) -> list[CheckResult]:
+    """Every declared check of this attempt, `check_parallel` at a time; their results in declaration order."""
+    spec = v.inp.validation
+    gate = asyncio.Semaphore(spec.check_parallel)
+
+    async def one(check: CheckSpec) -> CheckResult:
+        async with gate:
+            return await run_check(v, check)
+
+    return list(await asyncio.gather(*(one(c) for c in spec.checks)))
+
+
+async def run_check(v: Validation, check: CheckSpec) -> CheckResult:
+    inp = v.inp
+    tag = f"check-{check.name}-"
+    facts: dict[str, Any] = {
+        **v.facts,
+        # The lists name the tests; a check is judged by its own report and exit code.
+        "fail_to_pass": [],
+        "pass_to_pass": [],
+        "runner_reach": [],
+        "runner_reach_total": 0,
+    }
+    v.heartbeat()
+    ws = await make_workspace(
+        v.ports,
+        v.mirror.gitdir,
+        inp.work_item_id,
+        f"validate-{inp.attempt}-s{inp.step}a{v.w.rank.attempt}-{tag}",
+        inp.base_commit,
+        v.limits,
+        materialise=False,
+    )
+    prepared: PreparedEnv | None = None
+    try:
+        own = check.environment is not None
+        try:
+            # A check of its own environment is set up on the base content, then the change goes in.
+            await ws.write_entries(v.base if own else v.final, source=v.ws.git)
+            if own:
+                environment = check_environment(check, inp.environment)
+                setup = [*(environment.setup if environment else []), *inp.validation.setup]
+                cache = v.prepared_cache()
+                try:
+                    prepared = await v.prepared_env(environment, setup, ws.path, cache)
+                except SetupFailed as exc:
+                    return await failed_setup(v, check, tag, exc)
+                await ws.update(v.base, v.final, source=v.ws.git)
+        except WorkspaceError as exc:
+            evidence = ValidationEvidence(**{**facts, "disk_limited": True, "stderr_tail": str(exc)[-4000:]})
+            ce = CheckEvidence(spec=check, run=evidence)
+            return check_result(ce, await asyncio.to_thread(grade_check, ce))
+        on = (prepared.env(), prepared.mounts()) if prepared is not None else None
+        evidence, rep, refs = await v.run_in(ws, tag, facts, check=check, prepared=on)
+        sarif, refused, cut = None, None, None
+        if check.report == "sarif" and check.report_path is not None:
+            limit = min(MAX_SARIF_BYTES, v.ports.settings.max_artifact_bytes)
+            sarif, refused, cut = await asyncio.to_thread(
+                read_report_bounded, ws.path, check.report_path, limit, bound="MAX_SARIF_BYTES"
+            )
+            if sarif is not None:
+                refs["report_ref"] = await v.save(f"{tag}report.sarif", sarif, "application/sarif+json")
+        ce = CheckEvidence(spec=check, run=evidence, sarif=sarif, sarif_refused=refused, sarif_cut=cut)
+        verdict = await asyncio.to_thread(grade_check, ce)
+        return check_result(
+            ce,
+            verdict,
+            log_ref=refs.get("log_ref"),
+            report_ref=refs.get("report_ref"),
+            duration_s=rep.duration_s,
+        )
+    finally:
+        if prepared is not None:
+            prepared.release()
+        await ws.remove()
+
+
+async def failed_setup(v: Validation, check: CheckSpec, tag: str, exc: SetupFailed) -> CheckResult:
+    """The check's own environment could not be set up: its setup's exit code says why; the check never ran."""
+    setup = exc.results[-1]
+    log = await v.save(f"{tag}setup.log", exc.log or (setup.stdout + b"\n--- stderr ---\n" + setup.stderr))
+    evidence = ValidationEvidence(
+        **{**v.facts, "fail_to_pass": [], "pass_to_pass": []},
+        setup_exit_code=setup.exit_code if setup.exit_code not in (None, 0) else 1,
+        stderr_tail=setup.stderr.decode("utf-8", "replace")[-4000:],
+    )
+    ce = CheckEvidence(spec=check, run=evidence)
+    return check_result(ce, grade_check(ce), log_ref=log)
