@@ -232,6 +232,11 @@ def cmd_evidence(args: argparse.Namespace) -> int:
             val = a.get("validation") or {}
             rows.append(f"attempt {a['number']}: {a['verdict']:7} cause={a.get('cause')} exit={val.get('exit_code')}")
             rows += flag_lines(val)
+            for ch in val.get("checks") or []:
+                said = "passed" if ch["passed"] else f"failed cause={ch['cause']}"
+                optional = "" if ch["required"] else " (not required)"
+                rows.append(f"    check {ch['name']}{optional}: {said}: {ch['reason']}")
+                rows += [f"        {f}" for f in ch.get("findings") or []]
             for role, url in (a.get("artifacts") or {}).items():
                 rows.append(f"    {role:10} {url}")
         return "\n".join(rows)

@@ -80,6 +80,31 @@ def checkers_in(command: Iterable[str]) -> set[str]:
     return found
 
 
+INTERPRETERS = re.compile(r"^(python[0-9.]*|sh|bash|dash|node|ruby|perl)$")
+
+
+def programs_in(command: list[str]) -> list[str]:
+    """Repository paths a check's command runs as its program: `./tools/lint.sh`, `python tools/lint.py`,
+    `python -m tools.lint` (its module or package). What it is run *on* (`mypy calc.py`) is not among them."""
+    out: list[str] = []
+    head = command[0]
+    if "/" in head:
+        out.append(head)
+    elif INTERPRETERS.match(head) and len(command) > 1:
+        if command[1] == "-m" and len(command) > 2:
+            mod = command[2].replace(".", "/")
+            out += [f"{mod}.py", f"{mod}/"]
+        elif not command[1].startswith("-"):
+            out.append(command[1])
+    cleaned = []
+    for path in out:
+        while path.startswith("./"):
+            path = path[2:]
+        if path and not path.startswith("/") and ".." not in path.split("/"):
+            cleaned.append(path)
+    return cleaned
+
+
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
@@ -95,6 +120,8 @@ class Protection:
     """Checkers the validation command runs, whose configuration is protected like pytest's."""
     plugin_modules: set[str] = field(default_factory=set)
     plugin_roots: set[str] = field(default_factory=lambda: {"", "src/"})
+    check_programs: dict[str, str] = field(default_factory=dict)
+    """Repository paths a named check runs as its program -> the check's name (validation.checks)."""
 
     @classmethod
     def from_spec(cls, spec: ValidationSpec) -> Protection:
@@ -104,12 +131,16 @@ class Protection:
             exclude=list(spec.protect.exclude),
             defaults=spec.protect.defaults,
             checkers=set().union(checkers_in(spec.command), *(checkers_in(c.command) for c in spec.checks)),
+            check_programs={path: c.name for c in spec.checks for path in programs_in(c.command)},
         )
 
     def explicit_reason(self, path: str) -> str | None:
         for t in self.test_files:
             if path == t or path.startswith(t + "/"):
                 return f"listed in validation.test_files ({t})"
+        for program, name in sorted(self.check_programs.items()):
+            if path == program or (program.endswith("/") and path.startswith(program)):
+                return f"the program check `{name}` runs ({program.rstrip('/')})"
         for p in self.paths:
             if p.matches(path):
                 return f"listed in validation.protect.paths ({p})"

@@ -116,12 +116,24 @@ def submission_fault(validation: ValidationOutcome, spec: WorkItemSpec, attempt:
       repository alters) that does not exist or is not executable there; a path (`./run_tests.sh`) is left to the
       repair loop, since the agent's change can create the file or make it executable;
     - a setup command does not exist or is not executable: setup runs on the base commit's content, which no
-      attempt changes.
+      attempt changes;
+    - a required check's program, named without a path, does not exist or is not executable there.
 
     No change an agent makes can fix either, so the item ends with this reason (naming the command) instead of
     paying for more attempts."""
+    if validation.passed:
+        return None
+    if validation.cause == "check_failed" and spec.validation is not None:
+        declared = {c.name: c for c in spec.validation.checks}
+        for check in validation.checks:
+            program = declared[check.name].command[0] if check.name in declared else "/"
+            if check.required and check.cause == "command_not_found" and "/" not in program:
+                return (
+                    f"check `{check.name}`: `{program[:200]}` does not exist or is not executable in the sandbox: "
+                    f"the submission's problem, which no agent attempt can fix; stopped after attempt {attempt}"
+                )
     sandbox = validation.sandbox
-    if validation.passed or sandbox is None:
+    if sandbox is None:
         return None
     # A setup command's missing program is the sandbox's command_not_found with 127 (126: not executable); 126/127
     # from a setup that ran a shell is the shell saying the same.

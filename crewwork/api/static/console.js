@@ -433,6 +433,7 @@ function evidencePanel(workItemId, ev) {
         more > 0 ? h("li", { class: "muted", text: `… and ${more} more (in the SARIF log)` }) : "",
         (scan.errors || []).map((e) => h("li", { class: "mono", text: `scanner gave no evidence: ${e}` })))));
   }
+  if ((v.checks || []).length) panel.append(checksSection(workItemId, ev.number, v.checks));
   if (v.preview) panel.append(probesSection(workItemId, ev.number, v.preview));
   if (v.diagnostics) panel.append(h("details", {}, h("summary", { text: "Diagnostics given to the next attempt" }), h("pre", { class: "log", tabindex: "0", text: v.diagnostics })));
   return panel;
@@ -441,6 +442,23 @@ function evidencePanel(workItemId, ev) {
 // The live preview's acceptance probes, next to the tests: what was started, each probe's verdict, what was
 // expected and seen, and its evidence (transcript, screenshot, Playwright trace). Everything here came from the
 // app under test: shown as text, never as markup.
+// The named checks (validation.checks): one row each, with its verdict, cause, findings and downloads; all of it
+// shown as text, whatever the check's output put in it.
+function checksSection(workItemId, number, checks) {
+  const link = (ref, label) => ref ? h("a", { href: "#", onclick: (e) => { e.preventDefault(); download(`/v1/work-items/${workItemId}/artifacts/${ref.id}`, ref.name); }, text: label }) : "";
+  return h("section", { class: "flags flags-checks", "aria-label": `Checks, attempt ${number}` },
+    h("h4", { text: `Checks (${checks.filter((c) => c.passed).length} of ${checks.length} passed)` }),
+    h("div", { class: "table-scroll", tabindex: "0", role: "region", "aria-label": `Checks of attempt ${number}, scrollable` }, h("table", { class: "tests checks", "aria-label": `Checks of attempt ${number}` },
+      h("thead", {}, h("tr", {}, ["Check", "Verdict", "Cause", "Why", "Files"].map((t) => h("th", { scope: "col", text: t })))),
+      h("tbody", {}, checks.map((c) => h("tr", { "data-check": c.name },
+        h("td", {}, h("span", { class: "mono", text: c.name }), c.required ? "" : h("span", { class: "muted", text: " (not required)" }),
+          c.environment ? h("div", { class: "muted", text: c.environment }) : ""),
+        h("td", { class: `verdict-${c.passed ? "passed" : "failed"}`, text: c.passed ? "passed" : "failed" }),
+        h("td", { class: "mono", text: c.cause }),
+        h("td", {}, h("div", { text: c.reason }), (c.findings || []).length ? h("pre", { text: c.findings.join("\n") + (c.findings_total > c.findings.length ? `\n… and ${c.findings_total - c.findings.length} more` : "") }) : ""),
+        h("td", {}, link(c.log_ref, "log"), " ", link(c.report_ref, "report"))))))));
+}
+
 function probesSection(workItemId, number, pv) {
   const art = (ref) => `/v1/work-items/${workItemId}/artifacts/${ref.id}`;
   const link = (ref, label) => (ref ? [h("a", { href: "#", onclick: (e) => { e.preventDefault(); download(art(ref), ref.name); }, text: label }), " "] : "");
