@@ -3,7 +3,7 @@
 This file is the package's face: the names other layers import as `crewwork.models.X`, defined in
 
     spec.py     the submission (`WorkItemSpec` and its parts), kinds, states and submission bounds
-    checks.py   the named checks a validation declares besides its tests (`CheckSpec`)
+    matrix.py   the named checks a validation declares besides its tests (`CheckSpec`)
     values.py   what workflows and activities exchange (terms, outcomes, evidence, status, result)
     review.py   a reviewer's decision, its line comments and the record the workflow keeps of it
     preview.py  the preview and acceptance probes a work item declares
@@ -18,7 +18,7 @@ field by field (unknown fields are rejected) before any workflow starts.
 
 from __future__ import annotations
 
-from crewwork.models.checks import CheckEnvironment, CheckSpec
+from crewwork.models.matrix import CheckEnvironment, CheckSpec
 from crewwork.models.review import LineComment, ReviewRecord
 from crewwork.models.spec import (
     MAX_INPUT_JSON_BYTES,

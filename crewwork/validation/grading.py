@@ -46,7 +46,7 @@ The rules, in the order they are applied (the first that matches decides the `Ca
    pass), ``probe_failure``.
 20-21. Then the scanners (`validation.scanners`, docs/scanners.md): ``security_finding``, ``scan_failed``.
 22. ``check_failed``   then a required named check (`validation.checks`, docs/checks.md) did not pass by its own
-   rules (crewwork.validation.checks.with_checks, applied to this verdict once the checks are in).
+   rules (crewwork.validation.check_grading.with_checks, applied to this verdict once the checks are in).
 23. ``passed``        everything above held: a non-empty diff, passing tests and (where declared) every probe
    passing, measured by the platform.
 

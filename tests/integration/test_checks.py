@@ -21,13 +21,13 @@ from crewwork.attestation.verify import verify_bundle
 from crewwork.cli.demo import TEST
 from crewwork.config.attestation import EvidenceSettings
 from crewwork.temporal.devserver import DevServer
-from tests.conftest import make_repo, make_settings, running_crew
+from tests.conftest import Crew, make_repo, make_settings, running_crew
 from tests.repos.pkgindex import PackageIndex, packages_ready
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
 
 BUGGY = "def add(a: int, b: int) -> int:\n    return a - b\n"
-SLOPPY = 'import os\n\n\ndef add(a: int, b: int) -> int:\n    total: str = a + b  # TODO: overflow\n    return total\n'
+SLOPPY = "import os\n\n\ndef add(a: int, b: int) -> int:\n    total: str = a + b  # TODO: overflow\n    return total\n"
 CLEAN = "def add(a: int, b: int) -> int:\n    return a + b\n"
 
 TODO_SARIF = '''"""Writes a SARIF log with an error result for each TODO in the repository's Python files (not tools/, tests/)."""
@@ -211,3 +211,20 @@ async def test_lint_types_and_a_sarif_check_fail_the_first_attempt_and_the_repai
                 "no-blinker": False,
             }
             assert all(c["log_sha256"] for c in record["checks"])
+
+
+async def test_a_required_check_whose_program_is_missing_ends_the_item_at_once(crew: Crew, calc_repo: Path) -> None:
+    from crewwork.cli.demo import RIGHT
+    from tests.integration.test_lifecycle import VALIDATION, code_change
+
+    validation = {**VALIDATION, "checks": [{"name": "lint", "command": ["no-such-linter", "."]}]}
+    wid = await crew.submit(
+        code_change(calc_repo, [{"files": {"calc.py": RIGHT}}], validation=validation, review={"required": False})
+    )
+    result = await crew.result(wid)
+    assert result.state == "failed"
+    assert [a.verdict for a in result.attempts] == ["failed"], "no second attempt is paid for"
+    assert result.reason.startswith("check `lint`: `no-such-linter` does not exist"), result.reason
+    only = result.attempts[0].validation
+    assert only is not None and only.cause == "check_failed"
+    assert only.checks[0].cause == "command_not_found"

@@ -14,9 +14,9 @@ from crewwork.validation.protect import (
     Protection,
     addopts_plugins,
     apply_protection,
-    report_paths,
     conftest_plugins,
     pytest_tables,
+    report_paths,
 )
 from crewwork.workspace.tree import Workspace, gitops
 from tests.conftest import make_repo

@@ -1,4 +1,4 @@
-"""The named checks' grading (crewwork.validation.checks): pure, from saved evidence; each report format's rules, the
+"""The named checks' grading (crewwork.validation.check_grading): pure, from saved evidence; each report format's rules, the
 run's rules first, and how a check's result changes the attempt's verdict."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from crewwork.models import CheckSpec, EnvironmentSpec, EvidenceCut, ValidationSpec
 from crewwork.steps.validate.contract import check_environment, validation_budget_s
-from crewwork.validation.checks import CheckEvidence, check_result, checks_diagnostics, grade_check, with_checks
+from crewwork.validation.check_grading import CheckEvidence, check_result, checks_diagnostics, grade_check, with_checks
 from crewwork.validation.evidence import ValidationEvidence
 from crewwork.validation.verdicts import Cause, Verdict
 
@@ -53,7 +53,9 @@ SARIF = {"report": "sarif", "report_path": ".crewwork/lint.sarif"}
 
 def test_an_exit_check_passes_on_exit_0_and_fails_otherwise_with_its_last_lines() -> None:
     assert grade_check(CheckEvidence(spec(), run(exit_code=0))).passed
-    ce = CheckEvidence(spec(), run(exit_code=1, stdout_tail="calc.py:1:8: F401 `os` imported but unused\nFound 1 error.\n"))
+    ce = CheckEvidence(
+        spec(), run(exit_code=1, stdout_tail="calc.py:1:8: F401 `os` imported but unused\nFound 1 error.\n")
+    )
     v = grade_check(ce)
     assert (v.passed, v.cause, v.exit_code) == (False, Cause.check_failed, 1)
     assert "Found 1 error." in v.reason and v.fingerprint.startswith("check_failed:")
@@ -197,6 +199,8 @@ def test_a_checks_environment_changes_only_the_interpreter_and_setup_and_the_bud
     assert env.setup == [["pip", "install", "packaging==24.2"]]
     assert check_environment(spec(), item) is item
     plain = ValidationSpec(command=["pytest"], timeout_s=100)
-    checked = plain.model_copy(update={"checks": [spec(), other, spec(name="types", timeout_s=50)], "check_parallel": 2})
+    checked = plain.model_copy(
+        update={"checks": [spec(), other, spec(name="types", timeout_s=50)], "check_parallel": 2}
+    )
     # Two waves of the longest check (its own setup included: 100 + 600 * 2).
     assert validation_budget_s(checked, item) - validation_budget_s(plain, item) == 2 * (100 + 600 * 2)

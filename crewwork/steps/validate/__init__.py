@@ -5,7 +5,7 @@ activity: crewwork/steps/validate/activity.py).
     contract.py  what the workflow sees: the step's input and result models and its `Step` policy
     activity.py  the activity, a plain function of explicit ports (loaded by the pools only)
     extra_runs.py  the baseline on the base commit and the flaky reruns (validation.baseline)
-    checks.py    the named checks (validation.checks), each in its own sandbox beside the tests
+    check_runs.py  the named checks (validation.checks), each in its own sandbox beside the tests
     setup.py     the plan a repository's environment is prepared with
     output.py    how much of a run's output the evidence carries
 """

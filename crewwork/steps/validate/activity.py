@@ -56,13 +56,13 @@ from crewwork.steps.execution import (
 )
 from crewwork.steps.ports import Ports
 from crewwork.steps.validate import ValidateInput
-from crewwork.steps.validate.checks import run_checks
+from crewwork.steps.validate.check_runs import run_checks
 from crewwork.steps.validate.extra_runs import Verdict, against_base
 from crewwork.steps.validate.output import TAIL_BYTES, stdout_cut
 from crewwork.steps.validate.scanning import ScanStage
 from crewwork.steps.validate.setup import setup_plan
 from crewwork.steps.validate.witnessing import STREAMS_REL, WitnessRun, read_streams
-from crewwork.validation.checks import checks_diagnostics, with_checks
+from crewwork.validation.check_grading import checks_diagnostics, with_checks
 from crewwork.validation.diagnostics import build_diagnostics
 from crewwork.validation.grading import ValidationEvidence, grade
 from crewwork.validation.protect import Protection, apply_protection, report_paths, strip_platform
@@ -120,7 +120,7 @@ async def validate(
                 return await v.with_scan(scan, verdict) if scan is not None else verdict
 
             if inp.validation.checks:
-                # Beside the tests, each in its own sandbox (crewwork/steps/validate/checks.py); a failure of either
+                # Beside the tests, each in its own sandbox (crewwork/steps/validate/check_runs.py); a failure of either
                 # cancels the other.
                 async with asyncio.TaskGroup() as group:
                     tested = group.create_task(tests())

@@ -2,7 +2,7 @@
 change's tree (protected paths put back, report paths cleared, as for the tests), in a fresh sandbox with the
 validation's limits, in the work item's prepared environment or its own (`environment`: another interpreter or
 dependency set, prepared once per tenant, repository, base commit and definition like any other), at most
-`validation.check_parallel` at once, beside the tests. Each is graded by `crewwork.validation.checks.grade_check`;
+`validation.check_parallel` at once, beside the tests. Each is graded by `crewwork.validation.check_grading.grade_check`;
 its log and report are artifacts.
 
 Why inside the validate activity and not one activity each: every write an activity makes to the item is fenced by
@@ -13,19 +13,49 @@ heartbeat that covers them all."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crewwork.models import CheckResult, CheckSpec
 from crewwork.sandbox.envplan import PreparedEnv, SetupFailed
 from crewwork.steps.execution import make_workspace, read_report_bounded
+from crewwork.steps.validate import extra_runs
 from crewwork.steps.validate.contract import check_environment
-from crewwork.validation.checks import CheckEvidence, check_result, grade_check
+from crewwork.validation.check_grading import CheckEvidence, check_result, grade_check
 from crewwork.validation.grading import ValidationEvidence
 from crewwork.validation.scanners.sarif import MAX_SARIF_BYTES
 from crewwork.workspace.tree import WorkspaceError
 
 if TYPE_CHECKING:
-    from crewwork.steps.validate.activity import Validation
+    from pathlib import Path
+
+    from crewwork.models import ArtifactRef, EnvironmentSpec, SandboxReport
+    from crewwork.sandbox.base import Mount
+    from crewwork.sandbox.prepare import PreparedEnvCache
+    from crewwork.workspace.tree import Workspace
+
+
+class Validation(extra_runs.Validation, Protocol):
+    """What the checks use of a validation in progress (crewwork.steps.validate.activity.Validation), named here
+    so that the activity imports this module without a cycle."""
+
+    def prepared_cache(self) -> PreparedEnvCache: ...
+
+    async def prepared_env(
+        self, environment: EnvironmentSpec | None, setup: list[list[str]], source: Path, cache: PreparedEnvCache
+    ) -> PreparedEnv: ...
+
+    async def save(self, name: str, data: bytes, ctype: str = "text/plain") -> ArtifactRef: ...
+
+    async def run_in(
+        self,
+        ws: Workspace,
+        tag: str,
+        facts: dict[str, Any],
+        *,
+        preview_spec: Any = None,
+        check: CheckSpec | None = None,
+        prepared: tuple[dict[str, str], list[Mount]] | None = None,
+    ) -> tuple[ValidationEvidence, SandboxReport, dict[str, ArtifactRef]]: ...
 
 
 async def run_checks(v: Validation) -> list[CheckResult]:

@@ -1,6 +1,6 @@
 """The named checks a work item's validation declares besides its tests (`validation.checks`, docs/checks.md):
 lint, type-check, a second environment's tests, any command. Each runs in its own fresh sandbox on the change's
-tree and is graded on its own (crewwork.validation.checks); a required one failing fails the attempt."""
+tree and is graded on its own (crewwork.validation.check_grading); a required one failing fails the attempt."""
 
 from __future__ import annotations
 

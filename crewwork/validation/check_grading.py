@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from crewwork.models import CheckResult, CheckSpec, EvidenceCut
-from crewwork.models.checks import MAX_CHECK_FINDINGS, CheckEnvironment
+from crewwork.models.matrix import MAX_CHECK_FINDINGS, CheckEnvironment
 from crewwork.validation.evidence import ValidationEvidence
 from crewwork.validation.fingerprint import fingerprint
 from crewwork.validation.grading import grade
