@@ -9,13 +9,14 @@ import re
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from crewwork.api.bodies import CheckedJsonRoute
 from crewwork.api.deps import PrincipalDep, StateDep, StoreDep
 from crewwork.api.problems import PROBLEM_RESPONSES, ProblemError, refuse_unstorable_body
 from crewwork.boundary.paths import PathPattern
-from crewwork.models import EnvironmentSpec
+from crewwork.models import CheckSpec, EnvironmentSpec, ValidationSpec
+from crewwork.models.matrix import MAX_CHECKS
 from crewwork.models.spec import _check_ref_name
 from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError
 from crewwork.repos.tenancy import (
@@ -65,6 +66,22 @@ class RepositoryCreate(BaseModel):
     environment: EnvironmentSpec | None = Field(
         default=None, description="Default environment of this repository's work items (theirs overrides it)."
     )
+    checks: list[CheckSpec] = Field(
+        default_factory=list,
+        max_length=MAX_CHECKS,
+        description="Named checks every work item of this repository runs beside its tests (lint, type-check, "
+        "another environment's tests ...); a work item's check of the same name replaces one (docs/checks.md).",
+    )
+
+    @field_validator("checks")
+    @classmethod
+    def _checks(cls, v: list[CheckSpec]) -> list[CheckSpec]:
+        # The same rules as a work item's (distinct names and report paths).
+        try:
+            ValidationSpec(command=["true"], checks=v)
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return v
 
     @field_validator("default_ref")
     @classmethod
@@ -79,6 +96,7 @@ class RepositoryView(BaseModel):
     credential: str | None = Field(description="The credential's name (never its secret).")
     protect_paths: list[str]
     environment: EnvironmentSpec | None
+    checks: list[CheckSpec] = Field(default_factory=list, description="Named checks its work items run.")
     auto_registered: bool = Field(description="Registered on first use (CREWWORK_AUTO_REGISTER_REPOS).")
     created_at: float
 
@@ -140,6 +158,7 @@ async def create(
         credential=body.credential,
         protect_paths=[str(p) for p in body.protect_paths],
         environment=body.environment,
+        checks=list(body.checks),
     )
     try:
         row = await registry.register(tenant_id, reg)

@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from crewwork.boundary.paths import PathPattern, RelPath, ReportPath
 from crewwork.boundary.urls import RepoURLError, parse_repo_url
-from crewwork.models.matrix import MAX_CHECK_PARALLEL, MAX_CHECKS, CheckSpec
 from crewwork.models.ids import is_tenant_id
+from crewwork.models.matrix import MAX_CHECK_PARALLEL, MAX_CHECKS, CheckSpec
 from crewwork.models.preview import PreviewSpec
 from crewwork.models.scan import ScannersSpec
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from crewwork.boundary.masking import too_deep_at, unstorable_at
 from crewwork.config import Settings
-from crewwork.models import EnvironmentSpec, RepoSpec, WorkItemSpec
+from crewwork.models import CheckSpec, EnvironmentSpec, RepoSpec, ValidationSpec, WorkItemSpec
 from crewwork.models.errors import SubmissionRejected
 from crewwork.repos.environment import EnvironmentRejected, check_environment, resolve_environment
 from crewwork.repos.registration import RepoAddressRefused, RepoPolicyError, RepositoryChecks
@@ -100,10 +102,28 @@ def _as_registered(
         "repo": repo.model_copy(update={"id": reg.id, "url": url, "ref": ref}),
         "environment": env,
     }
-    if reg.protect_paths and spec.validation is not None:
-        protect = spec.validation.protect
+    validation = spec.validation
+    if reg.protect_paths and validation is not None:
+        protect = validation.protect
         merged = [*protect.paths, *(p for p in reg.protect_paths if p not in protect.paths)]
-        update["validation"] = spec.validation.model_copy(
-            update={"protect": protect.model_copy(update={"paths": merged})}
-        )
+        validation = validation.model_copy(update={"protect": protect.model_copy(update={"paths": merged})})
+    if reg.checks and validation is not None:
+        validation = with_registered_checks(validation, reg.checks)
+    if validation is not None:
+        update["validation"] = validation
     return spec.model_copy(update=update)
+
+
+def with_registered_checks(validation: ValidationSpec, registered: list[Any]) -> ValidationSpec:
+    """The registration's checks first, each replaced by the work item's check of the same name, then the item's
+    others; checked again as one declaration (at most MAX_CHECKS, distinct report paths): RepositoryRefused if not."""
+    own: dict[str, CheckSpec | None] = {c.name: c for c in validation.checks}
+    merged = [own.pop(c["name"], None) or CheckSpec.model_validate(c) for c in registered]
+    merged += [c for c in validation.checks if c.name in own]
+    try:
+        return ValidationSpec.model_validate({**validation.model_dump(), "checks": [c.model_dump() for c in merged]})
+    except ValidationError as exc:
+        said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise RepositoryRefused(
+            f"validation.checks with the repository's registered checks: {said}", "validation.checks", "invalid"
+        ) from None

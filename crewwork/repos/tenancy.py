@@ -16,7 +16,7 @@ from typing import Any
 
 from crewwork.boundary.urls import RepoURL
 from crewwork.config import Settings
-from crewwork.models import EnvironmentSpec, RepoSpec
+from crewwork.models import CheckSpec, EnvironmentSpec, RepoSpec
 from crewwork.repos.credentials import CredentialError
 from crewwork.repos.environment import EnvironmentRejected, check_environment
 from crewwork.repos.registration import RepoPolicyError, RepositoryChecks, checked_local_git_dir
@@ -63,6 +63,7 @@ class Registration:
     credential: str | None = None
     protect_paths: list[str] = field(default_factory=list)
     environment: EnvironmentSpec | None = None
+    checks: list[CheckSpec] = field(default_factory=list)
 
 
 class RepositoryRegistry:
@@ -124,6 +125,7 @@ class RepositoryRegistry:
             protect_paths=[str(p) for p in reg.protect_paths],
             environment=reg.environment.model_dump(mode="json") if reg.environment else None,
             auto_registered=auto,
+            checks=[c.model_dump(mode="json") for c in reg.checks],
         )
 
     # ------------------------------------------------------------------ submissions
@@ -198,6 +200,7 @@ def repository_view(row: StoredRepository) -> dict[str, Any]:
         "credential": row.credential,
         "protect_paths": list(row.protect_paths or []),
         "environment": row.environment,
+        "checks": list(row.checks or []),
         "auto_registered": row.auto_registered,
         "created_at": row.created_at,
     }

@@ -37,6 +37,7 @@ class RepositoryStore(Database):
         protect_paths: list[str] | None = None,
         environment: dict[str, Any] | None = None,
         auto_registered: bool = False,
+        checks: list[dict[str, Any]] | None = None,
     ) -> StoredRepository:
         """Register `url` (already normalised and checked) for the tenant. RepositoryExists if it already is."""
         try:
@@ -51,6 +52,7 @@ class RepositoryStore(Database):
                     "environment": environment,
                     "auto_registered": auto_registered,
                     "created_at": await self.now(s),
+                    "checks": list(checks) if checks else None,
                 }
                 s.add(Repository(**values))
             return view_of(StoredRepository, values)

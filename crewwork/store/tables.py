@@ -306,6 +306,8 @@ class Repository(Base):
     environment: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     auto_registered: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[float] = mapped_column(Float)
+    checks: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    """The named checks every work item of the registration runs (migration 0015; docs/checks.md)."""
 
     __table_args__ = (UniqueConstraint("tenant_id", "url", name="uq_repositories_tenant_url"),)
 

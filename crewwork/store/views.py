@@ -187,6 +187,7 @@ class StoredRepository:
     environment: dict[str, Any] | None
     auto_registered: bool
     created_at: float
+    checks: list[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

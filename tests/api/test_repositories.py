@@ -349,3 +349,42 @@ async def test_a_tenant_registers_at_most_the_operators_number_of_repositories(t
             assert (await c.post("/v1/repositories", json={"url": str(beta_repo)})).status_code == 201
     finally:
         api.stop()
+
+
+async def test_a_registrations_checks_run_on_every_item_and_an_item_replaces_one_by_name(tenancy: Tenancy) -> None:
+    t = tenancy
+    registered = [
+        {"name": "lint", "command": ["sh", "-c", "exit 3"]},
+        {"name": "shape", "command": ["python", "-c", "import calc"], "required": False},
+    ]
+    bad = await register(t, t.stack.alpha, str(t.alpha_repo), checks=[registered[0], registered[0]])
+    assert bad.status_code == 422 and "lint repeated" in bad.text, bad.text
+    r = await register(t, t.stack.alpha, str(t.alpha_repo), default_ref="main", checks=registered)
+    assert r.status_code == 201, r.text
+    repo = r.json()
+    assert [c["name"] for c in repo["checks"]] == ["lint", "shape"]
+    async with t.stack.client(t.stack.alpha) as c:
+        # The registration's failing lint fails the item: no item escapes the repository's checks.
+        sub = await c.post("/v1/work-items", json=change({"id": repo["id"]}, budget={"max_attempts": 1}))
+        assert sub.status_code == 202, sub.text
+        item = await wait_state(c, sub.json()["id"], {"succeeded", "failed", "dead"}, timeout_s=180)
+        assert item["state"] == "failed", item["reason"]
+        first = item["attempts"][0]
+        assert first["validation"]["cause"] == "check_failed" and "`lint`" in first["reason"], first
+        assert [ch["name"] for ch in item["spec"]["validation"]["checks"]] == ["lint", "shape"]
+        # An item's check of the same name replaces the registration's; its own others come after.
+        own = {**VALIDATION, "checks": [{"name": "extra", "command": ["true"]}, {"name": "lint", "command": ["true"]}]}
+        sub = await c.post("/v1/work-items", json=change({"id": repo["id"]}, validation=own))
+        item = await wait_state(c, sub.json()["id"], {"succeeded", "failed", "dead"}, timeout_s=180)
+        assert item["state"] == "succeeded", item["reason"]
+        checks = item["spec"]["validation"]["checks"]
+        assert [(ch["name"], ch["command"]) for ch in checks] == [
+            ("lint", ["true"]),
+            ("shape", ["python", "-c", "import calc"]),
+            ("extra", ["true"]),
+        ]
+        # Together they must still be one valid declaration: a clash is a 422 naming it, and nothing runs.
+        clash = {**VALIDATION, "checks": [{"name": f"c{i}", "command": ["true"]} for i in range(7)]}
+        refused = await c.post("/v1/work-items", json=change({"id": repo["id"]}, validation=clash))
+        assert refused.status_code == 422, refused.text
+        assert "registered checks" in refused.text and "validation.checks" in refused.text
