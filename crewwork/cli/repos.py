@@ -27,6 +27,9 @@ def add_parser(
     )
     a.add_argument("--protect", action="append", metavar="PATH", help="a protected path (repeatable)")
     a.add_argument("--environment-file", metavar="FILE", help="JSON file with the default environment")
+    a.add_argument(
+        "--checks-file", metavar="FILE", help="JSON file with the named checks every item runs (a list; docs/checks.md)"
+    )
     a.add_argument("--tenant", help="admin keys: register for this tenant (name or id)")
     ls = rs.add_parser("list", help="the tenant's repositories", parents=[common])
     ls.add_argument("--tenant", help="admin keys: this tenant's repositories (name or id)")
@@ -55,7 +58,7 @@ def _flaky_line(f: dict[str, Any]) -> str:
 
 
 def cmd_repos(args: argparse.Namespace) -> int:
-    from crewwork.cli.common import EXIT_OK, Output, _read_json, make_client
+    from crewwork.cli.common import EXIT_OK, CliError, Output, _read_json, make_client
 
     out = Output(args)
     body: dict[str, Any] = {}
@@ -67,6 +70,11 @@ def cmd_repos(args: argparse.Namespace) -> int:
             body["credential"] = args.credential
         if args.environment_file:
             body["environment"] = _read_json(args.environment_file, " (the environment)")
+        if args.checks_file:
+            checks = _read_json(args.checks_file, " (the checks)", obj=False)
+            if not isinstance(checks, list):
+                raise CliError(f"{args.checks_file} (the checks) must hold a JSON list ([...]) of checks")
+            body["checks"] = checks
     with make_client(args) as c:
         if args.repos_command == "add":
             repo = c.create_repository(body, tenant=args.tenant)

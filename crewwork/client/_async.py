@@ -155,7 +155,7 @@ class AsyncClient:
     # repositories
     async def create_repository(self, body: Mapping[str, Any], *, tenant: str | None = None) -> dict[str, Any]:
         """Register a repository (`url`, optional `default_ref`, `credential` name, `protect_paths`,
-        `environment`); `tenant` acts for another tenant (admin keys)."""
+        `environment`, `checks`); `tenant` acts for another tenant (admin keys)."""
         return await self._send(_Calls.create_repository(body, tenant))
 
     async def repositories(

@@ -310,11 +310,29 @@ async def test_cli_repos_add_list_remove_and_an_operator_acting_for_a_tenant(ten
     import asyncio
 
     t = tenancy
+    checks = t.roots.outside / "checks.json"
+    checks.write_text('[{"name": "lint", "command": ["python", "-m", "pyflakes", "."]}]')
+    rc, _out, err = await asyncio.to_thread(
+        _cli, t, t.stack.alpha, "repos", "add", str(t.alpha_repo), "--checks-file", str(t.roots.outside / "none.json")
+    )
+    assert rc != 0 and "none.json" in err and "Traceback" not in err, err
     rc, repo, err = await asyncio.to_thread(
-        _cli, t, t.stack.admin, "repos", "add", str(t.alpha_repo), "--ref", "main", "--tenant", t.stack.alpha.name
+        _cli,
+        t,
+        t.stack.admin,
+        "repos",
+        "add",
+        str(t.alpha_repo),
+        "--ref",
+        "main",
+        "--tenant",
+        t.stack.alpha.name,
+        "--checks-file",
+        str(checks),
     )
     assert rc == 0, err
     assert repo["url"] == str(t.alpha_repo.resolve()) and repo["default_ref"] == "main"
+    assert [c["name"] for c in repo["checks"]] == ["lint"]
     rc, rows, err = await asyncio.to_thread(_cli, t, t.stack.alpha, "repos", "list")
     assert rc == 0 and [r["id"] for r in rows] == [repo["id"]], err
     rc, _out, err = await asyncio.to_thread(_cli, t, t.stack.beta, "repos", "add", str(t.alpha_repo))
