@@ -237,6 +237,7 @@ def cmd_evidence(args: argparse.Namespace) -> int:
                 optional = "" if ch["required"] else " (not required)"
                 rows.append(f"    check {ch['name']}{optional}: {said}: {ch['reason']}")
                 rows += [f"        {f}" for f in ch.get("findings") or []]
+                rows += [f"        pre-existing: {f}" for f in ch.get("pre_existing") or []]
             for role, url in (a.get("artifacts") or {}).items():
                 rows.append(f"    {role:10} {url}")
         return "\n".join(rows)

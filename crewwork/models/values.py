@@ -231,6 +231,12 @@ class CheckResult(BaseModel):
     )
     findings_total: int = Field(default=0, description="All failing tests or failing results, however many shown.")
     environment: str | None = Field(default=None, description="The check's own environment, when it has one.")
+    pre_existing: list[str] = Field(
+        default_factory=list,
+        description="Findings that fail at the base commit too (validation.baseline): not the change's; they block "
+        "only with `baseline: block`.",
+    )
+    baseline: str | None = Field(default=None, description="What the check's run on the base commit showed.")
     fingerprint: str | None = None
     log_ref: ArtifactRef | None = None
     report_ref: ArtifactRef | None = None

@@ -16,7 +16,10 @@ that is not required is named in the reason and never decides. Checks run only w
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
 
 from crewwork.models import CheckResult, CheckSpec, EvidenceCut
 from crewwork.models.matrix import MAX_CHECK_FINDINGS, CheckEnvironment
@@ -205,8 +208,77 @@ def checks_diagnostics(checks: list[CheckResult], max_chars: int = 6000) -> str 
     out = ["## Checks that did not pass", ""]
     for c in failing:
         out.append(f"- `{c.name}` ({'required' if c.required else 'not required'}): {c.cause}: {c.reason}")
+        if c.pre_existing:
+            out.append(f"    (not the change's: {len(c.pre_existing)} failing at the base commit too)")
         out += [f"    {f}" for f in c.findings]
         if c.findings_total > len(c.findings):
             out.append(f"    … and {c.findings_total - len(c.findings)} more")
     text = "\n".join(out)
     return text if len(text) <= max_chars else text[: max_chars - 2] + " …"
+
+
+class CheckBase(BaseModel):
+    """What a check showed on the base commit (validation.baseline), as the store keeps it: whether it can be
+    compared with (`usable`: its run was judged by the check's own rules, not stopped by a cap or cut by a bound),
+    whether it passed, and its failing tests or results (`path: rule: message`, without the line, which a change
+    moves)."""
+
+    usable: bool
+    passed: bool
+    cause: str
+    failing: list[str] = Field(default_factory=list)
+
+
+def _key(report: str, finding: str) -> str:
+    """A finding as compared with the base: a SARIF result without its line number; a test id as it is."""
+    if report != "sarif":
+        return finding
+    path, _, rest = finding.partition(":")
+    _line, _, rest = rest.partition(": ")
+    return f"{path}: {rest}"
+
+
+def base_facts(spec: CheckSpec, verdict: Verdict) -> CheckBase:
+    usable = verdict.cause in (Cause.passed, Cause.check_failed, Cause.test_failure)
+    return CheckBase(
+        usable=usable,
+        passed=verdict.passed,
+        cause=verdict.cause.value,
+        failing=sorted(_key(spec.report, f) for f in verdict.failing_tests),
+    )
+
+
+def against_base(spec: CheckSpec, after: Verdict, base: CheckBase, mode: str) -> tuple[Verdict, list[str], str]:
+    """A failing check compared with its run on the base commit: what failed there too is pre-existing (it blocks
+    only with `baseline: block`), what the change introduced fails it. Returns the verdict, the pre-existing
+    findings and a note of what the baseline was. An `exit` check has no findings to compare: failing at the base
+    too, the whole check is pre-existing."""
+    if base.passed:
+        return after, [], "the check passes at the base commit: the change made it fail"
+    if not base.usable:
+        return after, [], f"its run on the base commit was not usable ({base.cause}): not compared"
+    if spec.report == "exit":
+        introduced, pre = [], ["the whole check: it fails at the base commit too"]
+    else:
+        # As many of each as the base had are pre-existing; one more of the same result is the change's.
+        known = Counter(base.failing)
+        introduced, pre = [], []
+        for f in after.failing_tests:
+            k = _key(spec.report, f)
+            if known[k] > 0:
+                known[k] -= 1
+                pre.append(f)
+            else:
+                introduced.append(f)
+    note = f"{len(pre)} pre-existing (failing at the base commit too)" if spec.report != "exit" else pre[0]
+    if introduced or mode == "block":
+        reason = f"{after.reason} ({note}{'; baseline: block' if mode == 'block' and not introduced else ''})"
+        failed = after.model_copy(update={"reason": reason, "failing_tests": introduced or after.failing_tests})
+        return failed.model_copy(update={"fingerprint": fingerprint(failed)}), pre, note
+    passed = Verdict(
+        passed=True,
+        cause=Cause.passed,
+        reason=f"Nothing the change introduced; {note}.",
+        exit_code=after.exit_code,
+    )
+    return passed, pre, note

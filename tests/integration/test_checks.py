@@ -228,3 +228,52 @@ async def test_a_required_check_whose_program_is_missing_ends_the_item_at_once(c
     only = result.attempts[0].validation
     assert only is not None and only.cause == "check_failed"
     assert only.checks[0].cause == "command_not_found"
+
+
+BASE_WITH_DEBT = '# TODO: decide on floats\ndef add(a, b):\n    print("adding")\n    return a - b\n'
+
+
+async def test_with_a_baseline_a_checks_pre_existing_failures_do_not_block_and_new_ones_do(
+    crew: Crew, tmp_path: Path
+) -> None:
+    from tests.integration.test_lifecycle import VALIDATION, code_change
+
+    repo = make_repo(
+        tmp_path / "debt",
+        {"calc.py": BASE_WITH_DEBT, "tests/test_calc.py": TEST, "conftest.py": "", "tools/todo_sarif.py": TODO_SARIF},
+    )
+    fixed = BASE_WITH_DEBT.replace("a - b", "a + b")
+    validation = {
+        **VALIDATION,
+        "baseline": "compare",
+        "checks": [
+            {
+                "name": "todo",
+                "command": ["python", "tools/todo_sarif.py", ".crewwork/todo.sarif"],
+                "report": "sarif",
+                "report_path": ".crewwork/todo.sarif",
+            },
+            # Fails at the base already (calc.py prints): an exit check has no findings to compare, so it is
+            # pre-existing as a whole.
+            {"name": "noprint", "command": ["sh", "-c", "! grep -n 'print(' calc.py"]},
+        ],
+    }
+    steps = [
+        {"files": {"calc.py": fixed + "# TODO: handle overflow\n"}},  # one TODO more than the base: the change's
+        {"files": {"calc.py": fixed}},
+    ]
+    wid = await crew.submit(code_change(repo, steps, validation=validation, review={"required": False}))
+    result = await crew.result(wid)
+    assert result.state == "succeeded", result.reason
+    first, second = (a.validation for a in result.attempts)
+    assert first is not None and second is not None
+    todo, noprint = first.checks
+    assert (first.cause, todo.passed, noprint.passed) == ("check_failed", False, True), first.reason
+    assert todo.findings == ["calc.py:5: todo: a TODO left in the code"], todo.findings
+    assert todo.pre_existing == ["calc.py:1: todo: a TODO left in the code"]
+    assert noprint.pre_existing == ["the whole check: it fails at the base commit too"]
+    assert "`todo`" in first.reason and "`noprint`" not in first.reason
+    todo, noprint = second.checks
+    assert second.cause == "passed" and todo.passed and noprint.passed
+    assert todo.pre_existing == ["calc.py:1: todo: a TODO left in the code"] and todo.findings == []
+    assert todo.baseline == "1 pre-existing (failing at the base commit too)"

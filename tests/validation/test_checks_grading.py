@@ -204,3 +204,58 @@ def test_a_checks_environment_changes_only_the_interpreter_and_setup_and_the_bud
     )
     # Two waves of the longest check (its own setup included: 100 + 600 * 2).
     assert validation_budget_s(checked, item) - validation_budget_s(plain, item) == 2 * (100 + 600 * 2)
+
+
+def failing(report: str, findings: list[str], cause: Cause = Cause.check_failed) -> Verdict:
+    return Verdict(passed=False, cause=cause, reason="Failed.", exit_code=1, failing_tests=findings)
+
+
+def test_against_the_base_only_what_the_change_introduced_fails_a_check() -> None:
+    from crewwork.validation.check_grading import CheckBase, against_base, base_facts
+
+    s = spec(**SARIF)
+    # The same result at the base, on another line (the change moved it): pre-existing.
+    base = base_facts(s, failing("sarif", ["calc.py:3: todo: a TODO"]))
+    assert base == CheckBase(usable=True, passed=False, cause="check_failed", failing=["calc.py: todo: a TODO"])
+    after = failing("sarif", ["calc.py:9: todo: a TODO", "calc.py:12: todo: another"])
+    v, pre, note = against_base(s, after, base, "compare")
+    assert (v.passed, v.failing_tests, pre) == (False, ["calc.py:12: todo: another"], ["calc.py:9: todo: a TODO"])
+    assert "1 pre-existing" in v.reason and "1 pre-existing" in note
+    v, pre, _ = against_base(s, failing("sarif", ["calc.py:9: todo: a TODO"]), base, "compare")
+    assert v.passed and v.cause == Cause.passed and pre == ["calc.py:9: todo: a TODO"]
+    # `block`: pre-existing failures still fail it (and are named).
+    v, pre, _ = against_base(s, failing("sarif", ["calc.py:9: todo: a TODO"]), base, "block")
+    assert not v.passed and pre and "baseline: block" in v.reason
+
+
+def test_an_exit_check_failing_at_the_base_too_is_pre_existing_and_one_passing_there_is_the_changes() -> None:
+    from crewwork.validation.check_grading import CheckBase, against_base
+
+    s = spec()
+    after = failing("exit", [])
+    v, pre, _ = against_base(s, after, CheckBase(usable=True, passed=False, cause="check_failed"), "compare")
+    assert v.passed and pre == ["the whole check: it fails at the base commit too"]
+    v, pre, note = against_base(s, after, CheckBase(usable=True, passed=True, cause="passed"), "compare")
+    assert v == after and pre == [] and "made it fail" in note
+    # A base run that a cap stopped is not compared with: the check fails as it would without a baseline.
+    v, pre, note = against_base(s, after, CheckBase(usable=False, passed=False, cause="timeout"), "compare")
+    assert v == after and pre == [] and "not usable (timeout)" in note
+
+
+def test_a_junit_checks_tests_are_compared_by_id() -> None:
+    from crewwork.validation.check_grading import against_base, base_facts
+
+    s = spec(report="junit", report_path=".crewwork/x.xml")
+    base = base_facts(s, failing("junit", ["t::test_old"], Cause.test_failure))
+    v, pre, _ = against_base(s, failing("junit", ["t::test_old", "t::test_new"], Cause.test_failure), base, "compare")
+    assert not v.passed and v.failing_tests == ["t::test_new"] and pre == ["t::test_old"]
+    assert v.fingerprint == with_checks(v, []).fingerprint and v.fingerprint.startswith("test_failure:")
+
+
+def test_one_more_of_the_same_result_than_at_the_base_is_the_changes() -> None:
+    from crewwork.validation.check_grading import against_base, base_facts
+
+    s = spec(**SARIF)
+    base = base_facts(s, failing("sarif", ["a.py:1: todo: a TODO"]))
+    v, pre, _ = against_base(s, failing("sarif", ["a.py:1: todo: a TODO", "a.py:7: todo: a TODO"]), base, "compare")
+    assert not v.passed and v.failing_tests == ["a.py:7: todo: a TODO"] and pre == ["a.py:1: todo: a TODO"]

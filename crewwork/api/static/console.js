@@ -455,7 +455,8 @@ function checksSection(workItemId, number, checks) {
           c.environment ? h("div", { class: "muted", text: c.environment }) : ""),
         h("td", { class: `verdict-${c.passed ? "passed" : "failed"}`, text: c.passed ? "passed" : "failed" }),
         h("td", { class: "mono", text: c.cause }),
-        h("td", {}, h("div", { text: c.reason }), (c.findings || []).length ? h("pre", { text: c.findings.join("\n") + (c.findings_total > c.findings.length ? `\n… and ${c.findings_total - c.findings.length} more` : "") }) : ""),
+        h("td", {}, h("div", { text: c.reason }), (c.findings || []).length ? h("pre", { text: c.findings.join("\n") + (c.findings_total > c.findings.length ? `\n… and ${c.findings_total - c.findings.length} more` : "") }) : "",
+          (c.pre_existing || []).length ? h("div", { class: "muted" }, h("div", { text: "Pre-existing (failing at the base commit too, not the change's):" }), h("pre", { text: c.pre_existing.join("\n") })) : ""),
         h("td", {}, link(c.log_ref, "log"), " ", link(c.report_ref, "report"))))))));
 }
 

@@ -16,13 +16,23 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crewwork.models import CheckResult, CheckSpec
+from crewwork.models.matrix import MAX_CHECK_FINDINGS
 from crewwork.sandbox.envplan import PreparedEnv, SetupFailed
 from crewwork.steps.execution import make_workspace, read_report_bounded
 from crewwork.steps.validate import extra_runs
 from crewwork.steps.validate.contract import check_environment
-from crewwork.validation.check_grading import CheckEvidence, check_result, grade_check
+from crewwork.validation.baseline import definition_key
+from crewwork.validation.check_grading import (
+    CheckBase,
+    CheckEvidence,
+    against_base,
+    base_facts,
+    check_result,
+    grade_check,
+)
 from crewwork.validation.grading import ValidationEvidence
 from crewwork.validation.scanners.sarif import MAX_SARIF_BYTES
+from crewwork.validation.verdicts import Cause
 from crewwork.workspace.tree import WorkspaceError
 
 if TYPE_CHECKING:
@@ -111,28 +121,106 @@ async def run_check(v: Validation, check: CheckSpec) -> CheckResult:
             ce = CheckEvidence(spec=check, run=evidence)
             return check_result(ce, await asyncio.to_thread(grade_check, ce))
         on = (prepared.env(), prepared.mounts()) if prepared is not None else None
-        evidence, rep, refs = await v.run_in(ws, tag, facts, check=check, prepared=on)
-        sarif, refused, cut = None, None, None
-        if check.report == "sarif" and check.report_path is not None:
-            limit = min(MAX_SARIF_BYTES, v.ports.settings.max_artifact_bytes)
-            sarif, refused, cut = await asyncio.to_thread(
-                read_report_bounded, ws.path, check.report_path, limit, bound="MAX_SARIF_BYTES"
-            )
-            if sarif is not None:
-                refs["report_ref"] = await v.save(f"{tag}report.sarif", sarif, "application/sarif+json")
-        ce = CheckEvidence(spec=check, run=evidence, sarif=sarif, sarif_refused=refused, sarif_cut=cut)
+        ce, rep, refs = await run_on(v, check, ws, tag, facts, on)
         verdict = await asyncio.to_thread(grade_check, ce)
+        pre: list[str] = []
+        note = None
+        mode = inp.validation.baseline
+        if mode != "off" and not verdict.passed and verdict.cause in (Cause.check_failed, Cause.test_failure):
+            base = await check_baseline(v, check, tag, on)
+            verdict, pre, note = against_base(check, verdict, base, mode)
         return check_result(
             ce,
             verdict,
             log_ref=refs.get("log_ref"),
             report_ref=refs.get("report_ref"),
             duration_s=rep.duration_s,
+            pre_existing=pre[:MAX_CHECK_FINDINGS],
+            baseline=note,
         )
     finally:
         if prepared is not None:
             prepared.release()
         await ws.remove()
+
+
+async def run_on(
+    v: Validation,
+    check: CheckSpec,
+    ws: Workspace,
+    tag: str,
+    facts: dict[str, Any],
+    on: tuple[dict[str, str], list[Mount]] | None,
+) -> tuple[CheckEvidence, SandboxReport, dict[str, ArtifactRef]]:
+    """The check's run in `ws` (written already), and its SARIF log read back without trusting it."""
+    evidence, rep, refs = await v.run_in(ws, tag, facts, check=check, prepared=on)
+    sarif, refused, cut = None, None, None
+    if check.report == "sarif" and check.report_path is not None:
+        limit = min(MAX_SARIF_BYTES, v.ports.settings.max_artifact_bytes)
+        sarif, refused, cut = await asyncio.to_thread(
+            read_report_bounded, ws.path, check.report_path, limit, bound="MAX_SARIF_BYTES"
+        )
+        if sarif is not None:
+            refs["report_ref"] = await v.save(f"{tag}report.sarif", sarif, "application/sarif+json")
+    return CheckEvidence(spec=check, run=evidence, sarif=sarif, sarif_refused=refused, sarif_cut=cut), rep, refs
+
+
+async def check_baseline(
+    v: Validation, check: CheckSpec, tag: str, on: tuple[dict[str, str], list[Mount]] | None
+) -> CheckBase:
+    """The check's result on the base commit: from the store when this tenant already ran this check (same
+    definition, environment and sandbox) on this repository and base commit; else run now on the base tree, in a
+    fresh workspace with the same environment, and kept when usable (validation.baseline)."""
+    inp, store = v.inp, v.ports.store
+    repository = await v.repository_key()
+    key = definition_key(
+        {
+            "kind": "check",
+            "check": check.model_dump(mode="json"),
+            "setup": inp.validation.setup,
+            "witness": inp.validation.protect.witness,
+            "environment": inp.environment.model_dump(mode="json") if inp.environment is not None else None,
+            "sandbox": {**inp.sandbox.model_dump(mode="json"), **v.sandbox.runner()},
+        }
+    )
+    cached = await store.get_baseline(inp.tenant_id, repository, inp.base_commit, key)
+    if cached is not None:
+        return CheckBase.model_validate(cached["check"])
+    facts = {
+        **v.facts,
+        "fail_to_pass": [],
+        "pass_to_pass": [],
+        "runner_reach": [],
+        "runner_reach_total": 0,
+        "weakened": [],
+        "changed_paths": [],
+        "protected_reset": [],
+    }
+    v.heartbeat()
+    ws = await make_workspace(
+        v.ports,
+        v.mirror.gitdir,
+        inp.work_item_id,
+        f"validate-{inp.attempt}-s{inp.step}a{v.w.rank.attempt}-{tag}baseline",
+        inp.base_commit,
+        v.limits,
+        materialise=False,
+    )
+    try:
+        try:
+            await ws.write_entries(v.base, source=v.ws.git)
+        except WorkspaceError:
+            return CheckBase(usable=False, passed=False, cause="disk")
+        ce, _, _ = await run_on(v, check, ws, f"{tag}baseline-", facts, on)
+    finally:
+        await ws.remove()
+    base = base_facts(check, await asyncio.to_thread(grade_check, ce))
+    if base.usable:
+        ran_by = f"{inp.work_item_id} attempt {inp.attempt}"
+        await store.put_baseline(
+            inp.tenant_id, repository, inp.base_commit, key, {"check": base.model_dump(), "ran_by": ran_by}
+        )
+    return base
 
 
 async def failed_setup(v: Validation, check: CheckSpec, tag: str, exc: SetupFailed) -> CheckResult:

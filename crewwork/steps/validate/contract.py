@@ -68,7 +68,8 @@ def checks_budget_s(validation: ValidationSpec, environment: EnvironmentSpec | N
         return 0.0
     each = []
     for c in validation.checks:
-        t = c.timeout_s or validation.timeout_s
+        # With a baseline, a failing check runs once more on the base commit.
+        t = (c.timeout_s or validation.timeout_s) * (2 if validation.baseline != "off" else 1)
         env = check_environment(c, environment) if c.environment is not None else None
         if env is not None:
             t += env.setup_timeout_s * (len(env.setup) + (1 if env.python else 0))
