@@ -77,7 +77,10 @@ async def run_checks(v: Validation) -> list[CheckResult]:
         async with gate:
             return await run_check(v, check)
 
-    return list(await asyncio.gather(*(one(c) for c in spec.checks)))
+    # A group, not gather: one check's error cancels the others (and their sandboxes) instead of leaving them running.
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(one(c)) for c in spec.checks]
+    return [t.result() for t in tasks]
 
 
 async def run_check(v: Validation, check: CheckSpec) -> CheckResult:
