@@ -257,12 +257,13 @@ def against_base(spec: CheckSpec, after: Verdict, base: CheckBase, mode: str) ->
         return after, [], "the check passes at the base commit: the change made it fail"
     if not base.usable:
         return after, [], f"its run on the base commit was not usable ({base.cause}): not compared"
+    introduced: list[str] = []
+    pre: list[str] = []
     if spec.report == "exit":
-        introduced, pre = [], ["the whole check: it fails at the base commit too"]
+        pre = ["the whole check: it fails at the base commit too"]
     else:
         # As many of each as the base had are pre-existing; one more of the same result is the change's.
         known = Counter(base.failing)
-        introduced, pre = [], []
         for f in after.failing_tests:
             k = _key(spec.report, f)
             if known[k] > 0:
