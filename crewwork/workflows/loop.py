@@ -79,13 +79,15 @@ class RepairLoop:
 
 
 def slim(summary: AttemptSummary) -> AttemptSummary:
-    """The status query keeps summaries small: no test lists or diagnostics."""
+    """The status query keeps summaries small: no test lists or diagnostics, a few of each check's findings."""
     s = summary.model_copy(deep=True)
     if s.validation is not None:
         s.validation.tests = s.validation.tests[:20]
         s.validation.diagnostics = None
         if s.validation.preview is not None:
             s.validation.preview.probes = s.validation.preview.probes[:20]
+        for check in s.validation.checks:
+            check.findings, check.pre_existing = check.findings[:5], check.pre_existing[:5]
     return s
 
 
