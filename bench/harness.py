@@ -233,6 +233,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line, sep, *body])
 
 
+LOAD_AT_START = os.getloadavg()
+"""The load average when the benchmark's process started (this module is imported first thing)."""
+
+
 def machine() -> dict[str, Any]:
     mem_kb = 0
     with contextlib.suppress(OSError):
@@ -244,7 +248,10 @@ def machine() -> dict[str, Any]:
         "mem_gib": round(mem_kb / 1024 / 1024, 1),
         "os": platform.platform(),
         "python": platform.python_version(),
-        "loadavg_at_start": os.getloadavg(),
+        # The load when the benchmark started, and now (at the end, when its results are written): a figure is read
+        # against the first, and the second says whether the machine stayed quiet.
+        "loadavg_at_start": LOAD_AT_START,
+        "loadavg_now": os.getloadavg(),
     }
 
 
