@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ os.environ.setdefault("CREWWORK_REPO_ALLOW_NETWORKS", "127.0.0.0/8,::1/128")
 os.environ.setdefault("CREWWORK_REVIEW_REQUIRED_DEFAULT", "false")
 
 PG_ADMIN = os.environ.get("CREWWORK_TEST_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432")
+TEST_SERVER_STARTUP = timedelta(seconds=60)
+"""How long Temporal's time-skipping test server may take to listen (the SDK's default, 5 s, was too short on a
+loaded 2-core CI machine)."""
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 _skipped: list[str] = []

@@ -25,6 +25,7 @@ from crewwork.config.sandbox import SandboxSettings
 from crewwork.models import ReviewDecision, WorkItemResult
 from crewwork.store.store import Store
 from crewwork.workers.pools import build_worker
+from tests.conftest import TEST_SERVER_STARTUP
 from tests.integration.test_lifecycle import code_change
 
 pytestmark = [pytest.mark.postgres, pytest.mark.temporal]
@@ -40,7 +41,9 @@ async def test_workspace_lease_is_renewed_while_a_review_is_pending(
     # The test server has no custom search attributes registered.
     monkeypatch.setenv("CREWWORK_SEARCH_ATTRIBUTES", "false")
     env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=server, data_converter=pydantic_data_converter
+        test_server_existing_path=server,
+        data_converter=pydantic_data_converter,
+        test_server_startup_timeout=TEST_SERVER_STARTUP,
     )
     settings = Settings(
         data_dir=tmp_path,

@@ -35,6 +35,7 @@ from temporalio.worker import Worker
 
 from crewwork.models import ReviewDecision, WorkItemInput, WorkItemResult, WorkItemSpec
 from crewwork.workflows.work_item import WorkItemWorkflow
+from tests.conftest import TEST_SERVER_STARTUP
 
 pytestmark = pytest.mark.temporal
 
@@ -52,7 +53,10 @@ def time_skipping_server() -> str:
 @pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     e = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=time_skipping_server(), data_converter=pydantic_data_converter
+        test_server_existing_path=time_skipping_server(),
+        data_converter=pydantic_data_converter,
+        # The SDK's default is 5 s; on a loaded 2-core CI machine the server took longer to listen.
+        test_server_startup_timeout=TEST_SERVER_STARTUP,
     )
     try:
         yield e
