@@ -96,7 +96,7 @@ def _decide(ce: CheckEvidence) -> Verdict:
         return fail(
             Cause.report_unparseable, f"Exited {code} and wrote no SARIF log at {ce.spec.report_path}.", exit_code=code
         )
-    parsed = sarif.parse(ce.sarif, default_tool=ce.spec.name)
+    parsed = sarif.parse(ce.sarif, default_tool=ce.spec.name, keep_unlocated=True)
     if parsed.errors:
         return fail(Cause.report_unparseable, "; ".join(parsed.errors)[:500], exit_code=code)
     if parsed.truncated:
@@ -130,7 +130,8 @@ def _decide(ce: CheckEvidence) -> Verdict:
 
 
 def _finding(r: sarif.Result) -> str:
-    return f"{r.path}:{r.line}: {r.rule}: {r.message}"[:300]
+    where = f"{r.path}:{r.line}" if r.path else "(no location)"
+    return f"{where}: {r.rule}: {r.message}"[:300]
 
 
 def _output_lines(ev: ValidationEvidence) -> list[str]:

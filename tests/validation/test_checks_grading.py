@@ -259,3 +259,10 @@ def test_one_more_of_the_same_result_than_at_the_base_is_the_changes() -> None:
     base = base_facts(s, failing("sarif", ["a.py:1: todo: a TODO"]))
     v, pre, _ = against_base(s, failing("sarif", ["a.py:1: todo: a TODO", "a.py:7: todo: a TODO"]), base, "compare")
     assert not v.passed and v.failing_tests == ["a.py:7: todo: a TODO"] and pre == ["a.py:1: todo: a TODO"]
+
+
+def test_an_error_result_without_a_location_still_fails_a_sarif_check() -> None:
+    unlocated = {"ruleId": "config", "level": "error", "message": {"text": "no configuration found"}}
+    v = grade_check(CheckEvidence(spec(**SARIF), run(exit_code=0), sarif=sarif_log(unlocated)))
+    assert (v.passed, v.cause) == (False, Cause.check_failed)
+    assert v.failing_tests == ["(no location): config: no configuration found"]

@@ -65,8 +65,10 @@ def normalise_uri(uri: str, roots: tuple[str, ...] = ()) -> str:
     return uri
 
 
-def parse(data: bytes, *, default_tool: str, roots: tuple[str, ...] = ()) -> Parsed:
-    """The results of a SARIF log, or errors saying why there are none to believe."""
+def parse(data: bytes, *, default_tool: str, roots: tuple[str, ...] = (), keep_unlocated: bool = False) -> Parsed:
+    """The results of a SARIF log, or errors saying why there are none to believe. `keep_unlocated`: results with
+    no file location are kept (path empty, line 0), not dropped; a named check's verdict counts them (a scanner's
+    findings are about the diff's lines, so it drops them)."""
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as exc:
@@ -99,13 +101,13 @@ def parse(data: bytes, *, default_tool: str, roots: tuple[str, ...] = ()) -> Par
                 continue
             if not isinstance(r, dict):
                 continue
-            res = _result(r, tool, roots)
+            res = _result(r, tool, roots, keep_unlocated)
             if res is not None:
                 out.results.append(res)
     return out
 
 
-def _result(r: dict[str, Any], tool: str, roots: tuple[str, ...]) -> Result | None:
+def _result(r: dict[str, Any], tool: str, roots: tuple[str, ...], keep_unlocated: bool = False) -> Result | None:
     locs = r.get("locations")
     path, line = "", 0
     if isinstance(locs, list) and locs and isinstance(locs[0], dict):
@@ -117,7 +119,7 @@ def _result(r: dict[str, Any], tool: str, roots: tuple[str, ...]) -> Result | No
             region = phys.get("region")
             if isinstance(region, dict) and isinstance(region.get("startLine"), int):
                 line = max(0, region["startLine"])
-    if not path:
+    if not path and not keep_unlocated:
         return None
     message = r.get("message")
     text = _s(message.get("text")) if isinstance(message, dict) else ""
