@@ -9,7 +9,7 @@ One `Policy` per submission, from the deployment's settings and the tenant's ove
 | `agent.config...` | no fault-injection keys of the scripted agent | CREWWORK_TEST_FAULTS |
 | `sandbox.backend` | one of the allowed backends (`local` also needs CREWWORK_ALLOW_UNSAFE_SANDBOX) | CREWWORK_POLICY_SANDBOX_BACKENDS |
 | `sandbox.memory_mb`, `cpus`, `pids`, `disk_mb` | at most the maxima | CREWWORK_SANDBOX_MAX_* |
-| `validation.timeout_s` | at most the longest run | CREWWORK_SANDBOX_MAX_TIMEOUT_S |
+| `validation.timeout_s`, each check's `timeout_s` | at most the longest run | CREWWORK_SANDBOX_MAX_TIMEOUT_S |
 | `budget.*` | at most the ceilings | CREWWORK_MAX_*_CEILING |
 | `review.timeout_s` | at most the ceiling | CREWWORK_MAX_REVIEW_TIMEOUT_S_CEILING |
 
@@ -167,6 +167,8 @@ class Policy:
             ("sandbox.disk_mb", "disk_mb", spec.sandbox.disk_mb),
             ("validation.timeout_s", "timeout_s", spec.validation.timeout_s if spec.validation else None),
         ]
+        for i, check in enumerate(spec.validation.checks if spec.validation else []):
+            asked.append((f"validation.checks[{i}].timeout_s", "timeout_s", check.timeout_s))
         for field, key, value in asked:
             if value is not None and value > maxima[key]:
                 raise PolicyViolation(

@@ -35,7 +35,7 @@ async def strict(api_settings: Settings, api_crew: Crew) -> AsyncIterator[Stack]
             "test_faults": False,
             "tenant_policies": {
                 beta.name: TenantPolicy(agents=["command"]),
-                admin.name: TenantPolicy(max_memory_mb=256, max_review_timeout_s=60),
+                admin.name: TenantPolicy(max_memory_mb=256, max_review_timeout_s=60, max_timeout_s=120),
             },
         }
     )
@@ -126,6 +126,17 @@ async def test_per_tenant_overrides_apply_to_that_tenant_only(strict: Stack) -> 
         assert field_of(r) == "sandbox.memory_mb"
         r = await c.post("/v1/work-items", json={**task_item(), "review": {"timeout_s": 120}})
         assert field_of(r) == "review.timeout_s"
+        # A named check's run is bounded like the validation's (docs/checks.md).
+        checked = {
+            "command": ["true"],
+            "timeout_s": 60,
+            "checks": [{"name": "lint", "command": ["true"]}, {"name": "types", "command": ["true"], "timeout_s": 600}],
+        }
+        r = await c.post(
+            "/v1/work-items",
+            json={"kind": "code_change", "repo": {"url": "/nowhere"}, "instruction": "x", "validation": checked},
+        )
+        assert field_of(r) == "validation.checks[1].timeout_s" and "at most 120" in r.json()["detail"]
     async with strict.client(strict.alpha) as c:
         r = await c.post(
             "/v1/work-items", json={**task_item({"x": 1}), "sandbox": {"memory_mb": 512}, "review": {"timeout_s": 120}}

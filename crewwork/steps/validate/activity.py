@@ -365,7 +365,8 @@ class Validation:
             command = check.command
             junit_path = check.report_path if check.report == "junit" else None
             if check.timeout_s is not None:
-                limits = dataclasses.replace(limits, timeout_s=check.timeout_s)
+                # Checked against the operator's maxima again here (admission did at submission).
+                limits = sandbox_limits(self.inp.sandbox, check.timeout_s, settings.sandbox)
         refs: dict[str, ArtifactRef] = {}
         # The platform's directory, owned by the sandbox user; the report path's parent exists too. Whatever the
         # run leaves there is read back without following anything.
