@@ -117,10 +117,14 @@ def _as_registered(
 def with_registered_checks(validation: ValidationSpec, registered: list[Any]) -> ValidationSpec:
     """The registration's checks first, each replaced by the work item's check of the same name, then the item's
     others; checked again as one declaration (at most MAX_CHECKS, distinct report paths): RepositoryRefused if not."""
-    own: dict[str, CheckSpec | None] = {c.name: c for c in validation.checks}
-    merged = [own.pop(c["name"], None) or CheckSpec.model_validate(c) for c in registered]
-    merged += [c for c in validation.checks if c.name in own]
+    own = {c.name: c for c in validation.checks}
     try:
+        # A stored check this release no longer takes (its rules tightened) is refused here too, never a 500.
+        merged: list[CheckSpec] = []
+        for stored in registered:
+            check = CheckSpec.model_validate(stored)
+            merged.append(own.pop(check.name, check))
+        merged += [c for c in validation.checks if c.name in own]
         return ValidationSpec.model_validate({**validation.model_dump(), "checks": [c.model_dump() for c in merged]})
     except ValidationError as exc:
         said = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
