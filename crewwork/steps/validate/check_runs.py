@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from crewwork.models import CheckResult, CheckSpec
 from crewwork.models.matrix import MAX_CHECK_FINDINGS
 from crewwork.sandbox.envplan import PreparedEnv, SetupFailed
-from crewwork.steps.execution import make_workspace, read_report_bounded
+from crewwork.steps.execution import read_report_bounded
 from crewwork.steps.validate import extra_runs
 from crewwork.steps.validate.contract import check_environment
 from crewwork.validation.baseline import definition_key
@@ -94,16 +94,7 @@ async def run_check(v: Validation, check: CheckSpec) -> CheckResult:
         "runner_reach": [],
         "runner_reach_total": 0,
     }
-    v.heartbeat()
-    ws = await make_workspace(
-        v.ports,
-        v.mirror.gitdir,
-        inp.work_item_id,
-        f"validate-{inp.attempt}-s{inp.step}a{v.w.rank.attempt}-{tag}",
-        inp.base_commit,
-        v.limits,
-        materialise=False,
-    )
+    ws = await extra_runs.fresh_workspace(v, tag)
     prepared: PreparedEnv | None = None
     try:
         own = check.environment is not None
@@ -199,16 +190,7 @@ async def check_baseline(
         "changed_paths": [],
         "protected_reset": [],
     }
-    v.heartbeat()
-    ws = await make_workspace(
-        v.ports,
-        v.mirror.gitdir,
-        inp.work_item_id,
-        f"validate-{inp.attempt}-s{inp.step}a{v.w.rank.attempt}-{tag}baseline",
-        inp.base_commit,
-        v.limits,
-        materialise=False,
-    )
+    ws = await extra_runs.fresh_workspace(v, f"{tag}baseline")
     try:
         try:
             await ws.write_entries(v.base, source=v.ws.git)

@@ -174,17 +174,7 @@ async def extra_run(
 ) -> tuple[ValidationEvidence, SandboxReport | None, dict[str, ArtifactRef]]:
     """One more run of the command on `tree` in a fresh workspace (same sandbox, limits, prepared environment),
     removed afterwards."""
-    inp = v.inp
-    v.heartbeat()
-    ws = await make_workspace(
-        v.ports,
-        v.mirror.gitdir,
-        inp.work_item_id,
-        f"validate-{inp.attempt}-s{inp.step}a{v.w.rank.attempt}-{tag}",
-        inp.base_commit,
-        v.limits,
-        materialise=False,
-    )
+    ws = await fresh_workspace(v, tag)
     try:
         try:
             # The change's blobs are in the validation's own workspace's git directory.
@@ -194,3 +184,19 @@ async def extra_run(
         return await v.run_in(ws, f"{tag}-", facts)
     finally:
         await ws.remove()
+
+
+async def fresh_workspace(v: Validation, tag: str) -> Workspace:
+    """A new, empty workspace on the base commit beside the validation's own, named with `tag` (the caller writes a
+    tree into it and removes it)."""
+    inp = v.inp
+    v.heartbeat()
+    return await make_workspace(
+        v.ports,
+        v.mirror.gitdir,
+        inp.work_item_id,
+        f"validate-{inp.attempt}-s{inp.step}a{v.w.rank.attempt}-{tag}",
+        inp.base_commit,
+        v.limits,
+        materialise=False,
+    )
