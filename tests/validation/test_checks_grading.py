@@ -266,3 +266,13 @@ def test_an_error_result_without_a_location_still_fails_a_sarif_check() -> None:
     v = grade_check(CheckEvidence(spec(**SARIF), run(exit_code=0), sarif=sarif_log(unlocated)))
     assert (v.passed, v.cause) == (False, Cause.check_failed)
     assert v.failing_tests == ["(no location): config: no configuration found"]
+
+
+def test_a_checks_own_environment_budgets_validation_setup_too() -> None:
+    item = EnvironmentSpec(python="/usr/bin/python3", setup=[["pip", "install", "-e", "."]])
+    own = spec(environment={"setup": [["pip", "install", "blinker"]]})
+    plain = ValidationSpec(command=["pytest"], timeout_s=100, checks=[own])
+    with_setup = plain.model_copy(update={"setup": [["make", "fixtures"]]})
+    # The check's environment is prepared with validation.setup after its own: one more setup_timeout_s (600) there,
+    # and one more validation run for the tests' own setup (100).
+    assert validation_budget_s(with_setup, item) - validation_budget_s(plain, item) == 600 + 100

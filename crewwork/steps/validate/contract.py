@@ -72,7 +72,8 @@ def checks_budget_s(validation: ValidationSpec, environment: EnvironmentSpec | N
         t = (c.timeout_s or validation.timeout_s) * (2 if validation.baseline != "off" else 1)
         env = check_environment(c, environment) if c.environment is not None else None
         if env is not None:
-            t += env.setup_timeout_s * (len(env.setup) + (1 if env.python else 0))
+            # Its own prepared environment: its setup and validation.setup, each under setup_timeout_s.
+            t += env.setup_timeout_s * (len(env.setup) + len(validation.setup) + (1 if env.python else 0))
         each.append(t)
     waves = -(-len(each) // validation.check_parallel)
     return max(each) * waves
