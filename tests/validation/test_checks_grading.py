@@ -276,3 +276,29 @@ def test_a_checks_own_environment_budgets_validation_setup_too() -> None:
     # The check's environment is prepared with validation.setup after its own: one more setup_timeout_s (600) there,
     # and one more validation run for the tests' own setup (100).
     assert validation_budget_s(with_setup, item) - validation_budget_s(plain, item) == 600 + 100
+
+
+async def test_the_checks_and_the_tests_run_together_and_an_error_reaches_temporal_as_itself() -> None:
+    import asyncio
+
+    from temporalio.exceptions import ApplicationError
+
+    from crewwork.steps.validate.check_runs import together
+
+    cancelled = asyncio.Event()
+
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def refused() -> None:
+        await asyncio.sleep(0)
+        raise ApplicationError("bad input: no", non_retryable=True)
+
+    assert await together(asyncio.sleep(0, "a"), asyncio.sleep(0, "b")) == ["a", "b"]
+    with pytest.raises(ApplicationError) as raised:
+        await together(slow(), refused())
+    assert raised.value.non_retryable and cancelled.is_set(), "the error itself, and the other run cancelled"

@@ -56,7 +56,7 @@ from crewwork.steps.execution import (
 )
 from crewwork.steps.ports import Ports
 from crewwork.steps.validate import ValidateInput
-from crewwork.steps.validate.check_runs import run_checks
+from crewwork.steps.validate.check_runs import run_checks, together
 from crewwork.steps.validate.extra_runs import Verdict, against_base
 from crewwork.steps.validate.output import TAIL_BYTES, stdout_cut
 from crewwork.steps.validate.scanning import ScanStage
@@ -122,10 +122,7 @@ async def validate(
             if inp.validation.checks:
                 # Beside the tests, each in its own sandbox (crewwork/steps/validate/check_runs.py); a failure of either
                 # cancels the other.
-                async with asyncio.TaskGroup() as group:
-                    tested = group.create_task(tests())
-                    checked = group.create_task(run_checks(v))
-                verdict, v.extra["checks"] = tested.result(), checked.result()
+                verdict, v.extra["checks"] = await together(tests(), run_checks(v))
             else:
                 verdict = await tests()
         # Parsing a report of up to 32 MiB is CPU work: in a thread, so heartbeats go on meanwhile.

@@ -13,6 +13,7 @@ heartbeat that covers them all."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crewwork.models import CheckResult, CheckSpec
@@ -68,6 +69,22 @@ class Validation(extra_runs.Validation, Protocol):
     ) -> tuple[ValidationEvidence, SandboxReport, dict[str, ArtifactRef]]: ...
 
 
+async def together(*coros: Coroutine[Any, Any, Any]) -> list[Any]:
+    """Run `coros` at once and return their results; the first error cancels the others and is raised as itself.
+
+    A task group raises an ExceptionGroup; the activity's errors must reach Temporal as they are (a non-retryable
+    `bad input`, a stale attempt stopping itself), or they would be retried as unknown errors."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coros]
+    except BaseExceptionGroup as eg:
+        first: BaseException = eg
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
+    return [t.result() for t in tasks]
+
+
 async def run_checks(v: Validation) -> list[CheckResult]:
     """Every declared check of this attempt, `check_parallel` at a time; their results in declaration order."""
     spec = v.inp.validation
@@ -77,10 +94,8 @@ async def run_checks(v: Validation) -> list[CheckResult]:
         async with gate:
             return await run_check(v, check)
 
-    # A group, not gather: one check's error cancels the others (and their sandboxes) instead of leaving them running.
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(one(c)) for c in spec.checks]
-    return [t.result() for t in tasks]
+    # Not gather: one check's error cancels the others (and their sandboxes) instead of leaving them running.
+    return await together(*(one(c) for c in spec.checks))
 
 
 async def run_check(v: Validation, check: CheckSpec) -> CheckResult:
