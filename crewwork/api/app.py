@@ -137,6 +137,7 @@ def create_app(
             settings.resolved_database_url(),
             pool_size=settings.db_pool_size,
             server_writes=settings.store_server_writes,
+            driver_writes=settings.store_driver_writes,
         )
         outbox = OutboxStore(running_store)
         projections = StoreProjections(running_store, settings.metrics_store_refresh_s)

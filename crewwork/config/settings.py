@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         "(migration 0008), one round trip instead of one per statement. false: the Python path (what SQLite always "
         "runs; the same statements in the same order), for comparison.",
     )
+    store_driver_writes: bool = Field(
+        default=True,
+        description="PostgreSQL: the server-side fenced write is sent straight on the pooled connection's asyncpg "
+        "driver instead of through SQLAlchemy's execution layers (~0.25 ms less CPU per write for the caller). "
+        "false: through SQLAlchemy, for comparison.",
+    )
     temporal_address: str = Field(default="127.0.0.1:7233", description="host:port of the Temporal frontend.")
     temporal_namespace: str = Field(default="default", description="Temporal namespace.")
     temporal_ui_url: str = Field(

@@ -64,11 +64,19 @@ _UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
 """admin_shutdown, crash_shutdown, cannot_connect_now (the server is starting up, in recovery or shutting down)."""
 
 
+def driver_disconnect(exc: BaseException, connection: Any) -> bool:
+    """Whether an error the asyncpg driver raised (`Database.driver_scalar`) means its connection is gone: then it is
+    discarded, not returned to the pool."""
+    return connection.is_closed() or isinstance(exc, OSError) or type(exc).__name__ in _UNAVAILABLE_ERRORS
+
+
 def unavailable(exc: BaseException) -> bool:
     """Whether `exc`, raised while opening a connection, says the database cannot be reached right now (refused,
     reset, starting up or shutting down): a connection that was never established cannot have done anything."""
     if isinstance(exc, OSError):  # asyncpg raises ConnectionRefusedError & co. unwrapped
         return True
+    if type(exc).__name__ in _UNAVAILABLE_ERRORS or getattr(exc, "sqlstate", None) in _UNAVAILABLE_SQLSTATES:
+        return True  # the driver's own error (`Database.driver_scalar`)
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True
@@ -89,7 +97,12 @@ def unavailable(exc: BaseException) -> bool:
 def store_unreachable(exc: BaseException) -> bool:
     """Whether an error a store call raised says the database cannot be reached right now (the caller may retry):
     a connection refused or reset, or a database error `unavailable` recognises."""
-    return isinstance(exc, ConnectionError) or (isinstance(exc, DBAPIError) and unavailable(exc))
+    return isinstance(exc, ConnectionError) or (isinstance(exc, DBAPIError) and unavailable(exc)) or _driver_down(exc)
+
+
+def _driver_down(exc: BaseException) -> bool:
+    """An asyncpg error (`Database.driver_scalar`) that says the database cannot be reached right now."""
+    return type(exc).__module__.startswith("asyncpg") and unavailable(exc)
 
 
 class StoreError(RuntimeError):
@@ -112,6 +125,7 @@ class Database:
         pre_ping: bool = True,
         unavailable_wait_s: float = 0.0,
         server_writes: bool = True,
+        driver_writes: bool = True,
     ) -> None:
         """`pre_ping` (the API) tests a pooled connection before use when it sat idle a second or more
         (`_test_on_checkout`); `pre_ping=False` (the worker pools) only discards one the driver knows is closed; a
@@ -147,6 +161,9 @@ class Database:
         trip per statement (crewwork/store/fencing/rule.py). `server_writes=False` (the setting
         `CREWWORK_STORE_SERVER_WRITES`) runs the Python path, which SQLite always runs (docs/performance.md, "Fourth
         round")."""
+        self.driver_writes = self.server_writes and driver_writes
+        """PostgreSQL: the server-side fenced write is sent on the pooled connection's driver (`driver_scalar`), not
+        through SQLAlchemy's execution layers (the setting `CREWWORK_STORE_DRIVER_WRITES`; docs/performance.md)."""
 
     async def close(self) -> None:
         await self.engine.dispose()
@@ -231,6 +248,50 @@ class Database:
                     continue
                 raise
         raise AssertionError("unreachable")
+
+    async def driver_scalar(self, sql: str, *args: Any) -> Any:
+        """PostgreSQL: run one statement (`$1`-style parameters) straight on a pooled connection's asyncpg driver,
+        outside a transaction, and return its scalar: `autocommit_scalar` without SQLAlchemy's execution layers.
+
+        For the hottest statement, the fenced write (four per `task` item): through SQLAlchemy's `Connection` one call
+        cost ~390 us of the caller's CPU, on the driver with the pool's checkout ~150 us (`bench/trace.py`; the
+        driver's own round trip ~85 us). The connection comes from the same pool (the same checkout test, the same
+        bound on connections) and goes back to it with no transaction open. The same contract as
+        `autocommit_scalar`: waits for an unreachable database, and a pooled connection found dead runs the statement
+        once more on a fresh one. An error from the driver is raised as the driver raised it; `unavailable` and
+        `store_unreachable` know its connection errors."""
+        for attempt in (1, 2):
+            proxied = await self._driver_checkout()
+            try:
+                return await proxied.driver_connection.fetchval(sql, *args)
+            except Exception as exc:
+                if driver_disconnect(exc, proxied.driver_connection):
+                    proxied.invalidate(exc)
+                    if attempt == 1:
+                        continue
+                raise
+            # Cancelled mid-statement (the caller's activity was cancelled): the driver asks the server to cancel the
+            # statement and the connection goes back to the pool usable. Closing it instead would leave the backend
+            # to run the statement once the lock it waits for is released, behind the caller's back
+            # (tests/store/test_store_server_write_attacks.py).
+            finally:
+                proxied.close()
+        raise AssertionError("unreachable")
+
+    async def _driver_checkout(self) -> Any:
+        deadline = time.monotonic() + self.unavailable_wait_s
+        delay = 0.1
+        while True:
+            try:
+                return await self.engine.raw_connection()
+            except (OSError, DBAPIError) as exc:
+                remaining = deadline - time.monotonic()
+                if self.unavailable_wait_s <= 0 or not unavailable(exc) or remaining <= 0:
+                    raise
+                pause = min(delay, remaining)
+                log.warning("the store is unreachable (%s); retrying in %.1fs", type(exc).__name__, pause)
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 2.0)
 
     @asynccontextmanager
     async def _autocommit_connection(self) -> AsyncIterator[Any]:

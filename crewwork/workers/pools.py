@@ -210,6 +210,7 @@ async def run_pools(
         pre_ping=False,
         unavailable_wait_s=settings.store_unavailable_wait_s,
         server_writes=settings.store_server_writes,
+        driver_writes=settings.store_driver_writes,
     )
     metrics_server = None
     for i, pool in enumerate(pools):

@@ -382,10 +382,12 @@ async def test_a_hand_off_skips_a_queued_row_locked_by_a_third_connection_alike(
     assert again.ok and again.value is not None and again.value.admitted
 
 
-async def test_a_pooled_connection_killed_before_a_server_write_costs_a_retry(pg_url: str) -> None:
+@pytest.mark.parametrize("driver", [True, False])
+async def test_a_pooled_connection_killed_before_a_server_write_costs_a_retry(pg_url: str, driver: bool) -> None:
     """pg_terminate_backend of the pool's only connection (no pre-ping): the next fenced write runs once, on a
-    fresh connection, and is not applied twice."""
-    store = Store(pg_url, pool_size=1, pre_ping=False)
+    fresh connection, and is not applied twice; sent on the driver (`Database.driver_scalar`) or through
+    SQLAlchemy (CREWWORK_STORE_DRIVER_WRITES=false)."""
+    store = Store(pg_url, pool_size=1, pre_ping=False, driver_writes=driver)
     try:
         tid, wid = await _item(store, "killed-conn")
         w = {"work_item_id": wid, "tenant_id": tid}
@@ -689,3 +691,50 @@ async def test_server_and_python_workers_racing_at_the_limit_never_exceed_it(pg_
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_the_driver_path_and_the_sqlalchemy_path_leave_the_same_rows(pg_url: str) -> None:
+    """The same writes (admission, state changes with a result and an attempt, an evidence event with its artifact,
+    a stale write) sent on the driver and through SQLAlchemy answer alike and leave the same rows."""
+    stores = [Store(pg_url, driver_writes=True), Store(pg_url, driver_writes=False)]
+    try:
+        seen = []
+        for i, store in enumerate(stores):
+            tid, wid = await _item(store, f"driver-vs-sqlalchemy-{i}")
+            w = {"work_item_id": wid, "tenant_id": tid}
+
+            async def no_fp(_s: Any, _w: str) -> list[str | None]:
+                return []
+
+            adm = await store.admit(
+                FencedWrite(**w, rank=Rank(1, 1), writer="admit"), max_in_flight=5, fingerprints=no_fp
+            )
+            run = await store.set_state(StateChange(FencedWrite(**w, rank=Rank(2, 1), writer="a"), state=S.running))
+            art = new_artifact(
+                work_item_id=wid, tenant_id=tid, name="t", data=b"x" * 300, content_type="text/plain", max_bytes=1000
+            )
+            ev = await store.fenced_event(
+                FencedWrite(**w, rank=Rank(2, 1), writer="a"), type_="evidence", data={"k": 1e16}, artifacts=[art]
+            )
+            stale = await store.set_state(
+                StateChange(FencedWrite(**w, rank=Rank(1, 2), writer="zombie"), state=S.failed)
+            )
+            done = await store.set_state(
+                StateChange(
+                    FencedWrite(**w, rank=Rank(3, 1), writer="f"),
+                    state=S.succeeded,
+                    fields={"result": {"output": {"a": [1, -0.0]}}},
+                )
+            )
+            assert adm.ok and run.ok and ev.ok and done.ok and not stale.ok
+            seen.append(
+                (
+                    adm.value,
+                    stale.current,
+                    await _rows(store, tid, wid),
+                )
+            )
+        assert seen[0] == seen[1]
+    finally:
+        for store in stores:
+            await store.close()

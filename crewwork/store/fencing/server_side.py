@@ -13,6 +13,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from asyncpg.exceptions import UndefinedFunctionError  # type: ignore[import-untyped]
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -103,8 +104,11 @@ class ServerWrites(PostgresWrites):
                 art=artifact.content,
             )
         try:
-            raw = await self.db.autocommit_scalar(sql.SERVER_WRITE, params)
-        except ProgrammingError as exc:
+            if self.db.driver_writes:
+                raw = await self.db.driver_scalar(sql.SERVER_WRITE_DRIVER, *(params[k] for k in sql.SERVER_WRITE_ARGS))
+            else:
+                raw = await self.db.autocommit_scalar(sql.SERVER_WRITE, params)
+        except (ProgrammingError, UndefinedFunctionError) as exc:
             if "crewwork_fenced_write" in str(exc) and "does not exist" in str(exc):
                 raise StoreError(
                     "the database schema is older than this release: run `crewwork db upgrade` (migration 0008 adds "

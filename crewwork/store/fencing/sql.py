@@ -94,6 +94,16 @@ SERVER_WRITE = text(
     "SELECT crewwork_fenced_write(:wid, :tenant, :rank, :writer, CAST(:ops AS jsonb), :terminal, :in_flight, "
     "CAST(:hand_off AS jsonb), :trace, :art_id, :art_name, :art_type, :art_size, :art_sha, :art)"
 ).bindparams(bindparam("art", type_=LargeBinary))
+# The same call as the driver's own statement (`Database.driver_scalar`: no SQLAlchemy execution layers on the
+# hottest statement), its parameters in SERVER_WRITE_ARGS' order.
+SERVER_WRITE_DRIVER = (
+    "SELECT crewwork_fenced_write($1, $2, $3, $4, CAST($5 AS jsonb), $6, $7, CAST($8 AS jsonb), $9, $10, $11, $12, "
+    "$13, $14, $15::bytea)"
+)
+SERVER_WRITE_ARGS = (
+    "wid", "tenant", "rank", "writer", "ops", "terminal", "in_flight", "hand_off", "trace",
+    "art_id", "art_name", "art_type", "art_size", "art_sha", "art",
+)  # fmt: skip
 # The columns a server-side state change sets from `fields` (crewwork_change_state); a write with any other runs the
 # Python path.
 SERVER_FIELDS = frozenset({"result", "delivery_branch", "landed_commit", "mock"})
