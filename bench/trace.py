@@ -284,7 +284,7 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
             if args.profile and spy_bin is not None:
                 pid = next(p.proc.pid for p in stack.processes if p.name == args.profile and p.proc)
                 cmd = [str(spy_bin), "record", "-p", str(pid), "-f", "raw", "-r", "200", "-o", str(prof)]
-                spy = subprocess.Popen([*cmd, "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                spy = subprocess.Popen([*cmd, "--nonblocking", *os.environ.get("SPY_EXTRA", "").split()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(1.0)
             cpu: dict[str, float] = {}
 

@@ -324,6 +324,18 @@ class Database:
             built[key] = build()
         return built[key]  # type: ignore[no-any-return]
 
+    async def any_row(self, key: Hashable, build: Callable[[], Any]) -> bool:
+        """Whether the read `build()` (a select of one indexed column with LIMIT 1, built once under `key`) finds a
+        row: one round trip outside a transaction. The work queues polled by every API process (the webhook outbox,
+        the forge and error intakes) ask this before they claim: with nothing due (nearly always), a claim is a
+        transaction of three round trips with a row lock; an idle API process spent ~6.5 ms of CPU a second on the
+        outbox alone, ~4 with this first (/proc over 30 s idle)."""
+        stmt = self.built_once(key, build)
+        if self.is_sqlite:
+            async with self.session() as s:
+                return (await s.execute(stmt)).first() is not None
+        return await self.autocommit_first(stmt) is not None
+
     # ------------------------------------------------------------------ clock
 
     def now_sql(self) -> Any:

@@ -251,6 +251,10 @@ class ErrorStore:
     # ------------------------------------------------------------------ the intake's queue
 
     async def claim_groups(self, limit: int, claim_s: float) -> list[ClaimedGroup]:
+        g = ErrorGroup
+        due = lambda: select(g.id).where(g.status == "pending", g.next_attempt_at <= self.db.now_sql()).limit(1)  # noqa: E731
+        if not await self.db.any_row("error_groups_due", due):
+            return []
         async with self.db.session() as s:
             now = await self.db.now(s)
             q = (

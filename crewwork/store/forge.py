@@ -239,6 +239,10 @@ class ForgeStore:
 
     async def claim_triggers(self, limit: int, claim_s: float) -> list[ClaimedTrigger]:
         """Take up to `limit` due triggers, pushing their next attempt `claim_s` ahead so no one else takes them."""
+        t = ForgeTrigger
+        due = lambda: select(t.id).where(t.status == "pending", t.next_attempt_at <= self.db.now_sql()).limit(1)  # noqa: E731
+        if not await self.db.any_row("forge_triggers_due", due):
+            return []
         async with self.db.session() as s:
             now = await self.db.now(s)
             q = (
@@ -325,6 +329,10 @@ class ForgeStore:
 
     async def claim_progress(self, limit: int, claim_s: float) -> list[ProgressRow]:
         """Take up to `limit` progress comments due a look, hiding them from other claimers for `claim_s`."""
+        p = ForgeProgress
+        due = lambda: select(p.work_item_id).where(p.done.is_(False), p.next_attempt_at <= self.db.now_sql()).limit(1)  # noqa: E731
+        if not await self.db.any_row("forge_progress_due", due):
+            return []
         async with self.db.session() as s:
             now = await self.db.now(s)
             q = (
