@@ -22,7 +22,7 @@ The agent slot's own breakdown, from the history and the store's rows (database 
   efficiency (busy slot-seconds over the run's slot-seconds) is given instead.
 Heartbeats: the watch heartbeats every 2 s, so a 100 ms agent makes none.
 
-CPU per item: each process's CPU seconds over the run divided by the items; `--profile NAME` (a pool process,
+CPU per item: each process's CPU seconds over the run divided by the items; `--profile NAME [--profile-gil]` (a pool process,
 e.g. agent-0 or control-0) samples it with py-spy and groups the samples by what they were doing.
 
     .venv/bin/python bench/trace.py [--items 100] [--clients 12] [--agents 1] [--slots 1] [--profile agent-0]
@@ -284,7 +284,12 @@ def run_once(args: argparse.Namespace, env: dict[str, str], spy_bin: Path | None
             if args.profile and spy_bin is not None:
                 pid = next(p.proc.pid for p in stack.processes if p.name == args.profile and p.proc)
                 cmd = [str(spy_bin), "record", "-p", str(pid), "-f", "raw", "-r", "200", "-o", str(prof)]
-                spy = subprocess.Popen([*cmd, "--nonblocking", *os.environ.get("SPY_EXTRA", "").split()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                # --gil: only the samples of a thread holding the GIL, i.e. Python that runs (the default also counts
+                # threads waiting in native code: the SDK's bridge, the event loop in epoll).
+                gil = ["--gil"] if args.profile_gil else []
+                spy = subprocess.Popen(
+                    [*cmd, "--nonblocking", *gil], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
                 time.sleep(1.0)
             cpu: dict[str, float] = {}
 
@@ -392,6 +397,11 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=1)
     ap.add_argument("--control", type=int, default=1)
     ap.add_argument("--profile", default="", help="pool process to sample with py-spy during the run (e.g. agent-0)")
+    ap.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="with --profile: only samples of a thread holding the GIL (py-spy --gil)",
+    )
     ap.add_argument(
         "--variant",
         action="append",
