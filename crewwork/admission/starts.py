@@ -5,7 +5,9 @@ Admission is decided before the workflow starts, by the same fenced write the wo
 submission's insert, below every step a workflow schedules, so anything the workflow writes outranks it:
 
 - at submission (crewwork/api/service.py): admitted -> the workflow starts with the terms in its input and asks for no
-  admission; queued -> **no workflow yet**. A queued item then costs Temporal nothing while it waits: before, its
+  admission; queued -> **no workflow yet**. On PostgreSQL the admission is made by the submission's own call
+  (`crewwork_submit`, migration 0016: the insert, then this same fenced write, one round trip and one commit);
+  elsewhere by `admit_and_start` after the insert. A queued item then costs Temporal nothing while it waits: before, its
   workflow started, asked, upserted `queued`, started a fallback timer, and took a signal and another workflow
   task when a place was handed to it (bench/trace.py: ~11 ms of CPU per queued item, 20% of the throughput at 8
   slots with one tenant at its limit);

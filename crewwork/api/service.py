@@ -143,6 +143,8 @@ class WorkItemService:
             # Labelled from the start (API, console, CLI), not only once an attempt of the mock agent has run.
             mock=agent_check(spec.agent.name, plugins=self.settings.agent_plugins).mock,
             max_waiting=self.settings.tenant_max_queued,
+            # Admitted by the insert's own call where the store can (PostgreSQL: migration 0016); else `_start` does.
+            admit_max_in_flight=self.settings.tenant_max_in_flight if self.settings.admit_at_submission else None,
         )
         # Admit and start the workflow (or, for a concurrent retry that found the item, what `_restart` does).
         row = await self._start(row, spec) if created else await self._restart(row)
@@ -172,6 +174,12 @@ class WorkItemService:
         if not self.settings.admit_at_submission:
             await starts.start(client, self.settings, row, spec=spec)
             return row
+        if row.state == WorkItemState.admitted.value and row.fence_rank == starts.ADMISSION.encode():
+            # Admitted by the submission's own call (`create_work_item`'s `admit_max_in_flight`).
+            await starts.start_admitted(client, self.settings, row, spec=spec)
+            return row
+        if row.state == WorkItemState.queued.value:
+            return row  # queued by it: its place starts it (crewwork/admission/handoff.py)
         state = await starts.admit_and_start(self.store, client, self.settings, row, spec=spec)
         return row if state == row.state else dataclasses.replace(row, state=state)
 

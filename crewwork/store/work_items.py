@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, Float, Table, bindparam, cast, func, insert, literal_column, or_, select, tuple_
+from asyncpg.exceptions import UndefinedFunctionError, UniqueViolationError  # type: ignore[import-untyped]
+from sqlalchemy import JSON, Float, Table, bindparam, cast, func, insert, literal_column, or_, select, text, tuple_
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, ProgrammingError
 
 from crewwork.boundary.masking import mask_secrets
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.models.ids import new_id
+from crewwork.observability import tracing
 from crewwork.store.engine import Database, StoreError
-from crewwork.store.fencing import SUBMISSION
+from crewwork.store.fencing import IN_FLIGHT_STATES, SUBMISSION, Rank
+from crewwork.store.fencing.vocabulary import TERMINAL_STATES
 from crewwork.store.tables import Event, WorkItem
 from crewwork.store.views import StoredWorkItem, first_view, select_view, view_of, views_of
 
@@ -77,6 +81,22 @@ _WAITING = select(func.count()).select_from(
 )
 
 
+# crewwork_submit (migration 0016), as the driver's statement and as SQLAlchemy's.
+_SUBMIT_DRIVER = "SELECT crewwork_submit(" + ", ".join(f"${i}" for i in range(1, 19)) + ")"
+_SUBMIT = text("SELECT crewwork_submit(" + ", ".join(f":a{i}" for i in range(18)) + ")")
+ADMISSION_RANK = Rank(0, 1).encode()
+"""crewwork.admission.starts.ADMISSION, the rank `crewwork_submit` admits at (a test checks the two agree)."""
+
+
+def _admission_reason(admission: dict[str, Any], max_in_flight: int) -> str:
+    """The reason `crewwork_fenced_write`'s admission stores (its `why`), for the row returned."""
+    if admission["admitted"]:
+        return "admitted"
+    in_flight = int(admission.get("in_flight") or 0)
+    ahead = int(admission.get("queued_position") or 1) - 1
+    return f"queued: {in_flight} of the tenant's {max_in_flight} in-flight places taken, {ahead} ahead"
+
+
 class WorkItemStore(Database):
     async def create_work_item(
         self,
@@ -88,9 +108,16 @@ class WorkItemStore(Database):
         submission_hash: str | None = None,
         mock: bool = False,
         max_waiting: int | None = None,
+        admit_max_in_flight: int | None = None,
     ) -> tuple[StoredWorkItem, bool]:
         """Insert a work item, or return the existing one for the same (tenant, idempotency key) if its
         `submission_hash` is the same (else `IdempotencyConflict`).
+
+        `admit_max_in_flight`: on PostgreSQL with server-side writes, admit the new item in the same call
+        (`crewwork_submit`, migration 0016: the insert, then the admission's own fenced write at rank ADMISSION under
+        this in-flight limit, one round trip and one commit); the row returned is then `admitted` or `queued`.
+        Elsewhere (SQLite, `CREWWORK_STORE_SERVER_WRITES=false`) it is ignored and the row is `submitted`: the
+        caller admits it (crewwork/admission/starts.py `admit_and_start`).
 
         `mock`: the item's agent is a mock (labelled so from the start). `max_waiting`: refuse the insert
         (`QueueFull`, nothing stored) when the tenant already has that many items waiting for a place, counted by the
@@ -132,6 +159,8 @@ class WorkItemStore(Database):
             "rank": SUBMISSION.encode(),
         }
         try:
+            if admit_max_in_flight is not None and not self.is_sqlite and getattr(self, "server_writes", False):
+                return await self._submit_admitted(values, event, max_waiting, admit_max_in_flight), True
             if self.is_sqlite:
                 async with self.session() as s:
                     conn = await s.connection()
@@ -157,7 +186,7 @@ class WorkItemStore(Database):
                     raise QueueFull(max_waiting or 0)
                 now = float(stored)
             return view_of(StoredWorkItem, {**values, "result": None, "created_at": now, "updated_at": now}), True
-        except (IntegrityError, QueueFull):
+        except (IntegrityError, UniqueViolationError, QueueFull):
             # A request with the same key (a client's retry racing its first try) may have stored the item since the
             # lookup above: the duplicate insert, or one refused because that item took the last place, is then that
             # item again, not an error.
@@ -166,6 +195,59 @@ class WorkItemStore(Database):
                 if found is not None:
                     return _replay(found, submission_hash), False
             raise
+
+    async def _submit_admitted(
+        self, values: dict[str, Any], event: dict[str, Any], max_waiting: int | None, max_in_flight: int
+    ) -> StoredWorkItem:
+        """The row and its event, then its admission, in one call of `crewwork_submit` (migration 0016)."""
+        args = (
+            values["id"],
+            values["tenant_id"],
+            values["kind"],
+            json.dumps(values["spec"]),  # the text SQLAlchemy's JSON type binds, as the two-statement path stores
+            values["idempotency_key"],
+            values["submission_hash"],
+            json.dumps(values["labels"]),
+            values["repo_url"],
+            values["base_commit"],
+            values["workflow_id"],
+            values["mock"],
+            json.dumps(event["data"]),
+            max_waiting,
+            list(WAITING_STATES),
+            max_in_flight,
+            TERMINAL_STATES,
+            list(IN_FLIGHT_STATES),
+            tracing.current_traceparent(),
+        )
+        try:
+            if self.driver_writes:
+                raw = await self.driver_scalar(_SUBMIT_DRIVER, *args)
+            else:
+                raw = await self.autocommit_scalar(_SUBMIT, {f"a{i}": v for i, v in enumerate(args)})
+        except (ProgrammingError, UndefinedFunctionError) as exc:
+            if "crewwork_submit" in str(exc) and "does not exist" in str(exc):
+                raise StoreError(
+                    "the database schema is older than this release: run `crewwork db upgrade` (migration 0016 adds "
+                    "the function crewwork_submit), or set CREWWORK_STORE_SERVER_WRITES=false"
+                ) from exc
+            raise
+        if raw is None:  # the tenant's queue has no room: nothing stored
+            raise QueueFull(max_waiting or 0)
+        out = json.loads(raw) if isinstance(raw, str) else raw
+        created = float(out["created_at"])
+        row = {**values, "result": None, "created_at": created, "updated_at": created}
+        write = out["write"]
+        admission = (write.get("results") or {}).get("admission") if write.get("ok") else None
+        if admission is not None:
+            row.update(
+                state=WorkItemState.admitted.value if admission["admitted"] else WorkItemState.queued.value,
+                reason=_admission_reason(admission, max_in_flight),
+                fence_rank=ADMISSION_RANK,
+                state_rank=ADMISSION_RANK,
+                updated_at=float(write["now"]),
+            )
+        return view_of(StoredWorkItem, row)
 
     def _submission_statement(self, keys: tuple[str, ...], *, capped: bool = False) -> Any:
         """PostgreSQL: the submitted row and its event in one statement at one reading of the database clock, every
