@@ -6,7 +6,7 @@ one. An admin key may act for any tenant (`?tenant=NAME` or id) and read or dele
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -96,7 +96,12 @@ class RepositoryView(BaseModel):
     credential: str | None = Field(description="The credential's name (never its secret).")
     protect_paths: list[str]
     environment: EnvironmentSpec | None
-    checks: list[CheckSpec] = Field(default_factory=list, description="Named checks its work items run.")
+    # A check stored under an earlier release's rules that this release refuses is shown as stored (a plain object),
+    # not a server error; its items' submissions are refused with a 422 naming it until the registration is updated.
+    checks: list[CheckSpec | dict[str, Any]] = Field(
+        default_factory=list,
+        description="Named checks its work items run (one this release no longer takes is shown as it was stored).",
+    )
     auto_registered: bool = Field(description="Registered on first use (CREWWORK_AUTO_REGISTER_REPOS).")
     created_at: float
 

@@ -406,3 +406,29 @@ async def test_a_registrations_checks_run_on_every_item_and_an_item_replaces_one
         refused = await c.post("/v1/work-items", json=change({"id": repo["id"]}, validation=clash))
         assert refused.status_code == 422, refused.text
         assert "registered checks" in refused.text and "validation.checks" in refused.text
+
+
+async def test_a_stored_check_this_release_refuses_is_shown_as_stored_and_refuses_its_items(tenancy: Tenancy) -> None:
+    """A registration's checks stored under another release's rules (here a name this release does not take): the
+    repository is still listed and shown (never a 500), and a work item of it is refused with a 422 that says so."""
+    from sqlalchemy import update
+
+    from crewwork.store.tables import Repository
+
+    t = tenancy
+    r = await register(
+        t, t.stack.alpha, str(t.alpha_repo), default_ref="main", checks=[{"name": "lint", "command": ["true"]}]
+    )
+    assert r.status_code == 201, r.text
+    repo = r.json()
+    stored = [{"name": "Not A Name", "command": ["true"]}]
+    async with t.stack.crew.store.session() as s:
+        await s.execute(update(Repository).where(Repository.id == repo["id"]).values(checks=stored))
+    async with t.stack.client(t.stack.alpha) as c:
+        one = await c.get(f"/v1/repositories/{repo['id']}")
+        assert one.status_code == 200, one.text
+        assert one.json()["checks"] == stored
+        listed = await c.get("/v1/repositories")
+        assert listed.status_code == 200 and any(x["checks"] == stored for x in listed.json()["items"]), listed.text
+        refused = await c.post("/v1/work-items", json=change({"id": repo["id"]}))
+        assert refused.status_code == 422, refused.text
