@@ -95,7 +95,8 @@ class RepositoryView(BaseModel):
     default_ref: str
     credential: str | None = Field(description="The credential's name (never its secret).")
     protect_paths: list[str]
-    environment: EnvironmentSpec | None
+    # Likewise an environment stored under other rules: shown as stored, its items refused with a 422.
+    environment: EnvironmentSpec | dict[str, Any] | None
     # A check stored under an earlier release's rules that this release refuses is shown as stored (a plain object),
     # not a server error; its items' submissions are refused with a 422 naming it until the registration is updated.
     checks: list[CheckSpec | dict[str, Any]] = Field(

@@ -81,7 +81,15 @@ async def resolve_submission(
 
 def _environment(spec: WorkItemSpec, reg: StoredRepository, settings: Settings, locator: str) -> EnvironmentSpec | None:
     """The environment the item runs in: its own, else the registration's, else the operator's default."""
-    registered = EnvironmentSpec.model_validate(reg.environment) if reg.environment else None
+    try:
+        registered = EnvironmentSpec.model_validate(reg.environment) if reg.environment else None
+    except ValidationError as exc:
+        # Stored under another release's rules: the registration's text, refused as the submission's fault.
+        raise RepositoryRefused(
+            f"the repository's registered environment is not one this release takes "
+            f"({exc.errors()[0].get('msg', 'invalid')}); register the repository again with a valid one",
+            "environment",
+        ) from None
     if registered is not None and spec.environment is None:
         # Registered before registrations were checked for it (2026-12-02): say whose text it is.
         bad = unstorable_at(registered) or too_deep_at(registered)

@@ -408,8 +408,10 @@ async def test_a_registrations_checks_run_on_every_item_and_an_item_replaces_one
         assert "registered checks" in refused.text and "validation.checks" in refused.text
 
 
-async def test_a_stored_check_this_release_refuses_is_shown_as_stored_and_refuses_its_items(tenancy: Tenancy) -> None:
-    """A registration's checks stored under another release's rules (here a name this release does not take): the
+async def test_stored_checks_or_environment_this_release_refuses_are_shown_as_stored_and_refuse_items(
+    tenancy: Tenancy,
+) -> None:
+    """A registration's checks or environment stored under another release's rules (a name, a key this release does not take): the
     repository is still listed and shown (never a 500), and a work item of it is refused with a 422 that says so."""
     from sqlalchemy import update
 
@@ -432,3 +434,12 @@ async def test_a_stored_check_this_release_refuses_is_shown_as_stored_and_refuse
         assert listed.status_code == 200 and any(x["checks"] == stored for x in listed.json()["items"]), listed.text
         refused = await c.post("/v1/work-items", json=change({"id": repo["id"]}))
         assert refused.status_code == 422, refused.text
+        # The same for an environment stored under other rules (a key this release does not know).
+        env = {"python": "python3", "retired_option": True}
+        async with t.stack.crew.store.session() as s:
+            await s.execute(update(Repository).where(Repository.id == repo["id"]).values(checks=None, environment=env))
+        one = await c.get(f"/v1/repositories/{repo['id']}")
+        assert one.status_code == 200 and one.json()["environment"] == env, one.text
+        refused = await c.post("/v1/work-items", json=change({"id": repo["id"]}))
+        assert refused.status_code == 422 and "register the repository again" in refused.text, refused.text
+        assert refused.json()["errors"][0]["field"] == "environment", refused.text
