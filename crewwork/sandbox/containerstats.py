@@ -60,6 +60,7 @@ class CgroupWatcher:
         self.oom_killed = False
         self.peak_memory_bytes: int | None = None
         self.runsc: RunscCounter | None = None
+        self._runsc_at_cap = False
 
     def sample(self) -> None:
         for kind, paths in self.files.items():
@@ -77,17 +78,30 @@ class CgroupWatcher:
                 break
 
     def poll(self) -> None:
-        """Runs in a thread until `stop` is set; one final sample catches counters of a fast exit."""
-        started = time.monotonic()
-        next_runsc = started
+        """Runs in a thread until `stop` is set; one final sample catches counters of a fast exit. gVisor's task count
+        is read in a thread of its own: a `runsc debug --ps` takes ~45 ms, seconds on a loaded host, and while the
+        cgroup sampler waited on it a memory hog's container could exit and take its `oom_kill` counter with it (a
+        gVisor run killed by its memory cap was reported as a plain SIGKILL: seen in CI)."""
+        counter = threading.Thread(target=self._poll_runsc, daemon=True) if self.runsc is not None else None
+        if counter is not None:
+            counter.start()
         while not self.stop.wait(CGROUP_POLL_S):
             self.sample()
-            now = time.monotonic()
-            if self.runsc is not None and now >= next_runsc:
-                self.pids_limited |= self.runsc.at_cap()
-                fast, slow, until = RUNSC_POLL_S
-                next_runsc = now + (fast if now - started < until else slow)
         self.sample()
+        if counter is not None:
+            counter.join()  # its last `runsc` call is bounded (5 s): what it saw is counted before the result is read
+            self.pids_limited |= self._runsc_at_cap
+
+    def _poll_runsc(self) -> None:
+        assert self.runsc is not None
+        started = time.monotonic()
+        fast, slow, until = RUNSC_POLL_S
+        while True:
+            # Its own flag (one writer per attribute): merged into `pids_limited` once both threads are done.
+            self._runsc_at_cap |= self.runsc.at_cap()
+            wait = fast if time.monotonic() - started < until else slow
+            if self.stop.wait(wait):
+                return
 
 
 class RunscCounter:
