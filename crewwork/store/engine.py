@@ -64,6 +64,17 @@ _UNAVAILABLE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
 """admin_shutdown, crash_shutdown, cannot_connect_now (the server is starting up, in recovery or shutting down)."""
 
 
+def older_schema(exc: BaseException, function: str, migration: str) -> StoreError | None:
+    """The error to raise when `exc` says the server-side function `function` does not exist: the store was not
+    upgraded to `migration` (what `crewwork db upgrade` applies); None for any other error."""
+    if function in str(exc) and "does not exist" in str(exc):
+        return StoreError(
+            f"the database schema is older than this release: run `crewwork db upgrade` (migration {migration} adds "
+            f"the function {function}), or set CREWWORK_STORE_SERVER_WRITES=false"
+        )
+    return None
+
+
 def driver_disconnect(exc: BaseException, connection: Any) -> bool:
     """Whether an error the asyncpg driver raised (`Database.driver_scalar`) means its connection is gone: then it is
     discarded, not returned to the pool."""
@@ -279,41 +290,37 @@ class Database:
         raise AssertionError("unreachable")
 
     async def _driver_checkout(self) -> Any:
-        deadline = time.monotonic() + self.unavailable_wait_s
-        delay = 0.1
-        while True:
-            try:
-                return await self.engine.raw_connection()
-            except (OSError, DBAPIError) as exc:
-                remaining = deadline - time.monotonic()
-                if self.unavailable_wait_s <= 0 or not unavailable(exc) or remaining <= 0:
-                    raise
-                pause = min(delay, remaining)
-                log.warning("the store is unreachable (%s); retrying in %.1fs", type(exc).__name__, pause)
-                await asyncio.sleep(pause)
-                delay = min(delay * 2, 2.0)
+        return await self._opened(self.engine.raw_connection)
 
     @asynccontextmanager
     async def _autocommit_connection(self) -> AsyncIterator[Any]:
-        deadline = time.monotonic() + self.unavailable_wait_s
-        delay = 0.1
-        while True:
+        async def start() -> Any:
             conn = self._autocommit_engine.connect()
-            try:
-                await conn.start()
-                break
-            except (OSError, DBAPIError) as exc:
-                remaining = deadline - time.monotonic()
-                if self.unavailable_wait_s <= 0 or not unavailable(exc) or remaining <= 0:
-                    raise
-                pause = min(delay, remaining)
-                log.warning("the store is unreachable (%s); retrying in %.1fs", type(exc).__name__, pause)
-                await asyncio.sleep(pause)
-                delay = min(delay * 2, 2.0)
+            await conn.start()
+            return conn
+
+        conn = await self._opened(start)
         try:
             yield conn
         finally:
             await conn.close()
+
+    async def _opened(self, open_connection: Callable[[], Awaitable[T]]) -> T:
+        """`open_connection()`, waiting with backoff (bounded by `unavailable_wait_s`) while the database cannot be
+        reached: nothing has run on a connection that was never opened, so waiting is always safe."""
+        deadline = time.monotonic() + self.unavailable_wait_s
+        delay = 0.1
+        while True:
+            try:
+                return await open_connection()
+            except (OSError, DBAPIError) as exc:
+                remaining = deadline - time.monotonic()
+                if self.unavailable_wait_s <= 0 or not unavailable(exc) or remaining <= 0:
+                    raise
+                pause = min(delay, remaining)
+                log.warning("the store is unreachable (%s); retrying in %.1fs", type(exc).__name__, pause)
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, 2.0)
 
     def built_once(self, key: Hashable, build: Callable[[], T]) -> T:
         """What `build` returns (a statement), built on first use and kept for this store's life: for the statements

@@ -15,7 +15,7 @@ from crewwork.boundary.masking import mask_secrets
 from crewwork.models import WorkItemSpec, WorkItemState
 from crewwork.models.ids import new_id
 from crewwork.observability import tracing
-from crewwork.store.engine import Database, StoreError
+from crewwork.store.engine import Database, StoreError, older_schema
 from crewwork.store.fencing import IN_FLIGHT_STATES, SUBMISSION, Rank
 from crewwork.store.fencing.vocabulary import TERMINAL_STATES
 from crewwork.store.tables import Event, WorkItem
@@ -226,11 +226,9 @@ class WorkItemStore(Database):
             else:
                 raw = await self.autocommit_scalar(_SUBMIT, {f"a{i}": v for i, v in enumerate(args)})
         except (ProgrammingError, UndefinedFunctionError) as exc:
-            if "crewwork_submit" in str(exc) and "does not exist" in str(exc):
-                raise StoreError(
-                    "the database schema is older than this release: run `crewwork db upgrade` (migration 0016 adds "
-                    "the function crewwork_submit), or set CREWWORK_STORE_SERVER_WRITES=false"
-                ) from exc
+            older = older_schema(exc, "crewwork_submit", "0016")
+            if older is not None:
+                raise older from exc
             raise
         if raw is None:  # the tenant's queue has no room: nothing stored
             raise QueueFull(max_waiting or 0)

@@ -41,3 +41,16 @@ def test_the_drivers_connection_errors_say_the_store_is_unreachable(exc: Excepti
 )
 def test_other_errors_are_not_an_outage(exc: Exception) -> None:
     assert not store_unreachable(exc)
+
+
+def test_a_missing_server_side_function_names_the_migration() -> None:
+    from crewwork.store.engine import older_schema
+
+    missing = _error(asyncpg.exceptions.UndefinedFunctionError, "42883")
+    missing.args = ("function crewwork_submit(text, text) does not exist",)
+    err = older_schema(missing, "crewwork_submit", "0016")
+    assert err is not None and "crewwork db upgrade" in str(err) and "migration 0016" in str(err)
+    assert older_schema(missing, "crewwork_fenced_write", "0008") is None  # another function's absence
+    other = _error(asyncpg.exceptions.UndefinedFunctionError, "42883")
+    other.args = ("operator does not exist: text = integer",)
+    assert older_schema(other, "crewwork_submit", "0016") is None

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crewwork.boundary.masking import mask_secrets
 from crewwork.observability import tracing
-from crewwork.store.engine import StoreError
+from crewwork.store.engine import older_schema
 from crewwork.store.fencing import sql
 from crewwork.store.fencing.dialects import PostgresWrites
 from crewwork.store.fencing.vocabulary import (
@@ -109,11 +109,9 @@ class ServerWrites(PostgresWrites):
             else:
                 raw = await self.db.autocommit_scalar(sql.SERVER_WRITE, params)
         except (ProgrammingError, UndefinedFunctionError) as exc:
-            if "crewwork_fenced_write" in str(exc) and "does not exist" in str(exc):
-                raise StoreError(
-                    "the database schema is older than this release: run `crewwork db upgrade` (migration 0008 adds "
-                    "the function crewwork_fenced_write), or set CREWWORK_STORE_SERVER_WRITES=false"
-                ) from exc
+            older = older_schema(exc, "crewwork_fenced_write", "0008")
+            if older is not None:
+                raise older from exc
             raise
         out = json.loads(raw) if isinstance(raw, str) else raw
         if out.get("missing"):
